@@ -1,0 +1,190 @@
+"""Resolve ``--model`` (alias, hub id or local directory) and load an OPT checkpoint.
+
+Three kinds of source:
+
+* a local directory holding a Hugging Face OPT checkpoint (config.json, weights, tokenizer);
+* a hub id (``facebook/opt-1.3b``) or one of the aliases below, downloaded by transformers;
+* ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised OPT built here,
+  with a small byte-level BPE tokenizer trained on a built-in text. It needs no network, so the
+  main command and the benchmarks run offline; its text is gibberish.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.errors import HubDownloadError, ModelNotFoundError, UnsupportedModelError
+
+HUB_ORG = "facebook"
+# Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
+# be built offline: (layers, hidden, heads, ffn, word_embed_proj_dim, pre-LayerNorm).
+OPT_ARCHS: dict[str, tuple[int, int, int, int, int, bool]] = {
+    "opt-125m": (12, 768, 12, 3072, 768, True),
+    "opt-350m": (24, 1024, 16, 4096, 512, False),
+    "opt-1.3b": (24, 2048, 32, 8192, 2048, True),
+    "opt-2.7b": (32, 2560, 32, 10240, 2560, True),
+    "opt-6.7b": (32, 4096, 32, 16384, 4096, True),
+    "opt-13b": (40, 5120, 40, 20480, 5120, True),
+    "opt-30b": (48, 7168, 56, 28672, 7168, True),
+    "opt-66b": (64, 9216, 72, 36864, 9216, True),
+}
+ALIASES = {name: f"{HUB_ORG}/{name}" for name in OPT_ARCHS}
+TINY_RANDOM = "tiny-random"  # the offline default until a trained demo model ships
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    spec: str  # what the user passed
+    kind: str  # "local", "hub" or "random"
+    location: str  # directory, hub id, or architecture name for random weights
+
+    def describe(self) -> str:
+        if self.kind == "random":
+            return f"randomly initialised OPT with the {self.location} architecture (no weights loaded)"
+        return f"{self.location} ({self.kind})"
+
+
+def resolve(spec: str, random_weights: bool = False) -> ModelSource:
+    """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
+    spec = str(spec)
+    known = ", ".join([TINY_RANDOM, *ALIASES])
+    if spec == TINY_RANDOM:
+        return ModelSource(spec, "random", TINY_RANDOM)
+    short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
+    if random_weights:
+        if short not in OPT_ARCHS:
+            raise ModelNotFoundError(
+                f"random weights need a known architecture, got {spec!r}; use one of: {known}")
+        return ModelSource(spec, "random", short)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UnsupportedModelError(
+                f"{path} has no config.json: pass a directory holding a Hugging Face OPT "
+                f"checkpoint (config.json, weights, tokenizer files), as save_pretrained writes it")
+        return ModelSource(spec, "local", str(path.resolve()))
+    if path.exists():
+        raise UnsupportedModelError(f"{path} is a file; --model takes a checkpoint directory")
+    if short in ALIASES:
+        return ModelSource(spec, "hub", ALIASES[short])
+    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or os.sep in spec and not _HUB_ID.match(spec)
+    if looks_like_path:
+        raise ModelNotFoundError(
+            f"model directory {spec!r} does not exist; pass an existing directory holding an OPT "
+            f"checkpoint, a hub id such as facebook/opt-1.3b, or an alias ({known})")
+    if _HUB_ID.match(spec):
+        return ModelSource(spec, "hub", spec)
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}: not an alias, a hub id (org/name) or an existing directory. "
+        f"Known aliases: {known}")
+
+
+def load(source: ModelSource, dtype=None, seed: int = 0):
+    """Load (or build, for random sources) the model and tokenizer: (OPTForCausalLM, tokenizer)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    if source.kind == "random":
+        return build_random(source.location, dtype=dtype, seed=seed)
+    from transformers import AutoConfig, AutoTokenizer, OPTForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source.location)
+    except OSError as exc:
+        if source.kind == "hub":
+            raise HubDownloadError(
+                f"could not get {source.location} from the Hugging Face Hub ({_first_line(exc)}). "
+                f"Without network access, download the checkpoint on another machine "
+                f"(save_pretrained or `hf download {source.location}`), copy it here and pass "
+                f"its directory: --model /path/to/{source.location.split('/')[-1]}") from exc
+        raise UnsupportedModelError(f"cannot read the config of {source.location}: {exc}") from exc
+    if config.model_type != "opt":
+        raise UnsupportedModelError(
+            f"{source.spec} is a {config.model_type!r} checkpoint; this toolkit exports OPT models "
+            f"only (model_type 'opt')")
+    try:
+        model = OPTForCausalLM.from_pretrained(source.location, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source.location)
+    except OSError as exc:
+        raise UnsupportedModelError(
+            f"cannot load the weights or tokenizer of {source.location}: {_first_line(exc)}. "
+            f"The directory needs model weights (model.safetensors or pytorch_model.bin) and "
+            f"tokenizer files, as save_pretrained writes them") from exc
+    model.eval()
+    return model, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# -- random models, built offline ------------------------------------------------------------------
+
+# Text for the tiny tokenizer: enough to learn a few hundred byte-level merges.
+_TOKENIZER_TEXT = """
+Hello, my name is Ada and I live in a small house by the river. The weather today is warm and
+sunny, so we will walk to the market and buy bread, cheese, apples and coffee. The restaurant near
+the city centre serves French food at a moderate price; it is family friendly and has a high
+customer rating. Language models predict the next token from the tokens before it. SkipDecode
+skips the lower layers of later tokens and keeps the upper layers, so batching and the key value
+cache keep working. One two three four five six seven eight nine ten. The quick brown fox jumps
+over the lazy dog. What is the capital of France? Paris is the capital of France.
+"""
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer with OPT's special tokens at OPT's ids (<s>=0 <pad>=1 </s>=2 <unk>=3).
+
+    Like OPT's, it prepends </s> (the BOS) to every input.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([_TOKENIZER_TEXT], trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="</s> $A", pair="</s> $A </s> $B", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="</s>", eos_token="</s>", pad_token="<pad>",
+        unk_token="<unk>", padding_side="left")
+
+
+def random_config(arch: str, vocab_size: int):
+    from transformers import OPTConfig
+
+    if arch == TINY_RANDOM:
+        # 8 layers so that 2x-5x budgets mean something; small enough to export in seconds.
+        layers, hidden, heads, ffn, proj, pre_ln = 8, 64, 4, 256, 64, True
+        max_positions = 512
+    else:
+        layers, hidden, heads, ffn, proj, pre_ln = OPT_ARCHS[arch]
+        max_positions = 2048
+        vocab_size = 50272  # the real OPT vocabulary, so the head has its real cost
+    return OPTConfig(
+        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, ffn_dim=ffn, word_embed_proj_dim=proj,
+        do_layer_norm_before=pre_ln, max_position_embeddings=max_positions,
+        pad_token_id=1, bos_token_id=2, eos_token_id=2,
+        # A wide init keeps logits well separated, so greedy ties do not depend on rounding.
+        init_std=0.2 if arch == TINY_RANDOM else 0.02)
+
+
+def build_random(arch: str, dtype=None, seed: int = 0):
+    import torch
+    from transformers import OPTForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = random_config(arch, len(tokenizer))
+    torch.manual_seed(seed)
+    model = OPTForCausalLM(config).to(dtype or torch.float32).eval()
+    return model, tokenizer

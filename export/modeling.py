@@ -1,0 +1,221 @@
+"""The skip-aware OPT reference in PyTorch.
+
+The decoder math is reimplemented on the Hugging Face modules' own weights, so it is independent of
+transformers' changing cache API and is exactly what gets traced into the per-layer ONNX graphs:
+``OPTEmbed``, ``OPTLayer`` and ``OPTHead`` each become one graph, with the KV cache as explicit
+inputs and outputs. ``SkipOPT`` strings them together under a ``SkipPolicy``.
+
+Numerics that matter for fp16 (DESIGN.md section 2): softmax and layer norm run in fp32, and masked
+attention scores get ``MASK_VALUE``, which is finite in fp16, so fully masked (padding) rows give a
+uniform softmax instead of NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.policy import SkipPolicy
+
+MASK_VALUE = -65504.0  # torch.finfo(torch.float16).min: finite in fp16 and fp32
+POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
+
+
+def _layer_norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """LayerNorm computed in fp32 whatever the model dtype (fp16 overflows otherwise)."""
+    w = ln.weight.float() if ln.weight is not None else None
+    b = ln.bias.float() if ln.bias is not None else None
+    return F.layer_norm(x.float(), ln.normalized_shape, w, b, ln.eps).to(x.dtype)
+
+
+def attention_bias(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
+    """Additive fp32 attention bias, causal and padding-aware.
+
+    attention_mask: (B, S) with 1 for real tokens, S = past + query_len.
+    Returns (B, 1, T, S): 0 where query t may attend key s, MASK_VALUE elsewhere.
+    """
+    total = attention_mask.shape[1]
+    key_pos = torch.arange(total, device=attention_mask.device)  # (S,)
+    query_pos = torch.arange(query_len, device=attention_mask.device) + (total - query_len)  # (T,)
+    causal = key_pos[None, :] <= query_pos[:, None]  # (T, S)
+    allowed = causal[None, :, :] & (attention_mask[:, None, :] > 0)  # (B, T, S)
+    zero = torch.zeros((), dtype=torch.float32, device=attention_mask.device)
+    masked = torch.full((), MASK_VALUE, dtype=torch.float32, device=attention_mask.device)
+    return torch.where(allowed, zero, masked)[:, None, :, :]  # (B, 1, T, S)
+
+
+class OPTEmbed(nn.Module):
+    """input_ids (B, T) + attention_mask (B, S) -> hidden states (B, T, D).
+
+    Positions come from the mask's cumulative sum (left padding) plus OPT's offset of 2; the last T
+    positions of the mask belong to the input ids.
+    """
+
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.embed_tokens = decoder.embed_tokens
+        self.embed_positions = decoder.embed_positions
+        self.project_in = decoder.project_in  # 350m: word_embed_proj_dim -> hidden_size
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        query_len = input_ids.shape[1]
+        positions = torch.cumsum(attention_mask, dim=1) * attention_mask - 1  # (B, S)
+        positions = positions[:, attention_mask.shape[1] - query_len:]  # (B, T)
+        tokens = self.embed_tokens(input_ids)  # (B, T, E)
+        if self.project_in is not None:
+            tokens = self.project_in(tokens)  # (B, T, D)
+        return tokens + self.embed_positions.weight[positions + POSITION_OFFSET]
+
+
+class OPTLayer(nn.Module):
+    """One decoder layer with explicit KV I/O.
+
+    hidden (B, T, D), attention_mask (B, P+T), past_key / past_value (B, nh, P, hd)
+    -> hidden (B, T, D), present_key / present_value (B, nh, P+T, hd).
+    """
+
+    def __init__(self, layer: nn.Module, num_heads: int, pre_layer_norm: bool):
+        super().__init__()
+        attn = layer.self_attn
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj)
+        self.self_attn_layer_norm = layer.self_attn_layer_norm
+        self.fc1, self.fc2 = layer.fc1, layer.fc2
+        self.final_layer_norm = layer.final_layer_norm
+        self.activation_fn = layer.activation_fn
+        self.num_heads = num_heads
+        self.head_dim = self.q_proj.out_features // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.pre_layer_norm = pre_layer_norm  # False only for OPT-350m
+
+    def _attention(self, h, attention_mask, past_key, past_value):
+        B, T, D = h.shape
+        nh, hd = self.num_heads, self.head_dim
+        q = (self.q_proj(h) * self.scaling).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        v = self.v_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = torch.cat([past_key, k], dim=2)  # (B, nh, S, hd)
+        v = torch.cat([past_value, v], dim=2)  # (B, nh, S, hd)
+        scores = torch.matmul(q, k.transpose(2, 3)).float()  # (B, nh, T, S) fp32
+        scores = scores + attention_bias(attention_mask, T)
+        probs = torch.softmax(scores, dim=-1).to(h.dtype)  # (B, nh, T, S)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return self.out_proj(out), k, v
+
+    def forward(self, hidden, attention_mask, past_key, past_value):
+        residual = hidden
+        if self.pre_layer_norm:
+            hidden = _layer_norm(self.self_attn_layer_norm, hidden)
+        hidden, key, value = self._attention(hidden, attention_mask, past_key, past_value)
+        hidden = residual + hidden
+        if not self.pre_layer_norm:
+            hidden = _layer_norm(self.self_attn_layer_norm, hidden)
+
+        residual = hidden
+        if self.pre_layer_norm:
+            hidden = _layer_norm(self.final_layer_norm, hidden)
+        hidden = self.fc2(self.activation_fn(self.fc1(hidden)))
+        hidden = residual + hidden
+        if not self.pre_layer_norm:
+            hidden = _layer_norm(self.final_layer_norm, hidden)
+        return hidden, key, value
+
+
+class OPTHead(nn.Module):
+    """hidden (B, T, D) -> logits (B, T, V): final layer norm (pre-LN models) or project_out (350m)."""
+
+    def __init__(self, decoder: nn.Module, lm_head: nn.Linear):
+        super().__init__()
+        self.final_layer_norm = decoder.final_layer_norm
+        self.project_out = decoder.project_out
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.final_layer_norm is not None:
+            hidden = _layer_norm(self.final_layer_norm, hidden)
+        if self.project_out is not None:
+            hidden = self.project_out(hidden)
+        return self.lm_head(hidden)
+
+
+@dataclass
+class ReferenceOutput:
+    """What ``SkipOPT.greedy`` produced, for comparison with other backends."""
+
+    tokens: torch.Tensor  # (B, N) generated ids, pad_token_id after a row finished
+    step_logits: list[torch.Tensor] = field(default_factory=list)  # N x (B, V), fp32
+    step_layers: list[tuple[int, ...]] = field(default_factory=list)  # layers run by decode step g
+
+
+class SkipOPT(nn.Module):
+    """OPTForCausalLM split into embed / layers / head, run under a SkipDecode policy."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        config = hf_model.config
+        if getattr(config, "model_type", None) != "opt":
+            raise TypeError(f"SkipOPT needs an OPT model, got model_type={config.model_type!r}")
+        decoder = hf_model.model.decoder
+        self.config = config
+        self.embed = OPTEmbed(decoder)
+        self.layers = nn.ModuleList(
+            OPTLayer(layer, config.num_attention_heads, config.do_layer_norm_before)
+            for layer in decoder.layers)
+        self.head = OPTHead(decoder, hf_model.lm_head)
+        self.eval()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.lm_head.weight.dtype
+
+    def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nh = self.config.num_attention_heads
+        hd = self.config.hidden_size // nh
+        empty = torch.zeros(batch, nh, 0, hd, dtype=self.dtype)  # (B, nh, 0, hd)
+        return empty, empty.clone()
+
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask, past=None, active=None):
+        """Run ``input_ids`` through the layers in ``active`` (default: all).
+
+        ``past`` is a list of per-layer (key, value) or None; layers not in ``active`` keep theirs
+        untouched. Returns fp32 logits (B, T, V) and the updated past.
+        """
+        B = input_ids.shape[0]
+        past = list(past) if past is not None else [self.empty_past(B) for _ in self.layers]
+        active = range(self.num_layers) if active is None else active
+        hidden = self.embed(input_ids, attention_mask)
+        for i in active:
+            hidden, k, v = self.layers[i](hidden, attention_mask, *past[i])
+            past[i] = (k, v)
+        return self.head(hidden).float(), past
+
+    @torch.no_grad()
+    def greedy(self, input_ids, attention_mask, max_new_tokens: int, policy: SkipPolicy | None = None,
+               eos_token_id: int | None = None, pad_token_id: int = 1) -> ReferenceOutput:
+        """Greedy decoding under ``policy``: prompt at full depth, step g runs its active set."""
+        policy = policy or SkipPolicy.full_depth(self.num_layers)
+        logits, past = self(input_ids, attention_mask)
+        out = ReferenceOutput(tokens=input_ids.new_zeros((input_ids.shape[0], 0)))
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        for g in range(max_new_tokens):
+            last = logits[:, -1, :]  # (B, V)
+            token = torch.where(finished, pad_token_id, last.argmax(-1))  # (B,)
+            out.step_logits.append(last)
+            out.tokens = torch.cat([out.tokens, token[:, None]], dim=1)
+            if eos_token_id is not None:
+                finished |= token == eos_token_id
+            if g == max_new_tokens - 1 or bool(finished.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(token), 1))], 1)
+            active = policy.active_layers(g)
+            out.step_layers.append(active)
+            logits, past = self(token[:, None], attention_mask, past, active)
+        return out

@@ -1,0 +1,37 @@
+"""Typed errors shared by export, runtime and engines.
+
+Every message states what was wrong, the limit it broke, and how to fix it. Users catch
+``SkipDecodeError`` to handle all of them.
+"""
+
+
+class SkipDecodeError(Exception):
+    """Base class of every error this toolkit raises on purpose."""
+
+
+class PolicyError(SkipDecodeError, ValueError):
+    """A skip policy whose bounds cannot hold (e.g. min_layers > max_layers)."""
+
+
+class ModelNotFoundError(SkipDecodeError, FileNotFoundError):
+    """A --model that is neither a known alias, a hub id, nor an existing directory."""
+
+
+class UnsupportedModelError(SkipDecodeError, ValueError):
+    """A checkpoint this toolkit cannot export (not OPT, or missing files)."""
+
+
+class HubDownloadError(SkipDecodeError, OSError):
+    """The model hub could not be reached or did not have the requested model."""
+
+
+class ArtifactError(SkipDecodeError, ValueError):
+    """An artifact directory that is missing, incomplete, tampered with or of another schema."""
+
+
+class InputTooLongError(SkipDecodeError, ValueError):
+    """Prompt plus max_new_tokens exceeds the model's max_position_embeddings."""
+
+
+class VerificationError(SkipDecodeError, AssertionError):
+    """An exported graph whose outputs differ from PyTorch beyond the stated tolerance."""

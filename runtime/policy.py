@@ -1,0 +1,148 @@
+"""The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in DESIGN.md section 1.
+
+One layer budget per generation step, shared by the whole batch, decaying linearly from
+``max_layers`` to ``min_layers`` over ``horizon`` steps. A step runs the ``warmup_layers`` bottom
+layers plus the top ``budget - warmup_layers`` layers; the hidden state passes unchanged from the
+last warm-up layer to the first active upper layer. Because the budget never grows, each active
+set is a subset of the previous one, so every layer a token runs already holds the K/V of every
+earlier position: the KV cache is never recomputed.
+
+Step ``g`` is the forward pass whose *input* is the g-th generated token (g = 0 for the token the
+prompt pass predicted). The prompt itself always runs at full depth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import PolicyError
+
+
+@dataclass(frozen=True)
+class SkipPolicy:
+    num_layers: int  # L: decoder layers of the model
+    max_layers: int  # budget of the first generated token (<= L)
+    min_layers: int  # budget once the decay reaches the horizon (>= warmup_layers)
+    warmup_layers: int = 1  # bottom layers every step runs; the paper uses 1
+    horizon: int = 128  # generation steps the decay spans; later steps stay at min_layers
+
+    def __post_init__(self) -> None:
+        L, lo, hi, w, h = (self.num_layers, self.min_layers, self.max_layers,
+                           self.warmup_layers, self.horizon)
+        for name in ("num_layers", "max_layers", "min_layers", "warmup_layers", "horizon"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PolicyError(f"{name} must be an int, got {value!r}")
+        if L < 1:
+            raise PolicyError(f"num_layers must be >= 1, got {L}")
+        if w < 0:
+            raise PolicyError(f"warmup_layers must be >= 0, got {w}")
+        if lo < 1:
+            raise PolicyError(f"min_layers must be >= 1, got {lo}")
+        if w > lo:
+            raise PolicyError(
+                f"warmup_layers ({w}) must be <= min_layers ({lo}): the budget counts the warm-up "
+                f"layers; lower warmup_layers or raise min_layers")
+        if lo > hi:
+            raise PolicyError(
+                f"min_layers ({lo}) must be <= max_layers ({hi}): the budget only decays")
+        if hi > L:
+            raise PolicyError(
+                f"max_layers ({hi}) must be <= num_layers ({L}): the model has {L} decoder layers")
+        if h < 1:
+            raise PolicyError(f"horizon must be >= 1, got {h}")
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def full_depth(cls, num_layers: int, horizon: int = 128) -> "SkipPolicy":
+        """The plain model: every step runs every layer."""
+        return cls(num_layers, num_layers, num_layers, warmup_layers=min(1, num_layers),
+                   horizon=horizon)
+
+    @classmethod
+    def for_speedup(cls, num_layers: int, speedup: float, horizon: int = 128,
+                    warmup_layers: int = 1) -> "SkipPolicy":
+        """The policy whose theoretical speedup over ``horizon`` steps is closest to ``speedup``.
+
+        Among the candidates that tie, prefer max/min close to 2 (the paper's Table 2 settings
+        are about 2:1, e.g. 16/8 for 2x on 24 layers) and then the larger budgets.
+        """
+        if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
+            raise PolicyError(f"speedup must be a finite number, got {speedup!r}")
+        if horizon < 1:
+            raise PolicyError(f"horizon must be >= 1, got {horizon}")
+        lo_bound = max(warmup_layers, 1)
+        ceiling = num_layers / lo_bound
+        if speedup < 1 or speedup > ceiling + 1e-9:
+            raise PolicyError(
+                f"speedup {speedup:g} is out of range for {num_layers} layers with "
+                f"{warmup_layers} warm-up layer(s): it must lie in [1, {ceiling:g}] "
+                f"(num_layers / max(warmup_layers, 1))")
+        best = None
+        for lo in range(lo_bound, num_layers + 1):
+            for hi in range(lo, num_layers + 1):
+                achieved = _speedup(num_layers, hi, lo, horizon)
+                key = (round(abs(achieved - speedup), 9), abs(math.log(hi / lo) - math.log(2)), -hi, -lo)
+                if best is None or key < best[0]:
+                    best = (key, hi, lo)
+        _, hi, lo = best
+        return cls(num_layers, hi, lo, warmup_layers=warmup_layers, horizon=horizon)
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    @property
+    def is_full_depth(self) -> bool:
+        return self.min_layers == self.num_layers
+
+    def budget(self, step: int) -> int:
+        """Layers run by generation step ``step`` (0-based), warm-up layers included."""
+        return _budget(self.max_layers, self.min_layers, self.horizon, step)
+
+    def active_layers(self, step: int) -> tuple[int, ...]:
+        """Indices of the layers step ``step`` runs, ascending."""
+        b = self.budget(step)
+        w = self.warmup_layers
+        return tuple(range(w)) + tuple(range(self.num_layers - (b - w), self.num_layers))
+
+    def mean_budget(self, steps: int | None = None) -> float:
+        steps = self.horizon if steps is None else steps
+        if steps < 1:
+            raise PolicyError(f"steps must be >= 1, got {steps}")
+        return sum(self.budget(g) for g in range(steps)) / steps
+
+    def theoretical_speedup(self, steps: int | None = None) -> float:
+        """L / mean(budget) over ``steps`` generation steps (default: the horizon)."""
+        return self.num_layers / self.mean_budget(steps)
+
+    def to_dict(self) -> dict:
+        return {"num_layers": self.num_layers, "max_layers": self.max_layers,
+                "min_layers": self.min_layers, "warmup_layers": self.warmup_layers,
+                "horizon": self.horizon}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SkipPolicy":
+        return cls(**{k: d[k] for k in ("num_layers", "max_layers", "min_layers",
+                                        "warmup_layers", "horizon")})
+
+    def __str__(self) -> str:
+        return (f"SkipPolicy(L={self.num_layers}, layers {self.max_layers}->{self.min_layers} over "
+                f"{self.horizon} steps, warm-up {self.warmup_layers}, "
+                f"theoretical speedup {self.theoretical_speedup():.2f}x)")
+
+
+def _budget(max_layers: int, min_layers: int, horizon: int, step: int) -> int:
+    if step < 0:
+        raise PolicyError(f"step must be >= 0, got {step}")
+    t = min(max(step / max(horizon - 1, 1), 0.0), 1.0)
+    # round() is banker's rounding; floor(x + 0.5) matches the usual round-half-up of the paper's code
+    b = math.floor((1.0 - t) * max_layers + t * min_layers + 0.5)
+    return min(max(b, min_layers), max_layers)
+
+
+@lru_cache(maxsize=4096)
+def _speedup(num_layers: int, max_layers: int, min_layers: int, horizon: int) -> float:
+    total = sum(_budget(max_layers, min_layers, horizon, g) for g in range(horizon))
+    return num_layers * horizon / total
