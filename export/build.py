@@ -1,0 +1,140 @@
+"""``python -m export build``: checkpoint -> artifact directory (graphs, tokenizer, manifest).
+
+The artifact is assembled in a temporary sibling directory and renamed into place only once every
+graph is exported, hashed and checked, and the manifest (written last) is in. An interrupted build
+leaves at most a ``.NAME.tmp-*`` directory that ``runtime.load`` refuses, and never touches an
+existing artifact at ``--out`` until its replacement is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.errors import ArtifactError
+from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
+from runtime.policy import SkipPolicy
+
+from . import checkpoint, parity
+from .modeling import SkipOPT
+from .onnx_export import ExportConfig, export_graph, graph_specs
+
+TOKENIZER_DIR = "tokenizer"
+
+
+@dataclass
+class BuildOptions:
+    model: str = checkpoint.TINY_RANDOM  # alias, hub id or directory; tiny-random runs offline
+    out: str = "artifacts/tiny-random"  # the artifact directory to create or replace
+    dtype: str = "float32"  # "float32" or "float16"
+    random_weights: bool = False  # build --model's architecture with random weights (no download)
+    seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
+    external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
+    check: bool = True  # compare every graph with PyTorch after export
+    policy: dict | None = None  # default policy fields {max_layers, min_layers, warmup_layers}; None = full depth
+    progress: bool = True  # progress bars on stderr
+
+
+def model_info(config) -> ModelInfo:
+    return ModelInfo(
+        num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        head_dim=config.hidden_size // config.num_attention_heads, vocab_size=config.vocab_size,
+        max_position_embeddings=config.max_position_embeddings,
+        pre_layer_norm=bool(config.do_layer_norm_before),
+        bos_token_id=int(config.bos_token_id), eos_token_id=int(config.eos_token_id),
+        pad_token_id=int(config.pad_token_id))
+
+
+def default_policy(num_layers: int, fields: dict | None) -> dict:
+    """Validated default policy for the manifest; horizon None means "max_new_tokens"."""
+    fields = dict(fields or {"max_layers": num_layers, "min_layers": num_layers, "warmup_layers": 1})
+    fields.setdefault("warmup_layers", 1)
+    SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], fields["warmup_layers"])
+    return {"max_layers": fields["max_layers"], "min_layers": fields["min_layers"],
+            "warmup_layers": fields["warmup_layers"], "horizon": fields.get("horizon")}
+
+
+def _prepare_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"--out {out} is a file; pass a directory path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise ArtifactError(
+            f"--out {out} exists, is not empty and is not an artifact directory (no "
+            f"{MANIFEST_NAME}); refusing to replace it. Pass a new directory or remove it")
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by ``tmp`` so that ``out`` is always either the old or the new artifact."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def build(options: BuildOptions, log=print) -> Manifest:
+    """Export ``options.model`` into ``options.out``; returns the manifest written."""
+    out = Path(options.out)
+    _prepare_out(out)
+    config = ExportConfig(dtype=options.dtype, external_data=options.external_data)
+    source = checkpoint.resolve(options.model, random_weights=options.random_weights)
+    if source.kind == "random":
+        log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
+            f"Its weights are random, so its text is gibberish; pass --model DIR (a Hugging Face "
+            f"OPT checkpoint) for a real model.")
+    log(f"loading {source.describe()} as {options.dtype}")
+    started = time.perf_counter()
+    hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
+    model = SkipOPT(hf_model)
+    policy = default_policy(model.num_layers, options.policy)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        from tqdm.auto import tqdm
+
+        specs = []
+        for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx", unit="graph",
+                         disable=not options.progress):
+            specs.append(export_graph(model, spec, tmp, config))
+        tokenizer.padding_side = "left"
+        tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+        hf_model.config.save_pretrained(str(tmp / "hf_config"))
+
+        checks = {}
+        if options.check:
+            results = parity.check_all(model, specs, tmp, options.dtype, progress=options.progress)
+            for r in results:
+                log(f"  {r.line()}")
+            parity.raise_on_failure(results)
+            checks = parity.summary(results)
+
+        files = {}
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            files[path.relative_to(tmp).as_posix()] = file_entry(path)
+        manifest = Manifest(
+            model=model_info(hf_model.config), dtype=options.dtype, opset=config.opset,
+            graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
+            source={"model": options.model, "kind": source.kind, "location": source.location,
+                    "seed": options.seed, "torch": torch.__version__},
+            checks=checks)
+        manifest.save(tmp)  # last: a directory without it is an unfinished export
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(e["bytes"] for e in manifest.files.values())
+    log(f"wrote {out} ({len(specs)} graphs, {size / 1e6:.1f} MB) in "
+        f"{time.perf_counter() - started:.1f}s")
+    return manifest

@@ -1,0 +1,100 @@
+"""Check every exported graph against the PyTorch module it was traced from.
+
+Each graph runs in ONNX Runtime (CPU) on random inputs of several shapes: a prompt with left
+padding and a past, a prompt with no past (the prefill), and one decode token over a longer past.
+A graph passes when every output satisfies |onnx - torch| <= atol + rtol * |torch| elementwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runtime.errors import VerificationError
+from runtime.manifest import GraphSpec
+
+from .modeling import SkipOPT
+from .onnx_export import example_inputs, module_for
+
+# (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds
+# every matmul to 11 bits of mantissa, so hidden states of magnitude ~10 move by ~1e-2.
+TOLERANCES = {"float32": (1e-4, 1e-4), "float16": (3e-2, 3e-2)}
+CASES = ((2, 3, 4), (2, 5, 0), (1, 1, 7))  # (batch, sequence, past)
+
+
+@dataclass
+class GraphCheck:
+    graph: str
+    max_abs_diff: float
+    atol: float
+    rtol: float
+    passed: bool
+    worst: str  # "output (batch, sequence, past)" where the largest violation was
+
+    def line(self) -> str:
+        status = "ok" if self.passed else "FAIL"
+        return (f"{self.graph:<10} max |diff| {self.max_abs_diff:.2e}  "
+                f"(atol {self.atol:g}, rtol {self.rtol:g})  {status}")
+
+
+def ort_session(path: Path, threads: int = 1):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads  # tiny graphs: one thread beats two (DESIGN.md section 3)
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str) -> GraphCheck:
+    atol, rtol = TOLERANCES[dtype]
+    session = ort_session(Path(directory) / spec.file)
+    module = module_for(model, spec.name)
+    max_diff, worst_excess, worst = 0.0, -np.inf, ""
+    for seed, (batch, seq, past) in enumerate(CASES):
+        inputs = example_inputs(model, spec, batch, seq, past, seed=seed + 1)
+        with torch.no_grad():
+            expected = module(*inputs.values())
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = session.run(None, {k: v.numpy() for k, v in inputs.items()})
+        for out_spec, g, e in zip(spec.outputs, got, expected):
+            e = e.float().numpy()
+            g = g.astype(np.float32)
+            if g.shape != e.shape:
+                raise VerificationError(
+                    f"{spec.name}: output {out_spec.name} has shape {g.shape} in ONNX Runtime but "
+                    f"{e.shape} in PyTorch for batch {batch}, sequence {seq}, past {past}")
+            diff = np.abs(g - e)
+            max_diff = max(max_diff, float(diff.max(initial=0.0)))
+            excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
+            if excess > worst_excess:
+                worst_excess, worst = excess, f"{out_spec.name} (batch {batch}, sequence {seq}, past {past})"
+    return GraphCheck(spec.name, max_diff, atol, rtol, bool(worst_excess <= 0 and np.isfinite(max_diff)), worst)
+
+
+def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: str,
+              progress: bool = False) -> list[GraphCheck]:
+    from tqdm.auto import tqdm
+
+    results = [check_graph(model, spec, directory, dtype)
+               for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
+    return results
+
+
+def raise_on_failure(results: list[GraphCheck]) -> None:
+    failed = [r for r in results if not r.passed]
+    if failed:
+        lines = "\n".join(f"  {r.line()}  worst at {r.worst}" for r in failed)
+        raise VerificationError(
+            f"{len(failed)} graph(s) differ from PyTorch beyond tolerance:\n{lines}\n"
+            f"This is a bug in the exporter or in ONNX Runtime; please report it with the model "
+            f"and dtype")
+
+
+def summary(results: list[GraphCheck]) -> dict:
+    return {"graphs": [asdict(r) for r in results],
+            "max_abs_diff": max((r.max_abs_diff for r in results), default=0.0),
+            "passed": all(r.passed for r in results)}

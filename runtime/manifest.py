@@ -1,0 +1,194 @@
+"""manifest.json: the one contract between export, engines and runtime.
+
+The runtime reads only the manifest and the files it names, and checks names, dims, dtypes, sizes
+and sha256 hashes against it at load time, so a tampered, truncated or half-written artifact is
+refused with an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import ArtifactError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+FORMAT = "skipdecode-opt-layers"
+REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: "float32", "float16", "int64"
+    dims: list  # ints for fixed sizes, names ("batch", "sequence", ...) for dynamic ones
+
+
+@dataclass
+class GraphSpec:
+    name: str  # "embed", "layer_00" ... "layer_{L-1}", "head"
+    file: str  # the .onnx file, relative to the artifact directory
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    data_file: str | None = None  # external weights (graphs over 2 GB), relative
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GraphSpec":
+        return cls(d["name"], d["file"], [TensorSpec(**t) for t in d["inputs"]],
+                   [TensorSpec(**t) for t in d["outputs"]], d.get("data_file"))
+
+
+@dataclass
+class ModelInfo:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    pre_layer_norm: bool  # False for OPT-350m (post-LayerNorm, project_in/out)
+    bos_token_id: int
+    eos_token_id: int
+    pad_token_id: int
+
+
+@dataclass
+class Manifest:
+    model: ModelInfo
+    dtype: str  # "float32" or "float16": hidden states and KV cache
+    opset: int
+    graphs: list[GraphSpec]  # embed, layer_00 .. layer_{L-1}, head, in that order
+    files: dict[str, dict]  # relative path -> {"sha256": hex, "bytes": int}; every file named
+    tokenizer_dir: str  # relative directory holding the tokenizer files
+    policy: dict  # default SkipPolicy fields for this model
+    source: dict = field(default_factory=dict)  # where the weights came from
+    checks: dict = field(default_factory=dict)  # parity results recorded at export
+    producer: str = "skipdecode-edge"
+    schema_version: int = SCHEMA_VERSION
+    format: str = FORMAT
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def graph(self, name: str) -> GraphSpec:
+        for g in self.graphs:
+            if g.name == name:
+                return g
+        raise ArtifactError(f"manifest has no graph named {name!r}")
+
+    @property
+    def embed(self) -> GraphSpec:
+        return self.graph("embed")
+
+    @property
+    def head(self) -> GraphSpec:
+        return self.graph("head")
+
+    @property
+    def layers(self) -> list[GraphSpec]:
+        return [self.graph(layer_name(i)) for i in range(self.model.num_layers)]
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        order = ["schema_version", "format", "producer", "dtype", "opset", "model", "policy",
+                 "source", "graphs", "files", "tokenizer_dir", "checks"]
+        return {k: d[k] for k in order}
+
+    def save(self, directory: Path) -> None:
+        """Write manifest.json atomically; it is the last file an export writes."""
+        directory = Path(directory)
+        tmp = directory / (MANIFEST_NAME + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(directory / MANIFEST_NAME)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        return cls(model=ModelInfo(**d["model"]), dtype=d["dtype"], opset=d["opset"],
+                   graphs=[GraphSpec.from_dict(g) for g in d["graphs"]], files=d["files"],
+                   tokenizer_dir=d["tokenizer_dir"], policy=d["policy"],
+                   source=d.get("source", {}), checks=d.get("checks", {}),
+                   producer=d.get("producer", ""), schema_version=d["schema_version"],
+                   format=d.get("format", FORMAT))
+
+
+def layer_name(index: int) -> str:
+    return f"layer_{index:02d}"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def load_manifest(directory, check_hashes: bool = True) -> Manifest:
+    """Read and validate ``directory/manifest.json`` and every file it names.
+
+    ``check_hashes=False`` skips the sha256 pass (sizes are still checked): useful on slow storage
+    once an artifact is known good.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ArtifactError(f"artifact directory {directory} does not exist; {REBUILD_HINT}")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(
+            f"{directory} has no {MANIFEST_NAME}: it is not an export, or the export was "
+            f"interrupted before it finished (the manifest is written last); {REBUILD_HINT}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); {REBUILD_HINT}") from exc
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ArtifactError(
+            f"{path} has schema_version {version!r}, but this runtime reads schema_version "
+            f"{SCHEMA_VERSION}; re-export the model with this toolkit's `python -m export build`, "
+            f"or use the toolkit version that wrote it")
+    try:
+        manifest = Manifest.from_dict(raw)
+    except (KeyError, TypeError) as exc:
+        raise ArtifactError(f"{path} is missing or has malformed field {exc}; {REBUILD_HINT}") from exc
+    _check_structure(manifest, path)
+    for rel, entry in manifest.files.items():
+        f = directory / rel
+        if not f.is_file():
+            raise ArtifactError(f"{f} is named in {MANIFEST_NAME} but missing; {REBUILD_HINT}")
+        size = f.stat().st_size
+        if size != entry["bytes"]:
+            raise ArtifactError(
+                f"{f} has {size} bytes, the manifest says {entry['bytes']}: the file was "
+                f"truncated or modified after export; {REBUILD_HINT}")
+        if check_hashes:
+            digest = sha256_file(f)
+            if digest != entry["sha256"]:
+                raise ArtifactError(
+                    f"{f} does not match its sha256 in {MANIFEST_NAME} (expected "
+                    f"{entry['sha256'][:16]}..., found {digest[:16]}...): the file was modified "
+                    f"or corrupted after export; {REBUILD_HINT}")
+    return manifest
+
+
+def _check_structure(m: Manifest, path: Path) -> None:
+    expected = ["embed", *(layer_name(i) for i in range(m.model.num_layers)), "head"]
+    names = [g.name for g in m.graphs]
+    if names != expected:
+        raise ArtifactError(
+            f"{path} lists graphs {names}, expected {expected} for a {m.model.num_layers}-layer "
+            f"model; {REBUILD_HINT}")
+    for g in m.graphs:
+        for rel in filter(None, (g.file, g.data_file)):
+            if rel not in m.files:
+                raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")
+    if m.dtype not in ("float32", "float16"):
+        raise ArtifactError(f"{path}: dtype {m.dtype!r} is not float32 or float16; {REBUILD_HINT}")
