@@ -1,0 +1,18 @@
+"""SkipDecode runtime: load an exported artifact and generate with layer skipping.
+
+    import runtime
+    r = runtime.generate("artifacts/opt-1.3b", ["Hello, my name is"], max_new_tokens=32, speedup=2)
+    print(r.texts, r.stats)
+"""
+
+from .errors import (ArtifactError, InputTooLongError, ModelNotFoundError, PolicyError,
+                     SkipDecodeError, VerificationError)
+from .generator import (GenerationResult, GenerationStats, GenerationStream, Generator, TokenEvent,
+                        generate, load)
+from .policy import SkipPolicy
+
+__all__ = [
+    "load", "generate", "Generator", "GenerationResult", "GenerationStats", "GenerationStream",
+    "TokenEvent", "SkipPolicy", "SkipDecodeError", "ArtifactError", "InputTooLongError",
+    "ModelNotFoundError", "PolicyError", "VerificationError",
+]

@@ -1,0 +1,18 @@
+"""Backends behind one small interface (see base.Backend). Heavy imports happen on first use."""
+
+from __future__ import annotations
+
+from .base import Backend, CacheReleasedError
+
+BACKENDS = ("onnxruntime",)
+
+
+def create_backend(name: str, directory, manifest, **options) -> Backend:
+    if name in ("onnxruntime", "ort"):
+        from .onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(directory, manifest, **options)
+    raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+
+
+__all__ = ["Backend", "CacheReleasedError", "BACKENDS", "create_backend"]
