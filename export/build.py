@@ -36,7 +36,7 @@ class BuildOptions:
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
     external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
     check: bool = True  # compare every graph with PyTorch after export
-    policy: dict | None = None  # default policy fields {max_layers, min_layers, warmup_layers}; None = full depth
+    policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
 
 
@@ -55,6 +55,9 @@ def default_policy(num_layers: int, fields: dict | None) -> dict:
     """Validated default policy for the manifest; horizon None means "max_new_tokens"."""
     fields = dict(fields or {"max_layers": num_layers, "min_layers": num_layers, "warmup_layers": 1})
     fields.setdefault("warmup_layers", 1)
+    if "speedup" in fields:  # chosen over a 128-step horizon, the paper's generation lengths
+        p = SkipPolicy.for_speedup(num_layers, fields.pop("speedup"), 128, fields["warmup_layers"])
+        fields.update(max_layers=p.max_layers, min_layers=p.min_layers)
     SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], fields["warmup_layers"])
     return {"max_layers": fields["max_layers"], "min_layers": fields["min_layers"],
             "warmup_layers": fields["warmup_layers"], "horizon": fields.get("horizon")}

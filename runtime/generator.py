@@ -98,6 +98,7 @@ class TokenEvent:
     token_ids: list[int | None]  # None for rows that had already finished
     texts: list[str]  # text each row gained at this step ("" for finished rows)
     finished: list[bool]
+    logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling
 
 
 class GenerationStream:
@@ -216,7 +217,7 @@ class Generator:
         for g in range(max_new_tokens):
             tokens = select(logits, sampling, rng)  # (B,)
             tokens[finished] = pad
-            event = TokenEvent(g, [None] * B, [""] * B, [False] * B)
+            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits)
             for b in np.flatnonzero(~finished):
                 generated[b].append(int(tokens[b]))
                 text = self.tokenizer.decode(generated[b], skip_special_tokens=True)

@@ -1,0 +1,160 @@
+"""``python -m export verify DIR``: recheck an artifact against PyTorch and transformers.
+
+1. the manifest and the sha256 of every file it names;
+2. every graph against the PyTorch module it came from (export.parity, stated tolerances);
+3. end to end, batched with left padding: greedy tokens of the ONNX Runtime backend at full depth
+   against transformers' ``generate``, with the logits of every step; and under a skip policy,
+   against the skip-aware PyTorch reference, including the layers run at each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from runtime.errors import HubDownloadError, ModelNotFoundError
+from runtime.generator import load
+from runtime.manifest import load_manifest
+from runtime.policy import SkipPolicy
+
+from . import checkpoint, parity
+from .modeling import SkipOPT
+
+DEFAULT_PROMPTS = ("Hello, my name is", "The weather today is", "Paris is the capital of")
+# Greedy logits of a whole generation, fp32 artifact vs transformers: errors grow with depth and
+# steps, but stay far below the gaps between the top tokens of a real model.
+E2E_LOGIT_ATOL = {"float32": 1e-3, "float16": 1e-1}
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.lines.append(f"[{'ok' if ok else 'FAIL':>4}] {name}: {detail}")
+        if not ok:
+            self.failures.append(name)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def reference_model(manifest, model_override: str | None):
+    """The PyTorch model the artifact was exported from (or ``model_override``)."""
+    src = manifest.source
+    dtype = torch.float16 if manifest.dtype == "float16" else torch.float32
+    if model_override is None and src.get("kind") == "random":
+        source = checkpoint.resolve(src["location"], random_weights=src["location"] != checkpoint.TINY_RANDOM)
+        return checkpoint.load(source, dtype=dtype, seed=src.get("seed", 0))
+    spec = model_override or src.get("location") or src.get("model")
+    try:
+        return checkpoint.load(checkpoint.resolve(spec), dtype=dtype)
+    except (ModelNotFoundError, HubDownloadError) as exc:
+        raise type(exc)(f"{exc}\nverify needs the checkpoint the artifact was exported from; pass it "
+                        f"with --model DIR") from exc
+
+
+def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new_tokens: int = 16,
+           speedup: float = 2.0, log=print, progress: bool = True) -> Report:
+    report = Report()
+    manifest = load_manifest(directory, check_hashes=True)
+    report.add("files", True, f"manifest schema {manifest.schema_version}, {len(manifest.files)} "
+                              f"files match their sha256")
+    hf_model, _ = reference_model(manifest, model)
+    ref = SkipOPT(hf_model)
+    if manifest.model.num_layers != ref.num_layers or manifest.model.vocab_size != ref.config.vocab_size:
+        report.add("source", False, "the reference checkpoint's shape differs from the artifact's; "
+                                    "pass the checkpoint it was exported from with --model")
+        return report
+
+    results = parity.check_all(ref, manifest.graphs, directory, manifest.dtype, progress=progress)
+    worst = max(results, key=lambda r: r.max_abs_diff)
+    bad = [r.graph for r in results if not r.passed]
+    atol, rtol = parity.TOLERANCES[manifest.dtype]
+    report.add("graphs", not bad,
+               f"{len(results)} graphs vs PyTorch, max |diff| {worst.max_abs_diff:.2e} "
+               f"({worst.graph}), tolerance atol {atol:g} rtol {rtol:g}"
+               + (f"; failed: {', '.join(bad)}" if bad else ""))
+
+    gen = load(directory, check_hashes=False)
+    try:
+        _end_to_end(report, gen, hf_model, ref, list(prompts), max_new_tokens, speedup, manifest.dtype)
+    finally:
+        gen.close()
+    return report
+
+
+def _end_to_end(report, gen, hf_model, ref, prompts, max_new_tokens, speedup, dtype):
+    eos = gen.manifest.model.eos_token_id
+    pad = gen.manifest.model.pad_token_id
+    enc = gen.tokenizer(prompts, padding=True, return_tensors="pt")
+    # Full depth: ONNX Runtime vs transformers' generate (greedy, same EOS handling).
+    with torch.no_grad():
+        hf = hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                               eos_token_id=eos, pad_token_id=pad, output_logits=True,
+                               return_dict_in_generate=True)
+    hf_tokens = hf.sequences[:, enc["input_ids"].shape[1]:].tolist()
+    full = {"max_layers": gen.num_layers, "min_layers": gen.num_layers}
+    stream = gen.stream(prompts, max_new_tokens, policy=full, eos_token_id=eos)
+    step_logits = [event.logits for event in stream]
+    ours = [_pad(t, len(hf_tokens[0]), pad) for t in stream.result.token_ids]
+    same = ours == hf_tokens
+    report.add("full depth vs transformers", same or dtype == "float16",
+               f"{len(prompts)} prompts, {max_new_tokens} new tokens, greedy: "
+               + ("identical tokens" if same else f"tokens differ ({_agreement(ours, hf_tokens)})"))
+    diff = _logit_diff(step_logits, hf.logits, ours, hf_tokens)
+    tol = E2E_LOGIT_ATOL[dtype]
+    report.add("full depth logits", diff <= tol,
+               f"max |diff| {diff:.2e} over the steps where tokens agree (atol {tol:g})")
+
+    # Under a skip policy: ONNX Runtime vs the skip-aware PyTorch reference.
+    policy = gen.policy_for(max_new_tokens, speedup=speedup)
+    expected = ref.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens, policy,
+                          eos_token_id=eos, pad_token_id=pad)
+    skipped = gen.generate(prompts, max_new_tokens, policy=policy, eos_token_id=eos)
+    ours = [_pad(t, expected.tokens.shape[1], pad) for t in skipped.token_ids]
+    same = ours == expected.tokens.tolist()
+    layers_ok = [s.layers for s in skipped.stats.steps] == expected.step_layers[:len(skipped.stats.steps)]
+    report.add(f"skip policy {policy.max_layers}->{policy.min_layers} layers",
+               (same or dtype == "float16") and layers_ok,
+               f"theoretical speedup {skipped.stats.theoretical_speedup:.2f}x, layers per step "
+               f"{_compact(skipped.stats.layers_per_step)}; "
+               + ("identical tokens to the PyTorch reference" if same else
+                  f"tokens differ from the PyTorch reference ({_agreement(ours, expected.tokens.tolist())})")
+               + ("" if layers_ok else "; layers run differ from the policy's active sets"))
+
+
+def _logit_diff(ours_logits, hf_logits, ours_tokens, hf_tokens) -> float:
+    """Max |logit diff| over the steps at which both sides have fed the same tokens so far."""
+    worst = 0.0
+    for step, (ours, theirs) in enumerate(zip(ours_logits, hf_logits)):
+        if [t[:step] for t in ours_tokens] != [t[:step] for t in hf_tokens]:
+            break
+        worst = max(worst, float(np.abs(ours - theirs.float().numpy()).max()))
+    return worst
+
+
+def _pad(tokens: list[int], length: int, pad: int) -> list[int]:
+    return tokens + [pad] * (length - len(tokens))
+
+
+def _agreement(a, b) -> str:
+    flat = [x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return f"{sum(flat)}/{len(flat)} positions agree"
+
+
+def _compact(values: list[int]) -> str:
+    """[8, 8, 7, 7, 7] -> '8x2 7x3'."""
+    out, prev, count = [], None, 0
+    for v in values + [None]:
+        if v == prev:
+            count += 1
+            continue
+        if prev is not None:
+            out.append(f"{prev}x{count}")
+        prev, count = v, 1
+    return " ".join(out)
