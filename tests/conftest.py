@@ -1,0 +1,72 @@
+"""Tiny random OPT checkpoints built from OPTConfig (nothing is downloaded), and their exports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import OPTConfig, OPTForCausalLM
+
+from export.build import BuildOptions, build
+from export.checkpoint import build_tokenizer
+
+PROMPTS = ["Hello, my name is", "The quick brown fox jumps over", "Paris"]  # different lengths
+# A wide init keeps the top logits apart, so greedy choices do not hinge on float rounding.
+VARIANTS = {
+    # pre-LayerNorm with a final layer norm, like OPT-125m and OPT-1.3b and up
+    "pre_ln": dict(do_layer_norm_before=True, word_embed_proj_dim=32),
+    # post-LayerNorm, project_in/project_out, no final layer norm, like OPT-350m
+    "post_ln_350m": dict(do_layer_norm_before=False, word_embed_proj_dim=16),
+}
+
+
+def tiny_config(variant: str, **overrides) -> OPTConfig:
+    fields = dict(vocab_size=512, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+                  ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=2,
+                  eos_token_id=2, init_std=0.2, **VARIANTS[variant])
+    fields.update(overrides)
+    return OPTConfig(**fields)
+
+
+def save_tiny_checkpoint(directory, variant: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = OPTForCausalLM(tiny_config(variant, **overrides)).eval()
+    model.save_pretrained(directory)
+    build_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def checkpoint_dir(request, tmp_path_factory):
+    """A saved Hugging Face OPT checkpoint directory, once per variant."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.fixture(scope="session")
+def hf_model(checkpoint_dir):
+    return OPTForCausalLM.from_pretrained(checkpoint_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(checkpoint_dir)
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="session")
+def artifact_dir(checkpoint_dir, tmp_path_factory):
+    """The fp32 export of ``checkpoint_dir``."""
+    out = tmp_path_factory.mktemp("artifact") / "model"
+    build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False), log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def generator(artifact_dir):
+    import runtime
+
+    gen = runtime.load(artifact_dir, threads=1)
+    yield gen
+    gen.close()

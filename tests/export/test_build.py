@@ -1,0 +1,161 @@
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+import runtime
+from export import build as build_module
+from export.__main__ import main as export_main
+from export.build import BuildOptions, build
+from runtime.errors import ArtifactError
+from runtime.manifest import MANIFEST_NAME, load_manifest, sha256_file
+from tests.conftest import PROMPTS, save_tiny_checkpoint
+
+quiet = dict(log=lambda *_: None)
+
+
+def test_artifact_is_self_contained(artifact_dir, checkpoint_dir):
+    manifest = load_manifest(artifact_dir)
+    L = manifest.model.num_layers
+    assert [g.name for g in manifest.graphs] == ["embed", *(f"layer_{i:02d}" for i in range(L)), "head"]
+    for rel, entry in manifest.files.items():
+        assert sha256_file(artifact_dir / rel) == entry["sha256"]
+    assert "tokenizer/tokenizer.json" in manifest.files
+    assert manifest.checks["passed"] and len(manifest.checks["graphs"]) == L + 2
+    assert manifest.source["location"] == str(checkpoint_dir.resolve())
+    assert manifest.policy == {"max_layers": L, "min_layers": L, "warmup_layers": 1, "horizon": None}
+    layer = onnx.load(str(artifact_dir / "layer_00.onnx"))
+    assert [i.name for i in layer.graph.input] == ["hidden_states", "attention_mask", "past_key", "past_value"]
+    assert [o.name for o in layer.graph.output] == ["hidden_states_out", "present_key", "present_value"]
+    dims = [d.dim_param or d.dim_value for d in layer.graph.input[2].type.tensor_type.shape.dim]
+    assert dims == ["batch", 4, "past_sequence", 8]
+
+
+def _elem_types(model):
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
+    types.update({v.name: v.type.tensor_type.elem_type for v in inferred.graph.input})
+    return inferred, types
+
+
+def test_fp16_keeps_softmax_and_layer_norm_in_fp32(checkpoint_dir, tmp_path):
+    out = tmp_path / "fp16"
+    manifest = build(BuildOptions(model=str(checkpoint_dir), out=str(out), dtype="float16", progress=False), **quiet)
+    assert manifest.checks["passed"]
+    graph, types = _elem_types(onnx.load(str(out / "layer_01.onnx")))
+    sensitive = [n for n in graph.graph.node if n.op_type in ("Softmax", "LayerNormalization")]
+    assert sensitive, "expected Softmax and LayerNormalization nodes"
+    for node in sensitive:
+        assert types[node.input[0]] == onnx.TensorProto.FLOAT, f"{node.op_type} runs in fp16"
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    # A fully masked (left padding) row stays finite in fp16.
+    from export.parity import ort_session
+
+    session = ort_session(out / "layer_01.onnx")
+    hidden = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float16)
+    mask = np.array([[0, 0, 0], [1, 1, 1]], dtype=np.int64)
+    empty = np.zeros((2, 4, 0, 8), np.float16)
+    outputs = session.run(None, {"hidden_states": hidden, "attention_mask": mask, "past_key": empty, "past_value": empty})
+    assert all(np.isfinite(o).all() for o in outputs)
+
+
+def test_external_data_round_trip(checkpoint_dir, artifact_dir, tmp_path):
+    out = tmp_path / "external"
+    manifest = build(BuildOptions(model=str(checkpoint_dir), out=str(out), external_data="always", progress=False), **quiet)
+    assert manifest.graphs[1].data_file == "layer_00.onnx.data"
+    assert "layer_00.onnx.data" in manifest.files
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("layer_00")) == ["layer_00.onnx", "layer_00.onnx.data"]
+    size = lambda name: (out / name).stat().st_size  # noqa: E731
+    assert size("layer_00.onnx.data") > 2 * size("layer_00.onnx"), "weights live in the .data file"
+    a = runtime.generate(out, PROMPTS, max_new_tokens=8)
+    b = runtime.generate(artifact_dir, PROMPTS, max_new_tokens=8)
+    assert a.token_ids == b.token_ids
+
+
+def test_interrupted_export_leaves_nothing_loadable(checkpoint_dir, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    real = build_module.export_graph
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build_module, "export_graph", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False), **quiet)
+    assert list(tmp_path.iterdir()) == [], "neither --out nor a temporary directory is left"
+    with pytest.raises(ArtifactError, match="does not exist"):
+        runtime.load(out)
+
+
+def test_killed_export_is_refused_by_load(checkpoint_dir, tmp_path, monkeypatch):
+    """A process killed mid-export cannot clean up: what it leaves has no manifest."""
+    out = tmp_path / "model"
+    monkeypatch.setattr(build_module.shutil, "rmtree", lambda *a, **k: None)  # as if killed
+    monkeypatch.setattr(build_module.Manifest, "save", lambda self, d: (_ for _ in ()).throw(SystemExit(9)))
+    with pytest.raises(SystemExit):
+        build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False), **quiet)
+    assert not out.exists()
+    [leftover] = tmp_path.iterdir()
+    assert leftover.name.startswith(".model.tmp-") and (leftover / "layer_00.onnx").is_file()
+    with pytest.raises(ArtifactError, match="has no manifest.json: it is not an export, or the export was interrupted"):
+        runtime.load(leftover)
+
+
+def test_failed_rebuild_keeps_the_old_artifact(checkpoint_dir, artifact_dir, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    shutil.copytree(artifact_dir, out)
+    before = (out / MANIFEST_NAME).read_text()
+    monkeypatch.setattr(build_module, "export_graph", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False), **quiet)
+    assert (out / MANIFEST_NAME).read_text() == before
+    load_manifest(out)  # every hash still matches
+
+
+def test_rebuild_replaces_an_artifact(checkpoint_dir, tmp_path):
+    out = tmp_path / "model"
+    build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False, check=False), **quiet)
+    manifest = build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False, check=False,
+                                  policy={"speedup": 2}), **quiet)
+    assert load_manifest(out).policy == manifest.policy != {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_refuses_to_overwrite_a_foreign_directory(checkpoint_dir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match="is not empty and is not an artifact directory"):
+        build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False), **quiet)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_cli_build_and_verify(checkpoint_dir, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "-q", "--speedup", "2"]) == 0
+    assert json.loads((out / MANIFEST_NAME).read_text())["policy"]["min_layers"] < 6
+    capsys.readouterr()
+    assert export_main(["verify", str(out), "-q"]) == 0
+    report = capsys.readouterr().out
+    assert "full depth vs transformers: 3 prompts, 16 new tokens, greedy: identical tokens" in report
+    assert "identical tokens to the PyTorch reference" in report
+    assert report.strip().endswith("PASSED")
+
+
+def test_cli_reports_unknown_model(tmp_path, capsys):
+    assert export_main(["build", "--model", "opt-7b", "--out", str(tmp_path / "x")]) == 2
+    assert "error: unknown model 'opt-7b'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_post_ln_checkpoint_exports(tmp_path):
+    """A second seed and a 350m-style model with different head counts still pass every check."""
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "post_ln_350m", seed=3, num_attention_heads=2)
+    manifest = build(BuildOptions(model=str(ckpt), out=str(tmp_path / "a"), progress=False), **quiet)
+    assert manifest.checks["passed"] and not manifest.model.pre_layer_norm

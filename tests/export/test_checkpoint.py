@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from export import checkpoint
+from runtime.errors import HubDownloadError, ModelNotFoundError, UnsupportedModelError
+
+
+@pytest.mark.parametrize("spec, hub_id", [
+    ("opt-1.3b", "facebook/opt-1.3b"), ("OPT-350m", "facebook/opt-350m"),
+    ("facebook/opt-125m", "facebook/opt-125m"), ("someone/opt-finetuned", "someone/opt-finetuned")])
+def test_aliases_and_hub_ids(spec, hub_id):
+    source = checkpoint.resolve(spec)
+    assert (source.kind, source.location) == ("hub", hub_id)
+
+
+def test_unknown_alias_lists_the_known_ones():
+    with pytest.raises(ModelNotFoundError) as info:
+        checkpoint.resolve("opt-999m")
+    assert "unknown model 'opt-999m'" in str(info.value)
+    assert "opt-1.3b" in str(info.value) and "tiny-random" in str(info.value)
+
+
+def test_missing_directory(tmp_path):
+    missing = tmp_path / "nowhere" / "opt"
+    with pytest.raises(ModelNotFoundError, match=f"model directory '{missing}' does not exist"):
+        checkpoint.resolve(str(missing))
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(UnsupportedModelError, match="has no config.json"):
+        checkpoint.resolve(str(tmp_path))
+
+
+def test_not_an_opt_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(UnsupportedModelError, match="is a 'gpt2' checkpoint; this toolkit exports OPT models only"):
+        checkpoint.load(checkpoint.resolve(str(tmp_path)))
+
+
+def test_hub_failure_says_how_to_pass_a_directory(monkeypatch):
+    import transformers
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to the hub")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(HubDownloadError) as info:
+        checkpoint.load(checkpoint.resolve("opt-1.3b"))
+    message = str(info.value)
+    assert "could not get facebook/opt-1.3b from the Hugging Face Hub" in message
+    assert "--model /path/to/opt-1.3b" in message
+
+
+def test_random_weights_need_a_known_architecture():
+    assert checkpoint.resolve("opt-125m", random_weights=True).kind == "random"
+    with pytest.raises(ModelNotFoundError, match="random weights need a known architecture"):
+        checkpoint.resolve("opt-7b", random_weights=True)
+
+
+def test_random_architecture_has_real_shapes():
+    config = checkpoint.random_config("opt-350m", vocab_size=512)
+    assert (config.num_hidden_layers, config.hidden_size, config.word_embed_proj_dim) == (24, 1024, 512)
+    assert not config.do_layer_norm_before and config.vocab_size == 50272
+
+
+def test_tokenizer_follows_opt_conventions():
+    tok = checkpoint.build_tokenizer()
+    assert [tok.convert_tokens_to_ids(t) for t in ("<s>", "<pad>", "</s>", "<unk>")] == [0, 1, 2, 3]
+    ids = tok("Hello world").input_ids
+    assert ids[0] == 2, "OPT prepends </s> as BOS"
+    assert tok.decode(ids, skip_special_tokens=True) == "Hello world"
