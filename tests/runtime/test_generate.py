@@ -1,0 +1,204 @@
+import numpy as np
+import pytest
+import torch
+
+import runtime
+from export.modeling import SkipOPT
+from runtime.backends import CacheReleasedError
+from runtime.errors import InputTooLongError, PolicyError
+from runtime.policy import SkipPolicy
+from tests.conftest import PROMPTS
+
+LOGIT_ATOL = 1e-4  # fp32 ONNX Runtime vs transformers' OPT, every step of a greedy generation
+NEW = 12
+
+
+def hf_generate(hf_model, tokenizer, prompts, max_new_tokens=NEW):
+    enc = tokenizer(prompts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=1,
+                                eos_token_id=2, output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[:, enc["input_ids"].shape[1]:].tolist()
+    return tokens, out.logits
+
+
+def padded(rows, length, pad=1):
+    return [r + [pad] * (length - len(r)) for r in rows]
+
+
+def test_full_depth_batch_equals_transformers(generator, hf_model, tokenizer):
+    expected, _ = hf_generate(hf_model, tokenizer, PROMPTS)
+    result = generator.generate(PROMPTS, NEW)
+    assert padded(result.token_ids, NEW) == expected
+    assert result.texts == [tokenizer.decode(t, skip_special_tokens=True) for t in result.token_ids]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_full_depth_single_prompt_equals_transformers(generator, hf_model, tokenizer, prompt):
+    expected, _ = hf_generate(hf_model, tokenizer, [prompt])
+    assert padded(generator.generate(prompt, NEW).token_ids, NEW) == expected
+
+
+def test_full_depth_logits_every_step(generator, hf_model, tokenizer):
+    expected, hf_logits = hf_generate(hf_model, tokenizer, PROMPTS)
+    stream = generator.stream(PROMPTS, NEW)
+    ours = [event.logits for event in stream]
+    assert len(ours) == len(hf_logits)
+    for step, (a, b) in enumerate(zip(ours, hf_logits)):
+        np.testing.assert_allclose(a, b.numpy(), atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
+
+
+class SpyBackend:
+    """Records what the decode loop asks of the real backend."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.released = inner, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def embed(self, ids, mask):
+        self.calls.append("embed")
+        return self.inner.embed(ids, mask)
+
+    def layer(self, index, hidden, mask):
+        self.calls.append(index)
+        return self.inner.layer(index, hidden, mask)
+
+    def head(self, hidden):
+        self.calls.append("head")
+        return self.inner.head(hidden)
+
+    def release(self, index):
+        self.released.append(index)
+        self.inner.release(index)
+
+
+@pytest.fixture
+def spy(generator):
+    real = generator.backend
+    generator.backend = SpyBackend(real)
+    yield generator.backend
+    generator.backend = real
+
+
+@pytest.mark.parametrize("max_layers, min_layers, warmup", [(5, 2, 1), (4, 4, 2), (3, 1, 1), (6, 6, 0)])
+def test_skip_policy_matches_reference_and_runs_only_active_layers(generator, hf_model, tokenizer, spy,
+                                                                   max_layers, min_layers, warmup):
+    L = generator.num_layers
+    policy = SkipPolicy(L, max_layers, min_layers, warmup_layers=warmup, horizon=NEW - 1)
+    enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    expected = SkipOPT(hf_model).greedy(enc["input_ids"], enc["attention_mask"], NEW, policy, eos_token_id=2)
+    result = generator.generate(PROMPTS, NEW, policy=policy)
+    assert padded(result.token_ids, expected.tokens.shape[1]) == expected.tokens.tolist()
+
+    # The prompt runs every layer; then each step is embed, exactly its active set, head.
+    want = ["embed", *range(L), "head"]
+    for g in range(result.stats.new_tokens - 1):
+        want += ["embed", *policy.active_layers(g), "head"]
+    assert spy.calls == want
+    assert [s.layers for s in result.stats.steps] == [policy.active_layers(g) for g in range(len(result.stats.steps))]
+    # A layer's cache is released once, when it leaves the active set, and never recomputed.
+    assert sorted(spy.released) == sorted(set(range(L)) - set(policy.active_layers(len(result.stats.steps) - 1)))
+    prompt_len = enc["input_ids"].shape[1]
+    for i in policy.active_layers(len(result.stats.steps) - 1):
+        assert spy.inner.cache_length(i) == prompt_len + len(result.stats.steps)
+
+
+def test_stats_report_budgets_and_speedup(generator):
+    result = generator.generate(PROMPTS, 16, speedup=2, ignore_eos=True)
+    stats, policy = result.stats, result.policy
+    assert stats.new_tokens == 16 and len(stats.steps) == 15
+    assert stats.layers_per_step == [policy.budget(g) for g in range(15)]
+    assert stats.theoretical_speedup == pytest.approx(policy.theoretical_speedup(15))
+    assert stats.achieved_layer_ratio == pytest.approx(stats.theoretical_speedup)
+    assert 1.7 < stats.theoretical_speedup < 2.3
+    assert stats.steps[0].theoretical_ratio == generator.num_layers / policy.max_layers
+    assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
+    assert stats.to_dict()["layers_per_step"] == stats.layers_per_step
+
+
+def test_released_cache_cannot_be_used(generator):
+    backend = generator.backend
+    backend.reset(1, 4)
+    backend.release(0)
+    with pytest.raises(CacheReleasedError, match="layer 0 ran after its cache was released"):
+        backend.layer(0, np.zeros((1, 1, 32), np.float32), np.ones((1, 1), np.int64))
+
+
+def test_streaming_yields_every_token(generator):
+    events = []
+    result = generator.generate(PROMPTS, NEW, streamer=events.append, ignore_eos=True)
+    assert len(events) == NEW
+    for b in range(len(PROMPTS)):
+        assert [e.token_ids[b] for e in events] == result.token_ids[b]
+        assert "".join(e.texts[b] for e in events) == result.texts[b]
+    stream = generator.stream(PROMPTS[0], 4)
+    assert [len(e.token_ids) for e in stream] == [1] * stream.result.stats.new_tokens
+
+
+def test_eos_finishes_a_row_while_others_continue(generator):
+    full = generator.generate(PROMPTS, NEW, ignore_eos=True)
+    eos = full.token_ids[0][2]
+    stopped = generator.generate(PROMPTS, NEW, eos_token_id=eos)
+    row0 = stopped.token_ids[0]
+    assert row0 == full.token_ids[0][: full.token_ids[0].index(eos) + 1]
+    for b in range(1, len(PROMPTS)):
+        expect = full.token_ids[b]
+        if eos in expect:
+            expect = expect[: expect.index(eos) + 1]
+        assert stopped.token_ids[b] == expect
+
+
+def test_stop_strings_truncate_after_the_match(generator):
+    full = generator.generate(PROMPTS[0], NEW, ignore_eos=True)
+    stop = full.texts[0][3:5]
+    result = generator.generate(PROMPTS[0], NEW, ignore_eos=True, stop_strings=[stop])
+    assert result.texts[0] == full.texts[0][: full.texts[0].index(stop) + len(stop)]
+    assert len(result.token_ids[0]) < NEW
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(generator):
+    kw = dict(do_sample=True, temperature=1.5, top_p=0.9, ignore_eos=True)
+    a = generator.generate(PROMPTS, NEW, seed=7, **kw)
+    b = generator.generate(PROMPTS, NEW, seed=7, **kw)
+    assert a.token_ids == b.token_ids
+    greedy = generator.generate(PROMPTS, NEW, ignore_eos=True)
+    assert generator.generate(PROMPTS, NEW, do_sample=True, top_k=1, seed=1, ignore_eos=True).token_ids == greedy.token_ids
+
+
+def test_prompt_over_the_limit(generator):
+    prompt = "Hello, my name is"
+    n = len(generator.tokenizer(prompt).input_ids)
+    with pytest.raises(InputTooLongError) as info:
+        generator.generate(prompt, 64)
+    assert str(info.value) == (
+        f"prompt of {n} tokens + max_new_tokens 64 = {n + 64} exceeds max_position_embeddings 64 of "
+        f"this model; shorten the prompt to at most 0 tokens or lower max_new_tokens to at most {64 - n}")
+    assert generator.generate(prompt, 64 - n).stats.new_tokens <= 64 - n
+
+
+def test_impossible_policies(generator):
+    L = generator.num_layers
+    with pytest.raises(PolicyError, match=f"max_layers \\({L + 1}\\) must be <= num_layers \\({L}\\)"):
+        generator.generate("Hi", 4, policy={"max_layers": L + 1, "min_layers": 2})
+    with pytest.raises(PolicyError, match="pass either policy= or speedup=, not both"):
+        generator.generate("Hi", 4, speedup=2, policy={"max_layers": 4, "min_layers": 2})
+    with pytest.raises(PolicyError, match=f"speedup {L + 1} is out of range for {L} layers"):
+        generator.generate("Hi", 4, speedup=L + 1)
+    with pytest.raises(PolicyError, match=f"policy is for 24 layers but the model has {L}"):
+        generator.generate("Hi", 4, policy=SkipPolicy(24, 16, 8))
+
+
+def test_bad_arguments(generator):
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got 0"):
+        generator.generate("Hi", 0)
+    with pytest.raises(ValueError, match="prompts must be a string or a non-empty list of strings"):
+        generator.generate([], 4)
+    with pytest.raises(ValueError, match="top_p must be in \\(0, 1\\], got 0"):
+        generator.generate("Hi", 4, do_sample=True, top_p=0)
+
+
+def test_generate_accepts_a_directory(artifact_dir, generator):
+    by_dir = runtime.generate(artifact_dir, PROMPTS, max_new_tokens=6, speedup=2, threads=1)
+    assert by_dir.token_ids == generator.generate(PROMPTS, 6, speedup=2).token_ids

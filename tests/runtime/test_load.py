@@ -1,0 +1,88 @@
+import json
+import shutil
+
+import pytest
+
+import runtime
+from runtime.errors import ArtifactError
+from runtime.manifest import MANIFEST_NAME
+
+
+@pytest.fixture
+def copy(artifact_dir, tmp_path):
+    target = tmp_path / "artifact"
+    shutil.copytree(artifact_dir, target)
+    return target
+
+
+def edit_manifest(directory, change):
+    path = directory / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(ArtifactError, match=f"artifact directory {tmp_path / 'none'} does not exist; rebuild it"):
+        runtime.load(tmp_path / "none")
+
+
+def test_tampered_graph_fails_its_hash(copy):
+    path = copy / "layer_02.onnx"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # same size, one byte changed
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError) as info:
+        runtime.load(copy)
+    assert f"{path} does not match its sha256 in manifest.json" in str(info.value)
+    assert "modified or corrupted after export" in str(info.value)
+
+
+def test_truncated_file_fails_its_size(copy):
+    path = copy / "head.onnx"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ArtifactError, match=f"{path} has 100 bytes, the manifest says"):
+        runtime.load(copy, check_hashes=False)
+
+
+def test_missing_file(copy):
+    (copy / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(ArtifactError, match="tokenizer.json is named in manifest.json but missing"):
+        runtime.load(copy)
+
+
+def test_other_schema_version(copy):
+    edit_manifest(copy, lambda d: d.update(schema_version=2))
+    with pytest.raises(ArtifactError) as info:
+        runtime.load(copy)
+    assert "has schema_version 2, but this runtime reads schema_version 1" in str(info.value)
+    assert "re-export the model" in str(info.value)
+
+
+def test_corrupt_manifest(copy):
+    (copy / MANIFEST_NAME).write_text('{"schema_version": 1, "graphs": [')
+    with pytest.raises(ArtifactError, match="manifest.json is not valid JSON"):
+        runtime.load(copy)
+
+
+def test_manifest_missing_a_field(copy):
+    edit_manifest(copy, lambda d: d.pop("graphs"))
+    with pytest.raises(ArtifactError, match="is missing or has malformed field 'graphs'"):
+        runtime.load(copy)
+
+
+def test_graph_io_names_are_checked_against_the_manifest(copy):
+    def rename(d):
+        d["graphs"][1]["inputs"][2]["name"] = "past_keys"
+
+    edit_manifest(copy, rename)
+    with pytest.raises(ArtifactError) as info:
+        runtime.load(copy)
+    assert "layer_00.onnx has inputs ['hidden_states', 'attention_mask', 'past_key', 'past_value']" in str(info.value)
+    assert "graph and manifest come from different exports" in str(info.value)
+
+
+def test_layer_count_mismatch(copy):
+    edit_manifest(copy, lambda d: d["model"].update(num_layers=d["model"]["num_layers"] + 1))
+    with pytest.raises(ArtifactError, match="lists graphs .* expected .* for a 7-layer model"):
+        runtime.load(copy)

@@ -1,0 +1,1 @@
+"""Benchmarks, trtexec profiling, evaluation and fine-tuning tools (added by later issues)."""
