@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _policy_fields(args, num_layers_hint=None) -> dict | None:
+def _policy_fields(args) -> dict | None:
     if args.speedup is not None:
         if args.max_layers is not None or args.min_layers is not None:
             raise SystemExit("error: pass --speedup or --max-layers/--min-layers, not both")

@@ -11,7 +11,6 @@ Three kinds of source:
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,7 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         raise UnsupportedModelError(f"{path} is a file; --model takes a checkpoint directory")
     if short in ALIASES:
         return ModelSource(spec, "hub", ALIASES[short])
-    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or os.sep in spec and not _HUB_ID.match(spec)
-    if looks_like_path:
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:  # a path, not org/name
         raise ModelNotFoundError(
             f"model directory {spec!r} does not exist; pass an existing directory holding an OPT "
             f"checkpoint, a hub id such as facebook/opt-1.3b, or an alias ({known})")

@@ -79,9 +79,8 @@ def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: st
               progress: bool = False) -> list[GraphCheck]:
     from tqdm.auto import tqdm
 
-    results = [check_graph(model, spec, directory, dtype)
-               for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
-    return results
+    return [check_graph(model, spec, directory, dtype)
+            for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
 
 
 def raise_on_failure(results: list[GraphCheck]) -> None:

@@ -17,7 +17,6 @@ import torch
 from runtime.errors import HubDownloadError, ModelNotFoundError
 from runtime.generator import load
 from runtime.manifest import load_manifest
-from runtime.policy import SkipPolicy
 
 from . import checkpoint, parity
 from .modeling import SkipOPT

@@ -40,7 +40,8 @@ class Backend(ABC):
         """Positions held in layer ``index``'s cache (0 when released or never run)."""
 
     def close(self) -> None:
-        """Release sessions and device memory."""
+        """Release sessions and device memory (nothing to do by default)."""
+        return None
 
 
 class CacheReleasedError(RuntimeError):

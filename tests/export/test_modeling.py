@@ -1,6 +1,5 @@
 import copy
 
-import pytest
 import torch
 
 from export.modeling import SkipOPT
