@@ -118,7 +118,7 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
         torch.onnx.export(
             module, tuple(inputs.values()), str(traced), dynamo=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
-            dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=True)
+            dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
     data_file = None
     if external or len(list(scratch.iterdir())) > 1:
         import onnx

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import Backend, CacheReleasedError
 
-BACKENDS = ("onnxruntime",)
+BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
 
 def create_backend(name: str, directory, manifest, **options) -> Backend:
@@ -12,6 +12,14 @@ def create_backend(name: str, directory, manifest, **options) -> Backend:
         from .onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(directory, manifest, **options)
+    if name in ("torch", "pytorch"):
+        from .torch import TorchBackend
+
+        return TorchBackend(directory, manifest, **options)
+    if name in ("tensorrt", "trt"):
+        from .tensorrt import TensorRTBackend
+
+        return TensorRTBackend(directory, manifest, **options)
     raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
