@@ -291,10 +291,10 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
     do_sample, temperature, top_k, top_p, seed: sampling, as in transformers.
     eos_token_id (int or list; default the model's), ignore_eos, stop_strings: when a row ends.
     streamer: called with a TokenEvent after every step.
-    Other keyword arguments of ``runtime.load`` (backend, check_hashes, providers, threads) apply
-    when ``model`` is a directory.
+    Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
+    threads, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
-    load_keys = {"backend", "check_hashes", "providers", "threads"}
+    load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():
             raise TypeError(f"{sorted(load_keys & kwargs.keys())} apply only when model is a directory")
