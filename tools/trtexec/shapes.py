@@ -1,0 +1,110 @@
+"""min/opt/max and run shapes for one graph, from the manifest's named dims and the CLI limits.
+
+Two phases, as the engines use them (issue 3):
+  decode:  sequence 1, past 0 .. max_seq-1       (one new token per step over a growing KV cache)
+  prefill: sequence 1 .. max_prompt, past 0      (the prompt at full depth from an empty cache)
+total_sequence = past_sequence + sequence, so the attention mask of embed and of each layer follows.
+The opt point is the run point: the kernels are tuned for the shape being measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.manifest import GraphSpec
+
+from .errors import ProfileLimitError
+
+DIM_NAMES = ("batch", "sequence", "past_sequence", "total_sequence")  # every dynamic dim the export writes
+PHASES = ("decode", "prefill")
+
+
+@dataclass(frozen=True)
+class Limits:
+    batch: int = 1  # batch of the run, also the profile's opt batch
+    sequence: int = 1  # tokens per step in the run: 1 to decode, the prompt length to prefill
+    past: int = 0  # cached positions in the run (decode); prefill always has 0
+    max_batch: int | None = None  # profile's max batch; None: the run's batch
+    max_seq: int | None = None  # most positions past + sequence may reach; None: max_position_embeddings
+    max_prompt: int | None = None  # prefill profile's max sequence; None: max_seq
+    phase: str | None = None  # "decode" or "prefill"; None: decode when sequence == 1, else prefill
+
+
+@dataclass(frozen=True)
+class Profile:
+    phase: str  # "decode" or "prefill"
+    min: dict  # dim name -> size, for --minShapes
+    opt: dict  # for --optShapes
+    max: dict  # for --maxShapes
+    run: dict  # for --shapes: the point that is timed
+
+
+def _point(batch: int, sequence: int, past: int) -> dict:
+    return {"batch": batch, "sequence": sequence, "past_sequence": past, "total_sequence": past + sequence}
+
+
+def resolve_profile(limits: Limits, max_position_embeddings: int) -> Profile:
+    """Check the limits against each other and the model, then place the profile's points."""
+    b, s, p = limits.batch, limits.sequence, limits.past
+    if b < 1 or s < 1 or p < 0:
+        raise ProfileLimitError(
+            f"batch {b}, sequence {s}, past {p}: batch and sequence must be >= 1 and past >= 0")
+    max_batch = limits.max_batch if limits.max_batch is not None else b
+    if max_batch < b:
+        raise ProfileLimitError(f"--batch {b} exceeds --max-batch {max_batch}; raise --max-batch to at least {b}")
+    max_seq = limits.max_seq if limits.max_seq is not None else max_position_embeddings
+    if not 1 <= max_seq <= max_position_embeddings:
+        raise ProfileLimitError(
+            f"--max-seq {max_seq} is outside 1..{max_position_embeddings} (the model's "
+            f"max_position_embeddings); use --max-seq {max_position_embeddings} or less")
+    phase = limits.phase or ("decode" if s == 1 else "prefill")
+    if phase == "decode":
+        return _decode_profile(b, s, p, max_batch, max_seq)
+    if phase == "prefill":
+        return _prefill_profile(b, s, p, max_batch, max_seq, limits.max_prompt)
+    raise ProfileLimitError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+
+
+def _decode_profile(b: int, s: int, p: int, max_batch: int, max_seq: int) -> Profile:
+    if s != 1:
+        raise ProfileLimitError(
+            f"the decode profile runs 1 token per step, got --seq {s}; use --seq 1, or --phase prefill "
+            f"for a {s}-token prompt")
+    if p + s > max_seq:
+        raise ProfileLimitError(
+            f"past {p} + sequence {s} = {p + s} positions exceed max_seq {max_seq}; use --past {max_seq - s} "
+            f"or less, or raise --max-seq (at most max_position_embeddings)")
+    run = _point(b, 1, p)
+    return Profile("decode", _point(1, 1, 0), run, _point(max_batch, 1, max_seq - 1), run)
+
+
+def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_prompt: int | None) -> Profile:
+    if p != 0:
+        raise ProfileLimitError(
+            f"the prefill profile starts from an empty KV cache (past 0), got --past {p}; use --past 0, "
+            f"or --seq 1 to profile decode at past {p}")
+    max_prompt = max_prompt if max_prompt is not None else max_seq
+    if not 1 <= max_prompt <= max_seq:
+        raise ProfileLimitError(
+            f"--max-prompt {max_prompt} is outside 1..max_seq {max_seq}; use --max-prompt {max_seq} or less")
+    if s > max_prompt:
+        raise ProfileLimitError(f"--seq {s} exceeds --max-prompt {max_prompt}; use --seq {max_prompt} or less, "
+                                f"or raise --max-prompt")
+    run = _point(b, s, 0)
+    return Profile("prefill", _point(1, 1, 0), run, _point(max_batch, max_prompt, 0), run)
+
+
+def shape_spec(graph: GraphSpec, sizes: dict) -> str:
+    """trtexec's shape spec, ``name:d0xd1x...`` per input, comma-separated, in the graph's input order."""
+    return ",".join(f"{t.name}:" + "x".join(str(_size(graph, t.name, d, sizes)) for d in t.dims)
+                    for t in graph.inputs)
+
+
+def _size(graph: GraphSpec, tensor: str, dim, sizes: dict) -> int:
+    if isinstance(dim, int):
+        return dim
+    if dim not in sizes:
+        raise ProfileLimitError(
+            f"{graph.name}.{tensor} has dim {dim!r}, which this tool cannot size (it knows "
+            f"{', '.join(DIM_NAMES)}); the artifact is from another exporter version: re-export it")
+    return sizes[dim]
