@@ -61,9 +61,14 @@ class OPTEmbed(nn.Module):
         self.project_in = decoder.project_in  # 350m: word_embed_proj_dim -> hidden_size
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        query_len = input_ids.shape[1]
-        positions = torch.cumsum(attention_mask, dim=1) * attention_mask - 1  # (B, S)
-        positions = positions[:, attention_mask.shape[1] - query_len:]  # (B, T)
+        query_len, total = input_ids.shape[1], attention_mask.shape[1]
+        # CumSum in fp32 (exact below 2**24 positions): TensorRT's parser documents CumSum for
+        # float types only. The last T positions are gathered rather than sliced: TensorRT 8.x
+        # cannot parse a Slice whose axes are computed, as the unfolded TorchScript export makes them.
+        mask = attention_mask.float()
+        positions = (torch.cumsum(mask, dim=1) * mask - 1).long()  # (B, S)
+        last = torch.arange(total - query_len, total, device=input_ids.device)  # (T,)
+        positions = positions.index_select(1, last)  # (B, T)
         tokens = self.embed_tokens(input_ids)  # (B, T, E)
         if self.project_in is not None:
             tokens = self.project_in(tokens)  # (B, T, D)

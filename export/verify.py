@@ -1,7 +1,8 @@
 """``python -m export verify DIR``: recheck an artifact against PyTorch and transformers.
 
 1. the manifest and the sha256 of every file it names;
-2. every graph against the PyTorch module it came from (export.parity, stated tolerances);
+2. every graph against the PyTorch module it came from (export.parity, stated tolerances), and
+   every operator and opset against the TensorRT ONNX parser's supported lists (export.trt_compat);
 3. end to end, batched with left padding: greedy tokens of the ONNX Runtime backend at full depth
    against transformers' ``generate``, with the logits of every step; and under a skip policy,
    against the skip-aware PyTorch reference, including the layers run at each step.
@@ -78,6 +79,12 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
                f"{len(results)} graphs vs PyTorch, max |diff| {worst.max_abs_diff:.2e} "
                f"({worst.graph}), tolerance atol {atol:g} rtol {rtol:g}"
                + (f"; failed: {', '.join(bad)}" if bad else ""))
+
+    from .trt_compat import check_artifact
+
+    for r in check_artifact(directory).results:  # TensorRT 8.6, 10.3 and the current parser
+        details = "".join("\n         " + line.strip() for line in r.lines()[1:])
+        report.add(f"TensorRT {r.version} parser", r.passed, r.summary + details)
 
     gen = load(directory, check_hashes=False)
     try:

@@ -1,0 +1,70 @@
+"""Command line: ``python -m engines build ARTIFACT_DIR --max-batch 8 --max-seq 1024 --workspace 2GiB``.
+
+Exit codes: 0 built (or already up to date), 1 a toolkit error (message on stderr), 2 TensorRT or a
+CUDA GPU is missing here (message says how to get it), or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from runtime.errors import SkipDecodeError
+
+from .config import EngineBuildConfig, parse_size
+from .errors import NoCudaDeviceError, TensorRTMissingError
+from .manifest import DEFAULT_ENGINE_DIR
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engines",
+                                description="Build TensorRT engines from an exported artifact.")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build (or finish) one engine per graph of an artifact",
+                       description="Run on the device that will run the engines: a plan is "
+                                   "specific to its TensorRT version and GPU.")
+    b.add_argument("artifact_dir", help="directory written by `python -m export build`")
+    b.add_argument("--max-batch", type=int, default=8, help="largest batch (default: 8)")
+    b.add_argument("--max-seq", type=int, default=1024,
+                   help="largest prompt + new tokens; sizes the KV buffers (default: 1024)")
+    b.add_argument("--max-prompt", type=int, default=None,
+                   help="longest padded prompt of the prefill profile (default: --max-seq)")
+    b.add_argument("--workspace", default="2GiB",
+                   help="builder memory-pool limit, e.g. 2GiB, 512MiB (default: 2GiB; 1GiB on 8 GB boards)")
+    b.add_argument("--fp16", action="store_true",
+                   help="fp16 engines from an fp32 export (an fp16 export always builds fp16)")
+    b.add_argument("--engine-dir", default=None,
+                   help=f"where plans go (default: ARTIFACT_DIR/{DEFAULT_ENGINE_DIR})")
+    b.add_argument("--timing-cache", default=None,
+                   help="shared timing cache file (default: ENGINE_DIR/timing.cache)")
+    b.add_argument("--force", action="store_true", help="rebuild every engine, even up-to-date ones")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = EngineBuildConfig(max_batch=args.max_batch, max_seq=args.max_seq,
+                                   max_prompt=args.max_prompt, workspace=parse_size(args.workspace),
+                                   precision="fp16" if args.fp16 else "fp32",
+                                   timing_cache=args.timing_cache)
+        from .build import build_engines
+
+        report = build_engines(args.artifact_dir, config, engine_dir=args.engine_dir,
+                               force=args.force, progress=not args.quiet)
+    except (TensorRTMissingError, NoCudaDeviceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SkipDecodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{report.engine_dir}: built {len(report.built)}, up to date {len(report.skipped)}")
+    engine_dir = "" if args.engine_dir is None else f", engine_dir={str(Path(args.engine_dir))!r}"
+    print(f"next: runtime.generate({args.artifact_dir!r}, prompts, backend='tensorrt'{engine_dir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

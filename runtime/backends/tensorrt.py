@@ -1,0 +1,432 @@
+"""TensorRT backend: one engine and one execution context per graph, everything in device memory.
+
+Build the engines first, on the device: ``python -m engines build ARTIFACT_DIR`` (see engines/).
+
+Device memory is PyTorch's CUDA allocator (torch is a dependency already, and Jetson images bring a
+CUDA build): buffers are torch tensors whose ``data_ptr()`` goes to ``set_tensor_address``, and
+all work runs on one private CUDA stream, so TensorRT launches and torch copies stay ordered
+without host synchronisation. Only the input ids and the attention mask go host -> device (once
+per step, shared by the embedding and every layer) and only the last position's logits come back.
+
+Buffers are preallocated from the limits the engines were built for (engines.json):
+
+- KV cache: for each of the L layers a K and a V buffer of max_batch x heads x max_seq x head_dim,
+  plus ONE spare pair. The graph contract returns present = concat(past, new) as a new tensor, so
+  a layer reads its past from its own pair and writes present into the spare pair; then the two
+  swap owners. No copy beyond the concat the graph itself performs, and (L + 1) pairs instead of
+  2L for naive double buffering. (Removing the in-graph concat needs a KV-in-place graph: past as a
+  fixed-capacity buffer plus a write position; that is a change of the export contract.)
+- hidden states: two buffers of max_batch x max_prompt x hidden, ping-ponged between layers.
+- one scratch block for TensorRT's activations, shared by all contexts: they run one after the
+  other on one stream, so the largest engine's need is enough (instead of one block per context,
+  which for 26 contexts at prefill shapes does not fit an 8 GB Jetson).
+
+Profiles: 0 = prefill (sequence 1..max_prompt, past 0), 1 = decode (sequence 1, past
+0..max_seq-1). Each call picks the profile that holds its shapes, staying on the current one when
+it can; a switch goes through ``set_optimization_profile_async`` and resets the context's input
+shapes. With the tensor-name API (TensorRT 8.5.1+, the only API in 10.x) names are the same in
+every profile; the per-profile binding indices of the old binding API are not used.
+
+CUDA graph capture per active-layer set is not implemented: ``cuda_graphs=True`` raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from engines.errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
+from engines.manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate
+from engines.profiles import Profile, ShapeRange, choose_profile
+from engines.versions import parse_version
+
+from ..errors import ArtifactError, SkipDecodeError
+from ..manifest import GraphSpec, Manifest
+from .base import Backend, CacheReleasedError
+
+
+class CudaGraphsNotImplementedError(SkipDecodeError, NotImplementedError):
+    """cuda_graphs=True on the TensorRT backend, which does not capture CUDA graphs yet."""
+
+
+# -- seams: the GPU-free tests replace these with a fake tensorrt, a fake GPU and host memory --
+
+def _import_tensorrt():
+    from engines.builder import import_tensorrt
+
+    return import_tensorrt()
+
+
+def _current_device():
+    from engines.device import current_device
+
+    return current_device()
+
+
+def _open_device():
+    return CudaDevice()
+
+
+class CudaDevice:
+    """torch's current CUDA device and a private stream (TensorRT warns against the default one)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.stream = torch.cuda.Stream(self.device)
+
+    @property
+    def handle(self) -> int:
+        return int(self.stream.cuda_stream)
+
+    def scope(self):
+        return self.torch.cuda.stream(self.stream)  # torch copies go on the same stream as TensorRT
+
+
+class HostDevice:
+    """Host memory and no stream: for the GPU-free tests, whose fake TensorRT reads host pointers."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.handle = 0
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+
+# -- pure helpers, tested without TensorRT -----------------------------------------------------
+
+_TORCH_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT32": "int32",
+                 "INT64": "int64", "INT8": "int8", "UINT8": "uint8", "BOOL": "bool"}
+
+
+def torch_dtype(torch, trt_dtype_name: str):
+    """trt.DataType member name ("HALF", "INT32", ...) -> torch dtype."""
+    try:
+        return getattr(torch, _TORCH_DTYPES[trt_dtype_name])
+    except KeyError:
+        raise ArtifactError(f"TensorRT data type {trt_dtype_name} has no torch equivalent here") from None
+
+
+def check_engine_io(spec: GraphSpec, io: dict, plan: Path, artifact_dir) -> None:
+    """io: {name: ("input" | "output", dtype name)} read from the engine. ArtifactError on mismatch."""
+    inputs = sorted(n for n, (mode, _) in io.items() if mode == "input")
+    outputs = sorted(n for n, (mode, _) in io.items() if mode == "output")
+    expected = ([t.name for t in spec.inputs], [t.name for t in spec.outputs])
+    if inputs != sorted(expected[0]) or outputs != sorted(expected[1]):
+        raise ArtifactError(
+            f"{plan} has inputs {inputs} and outputs {outputs}, but the artifact manifest says "
+            f"{expected[0]} and {expected[1]} for {spec.name}: engines and artifact come from "
+            f"different exports; {rebuild_hint(artifact_dir)}")
+
+
+def context_memory_api(version: str) -> str:
+    """How to create a context whose activation memory we supply (shared across contexts).
+
+    10.x: create_execution_context(ExecutionContextAllocationStrategy.USER_MANAGED);
+    8.x: create_execution_context_without_device_memory() (deprecated in 10.0).
+    """
+    return "strategy" if parse_version(version)[0] >= 10 else "without_device_memory"
+
+
+def _volume(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+# -- one engine, one context ----------------------------------------------------------------
+
+class GraphRunner:
+    """Runs one engine: picks its profile, sets shapes and addresses, enqueues on the stream."""
+
+    def __init__(self, trt, engine, spec: GraphSpec, plan: Path, artifact_dir):
+        self.trt, self.engine, self.spec = trt, engine, spec
+        self.io = {}
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            mode = "input" if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT else "output"
+            self.io[name] = (mode, engine.get_tensor_dtype(name).name)
+        check_engine_io(spec, self.io, plan, artifact_dir)
+        self.inputs = [t.name for t in spec.inputs]
+        self.profiles = [
+            Profile(f"profile {k}", {n: ShapeRange(*(tuple(int(d) for d in s)
+                                                     for s in engine.get_tensor_profile_shape(n, k)))
+                                     for n in self.inputs})
+            for k in range(engine.num_optimization_profiles)]
+        if context_memory_api(trt.__version__) == "strategy":
+            self.context = engine.create_execution_context(
+                trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        else:
+            self.context = engine.create_execution_context_without_device_memory()
+        if self.context is None:
+            raise EngineRuntimeError(f"TensorRT could not create an execution context for {plan}")
+        self.active: int | None = None  # set explicitly on first use rather than trusting a default
+        self.shapes: dict[str, tuple] = {}
+
+    @property
+    def scratch_bytes(self) -> int:
+        size = getattr(self.engine, "device_memory_size_v2", None)  # 10.1+; the old one is deprecated
+        return int(self.engine.device_memory_size if size is None else size)
+
+    def set_scratch(self, ptr: int, size: int) -> None:
+        if hasattr(self.context, "set_device_memory"):  # 10.1+ (setDeviceMemoryV2)
+            self.context.set_device_memory(ptr, size)
+        else:
+            self.context.device_memory = ptr
+
+    def dtype(self, name: str) -> str:
+        return self.io[name][1]
+
+    def run(self, inputs: dict, outputs: dict, stream: int) -> None:
+        """inputs/outputs: {name: contiguous torch tensor of the exact logical shape}."""
+        ctx = self.context
+        shapes = {n: tuple(t.shape) for n, t in inputs.items()}
+        index = choose_profile(self.profiles, shapes, self.active, graph=self.spec.name)
+        if index != self.active:
+            if not ctx.set_optimization_profile_async(index, stream):
+                raise EngineRuntimeError(f"{self.spec.name}: TensorRT refused optimization profile {index}")
+            self.active, self.shapes = index, {}  # a switch invalidates the input shapes
+        for name, tensor in inputs.items():
+            if self.shapes.get(name) != shapes[name]:
+                if not ctx.set_input_shape(name, shapes[name]):
+                    raise EngineRuntimeError(
+                        f"{self.spec.name}: TensorRT refused shape {shapes[name]} for {name} in profile {index}")
+                self.shapes[name] = shapes[name]
+            ctx.set_tensor_address(name, tensor.data_ptr())
+        for name, tensor in outputs.items():
+            produced = tuple(ctx.get_tensor_shape(name))
+            if produced != tuple(tensor.shape):  # a wrong buffer size would be a memory overrun
+                raise ArtifactError(
+                    f"{self.spec.name}: the engine makes {name} of shape {produced} from {shapes}, "
+                    f"the graph contract says {tuple(tensor.shape)}; the engine is not from this "
+                    f"artifact's export")
+            ctx.set_tensor_address(name, tensor.data_ptr())
+        if not ctx.execute_async_v3(stream):
+            raise EngineRuntimeError(f"{self.spec.name}: TensorRT execute_async_v3 failed (see its log)")
+
+
+# -- the backend --------------------------------------------------------------------------------
+
+class TensorRTBackend(Backend):
+    name = "tensorrt"
+
+    def __init__(self, directory, manifest: Manifest, engine_dir=None, cuda_graphs: bool = False):
+        if cuda_graphs:
+            raise CudaGraphsNotImplementedError(
+                "cuda_graphs=True is not implemented for the TensorRT backend yet (CUDA graph capture "
+                "per active-layer set); run without it")
+        trt = _import_tensorrt()
+        self.directory = Path(directory)
+        self.engine_dir = Path(engine_dir) if engine_dir is not None else self.directory / DEFAULT_ENGINE_DIR
+        em = read_engine_manifest(self.engine_dir, self.directory)
+        validate(em, manifest, trt.__version__, _current_device(), self.engine_dir, self.directory)
+        self.manifest, self.engine_manifest = manifest, em
+        self.max_batch = int(em.settings["max_batch"])
+        self.max_seq = int(em.settings["max_seq"])
+        self.max_prompt = int(em.settings["max_prompt"])
+        self._device = _open_device()
+        torch = self._device.torch
+
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        self._runners: dict[str, GraphRunner] = {}
+        self._engines = []
+        for spec in manifest.graphs:
+            self._runners[spec.name] = self._load(trt, spec, em.engines[spec.name])
+        self._layer_names = [g.name for g in manifest.layers]
+
+        # One dtype for hidden states and KV between graphs: the engines' own I/O types.
+        first = manifest.layers[0]
+        hidden_name, _, key_name, _ = (t.name for t in first.inputs)
+        self._act_dtype = torch_dtype(torch, self._runners[first.name].dtype(hidden_name))
+        kv_dtype = self._runners[first.name].dtype(key_name)
+        for spec in manifest.graphs:
+            for t in [*spec.inputs, *spec.outputs]:
+                if t.dtype in ("float32", "float16") and self._runners[spec.name].dtype(t.name) != kv_dtype:
+                    raise ArtifactError(
+                        f"engine {spec.name} has {t.name} of type {self._runners[spec.name].dtype(t.name)}, "
+                        f"but {first.name} exchanges {kv_dtype}: the engines do not belong together; "
+                        f"{rebuild_hint(self.directory)}")
+        m = manifest.model
+        self._nh, self._hd, self._d, self._v = m.num_heads, m.head_dim, m.hidden_size, m.vocab_size
+        dev, B = self._device.device, self.max_batch
+        empty = lambda n, dtype: torch.empty(n, dtype=dtype, device=dev)  # noqa: E731
+
+        kv = B * self._nh * self.max_seq * self._hd  # elements of one K (or V) buffer at the limits
+        self._kv = [(empty(kv, self._act_dtype), empty(kv, self._act_dtype)) for _ in self._layer_names]
+        self._spare = (empty(kv, self._act_dtype), empty(kv, self._act_dtype))
+        self._hidden = [empty(B * self.max_prompt * self._d, self._act_dtype) for _ in range(2)]
+        self._head_in = empty(B * self._d, self._act_dtype)
+        head = manifest.head
+        logits_dtype = torch_dtype(torch, self._runners["head"].dtype(head.outputs[0].name))
+        self._logits = empty(B * self._v, logits_dtype)
+        ids_name = manifest.embed.inputs[0].name
+        self._ids = empty(B * self.max_prompt, torch_dtype(torch, self._runners["embed"].dtype(ids_name)))
+        self._mask_buffers: dict = {}  # torch dtype -> flat buffer of max_batch x max_seq
+        self._mask_source = None  # the host mask last uploaded; the loop builds a new one per step
+        self._mask_views: dict = {}  # torch dtype -> (B, S) view of the upload
+
+        scratch = max((r.scratch_bytes for r in self._runners.values()), default=0)
+        self._scratch = empty(max(scratch, 1), torch.uint8)  # torch blocks are 512-byte aligned
+        for runner in self._runners.values():
+            runner.set_scratch(self._scratch.data_ptr(), scratch)
+
+        self._lengths = [0] * len(self._layer_names)
+        self._released: set[int] = set()
+        self._batch = 0
+
+    def _load(self, trt, spec: GraphSpec, entry) -> GraphRunner:
+        path = self.engine_dir / entry.plan
+        if not path.is_file():
+            raise EngineMismatchError(f"{path} is missing; {rebuild_hint(self.directory)}")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != entry.plan_sha256:
+            raise EngineMismatchError(
+                f"{path} does not match its sha256 in engines.json: the plan was modified or "
+                f"corrupted; {rebuild_hint(self.directory)}")
+        engine = self._runtime.deserialize_cuda_engine(data)
+        if engine is None:
+            raise EngineMismatchError(
+                f"TensorRT {trt.__version__} could not deserialize {path} (see its log); "
+                f"{rebuild_hint(self.directory)}")
+        self._engines.append(engine)
+        return GraphRunner(trt, engine, spec, path, self.directory)
+
+    # -- limits ------------------------------------------------------------------------------
+
+    def reset(self, batch_size: int, max_length: int) -> None:
+        hint = f"rebuild the engines with `python -m engines build {self.directory}"
+        if batch_size > self.max_batch:
+            raise EngineLimitError(
+                f"batch of {batch_size} exceeds max_batch {self.max_batch} of the engines in "
+                f"{self.engine_dir}; split the batch, or {hint} --max-batch {batch_size}`")
+        if max_length > self.max_seq:
+            raise EngineLimitError(
+                f"prompt + max_new_tokens = {max_length} exceeds max_seq {self.max_seq} of the "
+                f"engines in {self.engine_dir}; shorten the prompt or lower max_new_tokens by "
+                f"{max_length - self.max_seq}, or {hint} --max-seq {max_length}`")
+        self._batch = batch_size
+        self._lengths = [0] * len(self._layer_names)
+        self._released.clear()
+        self._mask_source, self._mask_views = None, {}
+
+    # -- uploads -----------------------------------------------------------------------------
+
+    def _mask(self, attention_mask: np.ndarray, dtype_name: str):
+        """(B, S) device copy of the host mask, uploaded once per step and dtype."""
+        torch = self._device.torch
+        dtype = torch_dtype(torch, dtype_name)
+        if self._mask_source is not attention_mask:
+            self._mask_source, self._mask_views = attention_mask, {}
+        view = self._mask_views.get(dtype)
+        if view is None:
+            B, S = attention_mask.shape
+            buf = self._mask_buffers.get(dtype)
+            if buf is None:
+                buf = self._mask_buffers[dtype] = torch.empty(self.max_batch * self.max_seq,
+                                                              dtype=dtype, device=self._device.device)
+            view = buf[: B * S].view(B, S)
+            view.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask)).to(dtype))
+            self._mask_views[dtype] = view
+        return view
+
+    def _as_device(self, hidden):
+        """The hidden states as a contiguous device tensor of the engines' dtype."""
+        torch = self._device.torch
+        if isinstance(hidden, torch.Tensor) and hidden.device == self._device.device \
+                and hidden.dtype == self._act_dtype and hidden.is_contiguous():
+            return hidden
+        return torch.as_tensor(np.asarray(hidden)).to(self._device.device, self._act_dtype).contiguous()
+
+    def _out_hidden(self, x, shape):
+        """A hidden buffer that is not ``x``'s storage, viewed as ``shape``."""
+        buf = self._hidden[1] if x.data_ptr() == self._hidden[0].data_ptr() else self._hidden[0]
+        return buf[: _volume(shape)].view(shape)
+
+    # -- Backend -----------------------------------------------------------------------------
+
+    def embed(self, input_ids, attention_mask):
+        B, T = input_ids.shape  # (B, T) int64 from the loop
+        if T > self.max_prompt:  # the prefill profile and the hidden buffers end there
+            raise EngineLimitError(
+                f"prompt of {T} tokens (padded) exceeds max_prompt {self.max_prompt} of the engines "
+                f"in {self.engine_dir}; shorten it, or rebuild with `python -m engines build "
+                f"{self.directory} --max-prompt {T}` (and --max-seq >= prompt + new tokens)")
+        runner = self._runners["embed"]
+        spec = self.manifest.embed
+        torch = self._device.torch
+        with self._device.scope():
+            ids = self._ids[: B * T].view(B, T)
+            ids.copy_(torch.from_numpy(np.ascontiguousarray(input_ids)).to(ids.dtype))
+            mask = self._mask(attention_mask, runner.dtype(spec.inputs[1].name))
+            out = self._hidden[0][: B * T * self._d].view(B, T, self._d)
+            runner.run({spec.inputs[0].name: ids, spec.inputs[1].name: mask},
+                       {spec.outputs[0].name: out}, self._device.handle)
+        return out  # (B, T, D) on the device
+
+    def layer(self, index, hidden, attention_mask):
+        if index in self._released:
+            raise CacheReleasedError(f"layer {index} ran after its cache was released")
+        spec = self.manifest.layers[index]
+        runner = self._runners[spec.name]
+        h_in, m_in, k_in, v_in = (t.name for t in spec.inputs)
+        h_out, k_out, v_out = (t.name for t in spec.outputs)
+        with self._device.scope():
+            x = self._as_device(hidden)  # (B, T, D)
+            B, T, _ = x.shape
+            P = self._lengths[index]
+            S = P + T
+            if S > self.max_seq:
+                raise EngineLimitError(
+                    f"layer {index} would hold {S} positions, over max_seq {self.max_seq} of the "
+                    f"engines; rebuild with `python -m engines build {self.directory} --max-seq {S}`")
+            mask = self._mask(attention_mask, runner.dtype(m_in))  # (B, S)
+            past, present = (B, self._nh, P, self._hd), (B, self._nh, S, self._hd)
+            (pk, pv), (nk, nv) = self._kv[index], self._spare
+            out = self._out_hidden(x, (B, T, self._d))
+            runner.run(
+                {h_in: x, m_in: mask, k_in: pk[: _volume(past)].view(past),
+                 v_in: pv[: _volume(past)].view(past)},
+                {h_out: out, k_out: nk[: _volume(present)].view(present),
+                 v_out: nv[: _volume(present)].view(present)},
+                self._device.handle)
+        # present (past + new) now lives in the spare pair: it becomes the layer's cache and the
+        # layer's old pair becomes the spare. Nothing is copied.
+        self._kv[index], self._spare = (nk, nv), (pk, pv)
+        self._lengths[index] = S
+        return out
+
+    def head(self, hidden):
+        spec = self.manifest.head
+        runner = self._runners["head"]
+        torch = self._device.torch
+        with self._device.scope():
+            x = self._as_device(hidden)  # (B, T, D)
+            B = x.shape[0]
+            last = self._head_in[: B * self._d].view(B, 1, self._d)
+            last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
+            logits = self._logits[: B * self._v].view(B, 1, self._v)
+            runner.run({spec.inputs[0].name: last}, {spec.outputs[0].name: logits}, self._device.handle)
+            # (B, V) fp32 in fresh host memory (the caller keeps it; the buffer is reused next step)
+            result = logits[:, 0, :].to("cpu", torch.float32, copy=True).numpy()
+        return result
+
+    def release(self, index):
+        self._lengths[index] = 0  # the buffers stay allocated: the next batch reuses them
+        self._released.add(index)
+
+    def cache_length(self, index):
+        return 0 if index in self._released else self._lengths[index]
+
+    def close(self):
+        self._runners.clear()
+        self._engines.clear()
+        self._kv, self._spare, self._hidden, self._mask_buffers = [], (), [], {}
+        self._scratch = None

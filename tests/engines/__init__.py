@@ -1,0 +1,1 @@
+"""Tests of engines/: everything but the TensorRT calls runs here, on real exported artifacts."""

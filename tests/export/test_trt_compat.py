@@ -1,0 +1,253 @@
+"""The GPU-free TensorRT check: real exports against every listed parser version, hand-made graphs
+that must fail, and the provenance of the operator data."""
+
+import json
+import re
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export.build import BuildOptions, build
+from export.trt_compat import (
+    TensorRTCompatibilityError,
+    check_artifact,
+    check_graph,
+    check_model,
+    load_support,
+)
+from runtime.errors import SkipDecodeError
+from runtime.manifest import MANIFEST_NAME, load_manifest
+
+SUPPORT = load_support()
+VERSIONS = list(SUPPORT.versions)
+
+# Every error a real export gets, per version, and why. Kept exact (see test_known_failures_...), so
+# the xfails below cannot hide a new incompatibility.
+KNOWN_FAILURES = {
+    "8.5": {("operator", "LayerNormalization")},
+}
+XFAIL = {
+    "8.5": "no LayerNormalization importer before 8.6 (operators.md @ 6d0ab7be: N); JetPack 5 ships 8.5",
+}
+
+
+def _versions():
+    for v in VERSIONS:
+        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[v])] if v in XFAIL else []
+        yield pytest.param(v, marks=marks, id=f"trt{v}")
+
+
+@pytest.fixture(scope="module")
+def fp16_artifact_dir(checkpoint_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp16-artifact") / "model"
+    build(BuildOptions(model=str(checkpoint_dir), out=str(out), dtype="float16", progress=False),
+          log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(params=["fp32", "fp16"])
+def export_dir(request, artifact_dir):
+    return artifact_dir if request.param == "fp32" else request.getfixturevalue("fp16_artifact_dir")
+
+
+# -- real exports --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", _versions())
+def test_every_graph_of_an_export_parses(export_dir, version):
+    report = check_artifact(export_dir, versions=[version])
+    assert report.passed, "\n".join(report.lines())
+
+
+@pytest.mark.parametrize("version", sorted(KNOWN_FAILURES))
+def test_known_failures_are_exactly_the_explained_ones(export_dir, version):
+    result = check_artifact(export_dir, versions=[version]).result(version)
+    assert {(f.kind, f.op) for f in result.errors} == KNOWN_FAILURES[version]
+
+
+def test_export_uses_the_operators_the_data_was_checked_for(artifact_dir):
+    ops = set(check_artifact(artifact_dir).results[0].operators)
+    assert ops == {"Add", "And", "Cast", "Concat", "Constant", "CumSum", "Gather", "Greater", "Identity",
+                   "LayerNormalization", "LessOrEqual", "MatMul", "Mul", "Range", "Relu", "Reshape", "Shape",
+                   "Softmax", "Sub", "Transpose", "Unsqueeze", "Where"}
+    assert check_artifact(artifact_dir).results[0].opsets == [17]
+
+
+def test_report_names_versions_sources_and_documented_type_gaps(artifact_dir):
+    report = check_artifact(artifact_dir, versions=["10.3", "11.0"])
+    assert report.passed and [r.version for r in report.results] == ["10.3", "11.0"]
+    text = "\n".join(report.lines())
+    assert re.search(r"\[  ok\] TensorRT 10\.3: 8 graphs, 22 operators at opset 17: all importable", text)
+    assert "onnx/onnx-tensorrt docs/operators.md @ 0137504e2b25, nearest readable version" in text
+    assert "onnx/onnx-tensorrt docs/operators.md @ 2f3fa349247d" in text
+    # positions are a CumSum in fp32 (operators.md lists only float types for CumSum): no type gap
+    assert all(r.warnings == [] for r in report.results)
+    assert check_artifact(artifact_dir, versions=["10.3"], strict_types=True).passed
+
+
+def test_tensorrt_8_int64_inputs_are_reported_for_int32_bindings(artifact_dir):
+    result = check_artifact(artifact_dir, versions=["8.6"]).result("8.6")
+    int64 = {f.graph: f.detail for f in result.warnings if f.kind == "int64"}
+    assert "input_ids, attention_mask" in int64["embed"] and "attention_mask" in int64["layer_00"]
+    assert "head" not in int64
+
+
+def test_an_incompatible_graph_in_an_artifact_fails_with_graph_operator_version_and_fix(artifact_dir, tmp_path):
+    out = tmp_path / "model"
+    shutil.copytree(artifact_dir, out)
+    path = out / "layer_02.onnx"
+    model = onnx.load(str(path))
+    [relu] = [n for n in model.graph.node if n.op_type == "Relu"]
+    i = list(model.graph.node).index(relu)
+    seq = relu.output[0] + "_seq"
+    zero = relu.output[0] + "_zero"
+    model.graph.node.remove(relu)
+    for k, node in enumerate([helper.make_node("Constant", [], [zero], value=numpy_helper.from_array(np.array(0))),
+                              helper.make_node("SequenceConstruct", [relu.input[0]], [seq], name="/seq"),
+                              helper.make_node("SequenceAt", [seq, zero], [relu.output[0]], name="/at")]):
+        model.graph.node.insert(i + k, node)
+    onnx.save(model, str(path))
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["files"]["layer_02.onnx"]["bytes"] = path.stat().st_size
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    load_manifest(out, check_hashes=False)
+
+    report = check_artifact(out, versions=["10.3"])
+    assert not report.passed
+    with pytest.raises(TensorRTCompatibilityError) as info:
+        report.raise_for_errors()
+    assert isinstance(info.value, SkipDecodeError)
+    message = str(info.value)
+    assert "TensorRT 10.3: layer_02: operator SequenceConstruct is marked unsupported (N)" in message
+    assert "SequenceAt" in message and "fix: re-export without SequenceConstruct" in message
+    assert {f.graph for f in info.value.findings} == {"layer_02"}
+
+
+# -- hand-made graphs ----------------------------------------------------------------------------------
+
+
+def _model(nodes, inputs, outputs, opset=17, initializers=(), domains=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in domains)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def _errors(findings_by_version):
+    return {v: [f for f in fs if f.severity == "error"] for v, fs in findings_by_version.items()}
+
+
+def test_unsupported_sequence_operator_fails_naming_operator_and_version():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    zero = numpy_helper.from_array(np.array(0, dtype=np.int64), "zero")
+    model = _model([helper.make_node("SequenceConstruct", ["x", "x"], ["s"], name="/pack"),
+                    helper.make_node("SequenceAt", ["s", "zero"], ["y"], name="/pick")],
+                   [x], [y], initializers=[zero])
+    errors = _errors(check_model(model, "seq_graph", versions="all"))
+    for version in VERSIONS:
+        assert {f.op for f in errors[version]} == {"SequenceConstruct", "SequenceAt"}
+        for f in errors[version]:
+            assert f.message.startswith(f"TensorRT {version}: seq_graph: operator {f.op} is marked unsupported (N)")
+            assert f.fix
+    error = TensorRTCompatibilityError(errors["10.3"])
+    assert "TensorRT 10.3: seq_graph: operator SequenceConstruct" in str(error) and "fix:" in str(error)
+
+
+def test_opset_beyond_a_versions_range_fails_for_that_version_only(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    relu = helper.make_node("Relu", ["x"], ["y"])
+    for opset, failing in [(17, set()), (18, {"8.5", "8.6"}), (21, {"8.5", "8.6", "10.3"})]:
+        path = tmp_path / f"relu{opset}.onnx"
+        onnx.save(_model([relu], [x], [y], opset=opset), str(path))
+        errors = _errors(check_graph(path, versions="all"))
+        assert {v for v, fs in errors.items() if fs} == failing, opset
+        for v in failing:
+            [f] = errors[v]
+            assert f.kind == "opset"
+            assert f.message.startswith(f"TensorRT {v}: relu{opset}.onnx: opset {opset} is outside")
+            assert "ExportConfig.opset" in f.fix
+    onnx.save(_model([relu], [x], [y], opset=25), str(tmp_path / "relu25.onnx"))
+    assert all(_errors(check_graph(tmp_path / "relu25.onnx", versions="all")).values())
+
+
+def test_slice_axes_must_be_constant_before_tensorrt_10_3():
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 8])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, None])
+    start = helper.make_tensor_value_info("start", TensorProto.INT64, [1])
+    consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.array(v, dtype=np.int64)))
+              for n, v in [("end", [8]), ("axes", [1]), ("one", 1), ("zero", [0])]]
+    folded = _model([*consts, helper.make_node("Slice", ["data", "start", "end", "axes"], ["out"])],
+                    [data, start], [out])
+    assert not any(_errors(check_model(folded, versions="all")).values())
+    computed = _model([*consts, helper.make_node("Unsqueeze", ["one", "zero"], ["axes_t"]),
+                       helper.make_node("Slice", ["data", "start", "end", "axes_t"], ["out"], name="/slice")],
+                      [data, start], [out])
+    errors = _errors(check_model(computed, versions="all"))
+    assert {v for v, fs in errors.items() if fs} == {"8.5", "8.6"}
+    assert "Slice node '/slice': input 3 (axes) is computed" in errors["8.6"][0].detail
+
+
+def test_layer_norm_extra_outputs_custom_domains_and_local_functions_are_errors():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    w = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    ln = _model([helper.make_node("LayerNormalization", ["x", "w"], ["y", "mean", "inv_std"], name="/ln")],
+                [x], [y], initializers=[w])
+    assert [f.detail for f in _errors(check_model(ln, versions=["10.3"]))["10.3"]] == [
+        "LayerNormalization node '/ln' has 3 outputs: \"Only the first output `Y` is supported.\""]
+    custom = _model([helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft")], [x], [y],
+                    domains=["com.microsoft"])
+    [f] = _errors(check_model(custom, versions=["11.0"]))["11.0"]
+    assert f.kind == "domain" and "com.microsoft::FastGelu" in f.detail
+    fn = helper.make_function("local", "MyRelu", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                              [helper.make_opsetid("", 17)])
+    model = _model([helper.make_node("MyRelu", ["x"], ["y"], domain="local")], [x], [y], domains=["local"])
+    model.functions.append(fn)
+    errors = _errors(check_model(model, versions=["8.6", "10.3"]))
+    assert [f.kind for f in errors["8.6"]] == ["function"] and errors["10.3"] == []
+
+
+def test_graphs_are_read_without_their_external_weights(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], initializers=[w])
+    onnx.save_model(model, str(tmp_path / "g.onnx"), save_as_external_data=True, location="g.onnx.data",
+                    size_threshold=0)
+    (tmp_path / "g.onnx.data").unlink()
+    assert not any(_errors(check_graph(tmp_path / "g.onnx", versions="all")).values())
+
+
+def test_unknown_version_is_refused():
+    with pytest.raises(ValueError, match=r"no TensorRT operator data for 7\.2; known versions: 8\.5, 8\.6, 10\.3"):
+        check_model(_model([], [], []), versions=["7.2"])
+
+
+# -- the data ------------------------------------------------------------------------------------------
+
+
+def test_every_version_names_its_source_and_opset_range():
+    assert SUPPORT.defaults == ("8.6", "10.3", "11.0")
+    for version, vs in SUPPORT.versions.items():
+        s = vs.source
+        assert s["repository"] == "onnx/onnx-tensorrt" and s["path"] == "docs/operators.md", version
+        assert re.fullmatch(r"[0-9a-f]{40}", s["commit"]) and s["ref"] and s["header"], version
+        assert isinstance(s["exact_version"], bool) and s["chars"] > 10_000, version
+        if not s["exact_version"]:
+            assert len(s["caveat"]) > 50, f"{version}: a nearest-version source must say why"
+        assert vs.data["opset"]["max"] >= 17 and vs.data["opset"]["statement"], version
+        assert vs.data["int64"] in ("native", "cast_to_int32"), version
+        assert len(vs.operators) > 150 and vs.operators["Relu"]["supported"], version
+        assert not vs.operators["SequenceConstruct"]["supported"], version
+
+
+def test_layer_normalization_arrives_in_8_6_with_opset_17():
+    assert not SUPPORT.versions["8.5"].operators["LayerNormalization"]["supported"]
+    for v in ("8.6", "10.3", "11.0"):
+        assert SUPPORT.versions[v].operators["LayerNormalization"]["supported"]
+    assert SUPPORT.versions["8.6"].opset_range == (None, 17)
+    assert SUPPORT.versions["11.0"].opset_range == (9, 24)
