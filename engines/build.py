@@ -57,8 +57,8 @@ def build_engines(artifact_dir, config: EngineBuildConfig, engine_dir=None, forc
     config.validate(artifact.model)
     plan = network_plan(toolchain.version, artifact.dtype, config.precision)
     if config.precision == "fp16" and artifact.dtype == "float32":
-        log("NOTE: --fp16 on an fp32 export: its attention mask uses float32's minimum, which is -inf "
-            "in fp16; for fp16 engines prefer `python -m export build --dtype fp16`")
+        log("NOTE: --fp16 on an fp32 export lets TensorRT choose fp16 per layer (weak typing); for "
+            "fp16 engines prefer `python -m export build --dtype fp16`, whose casts are explicit")
     engine_dir = Path(engine_dir) if engine_dir is not None else artifact_dir / DEFAULT_ENGINE_DIR
     engine_dir.mkdir(parents=True, exist_ok=True)
     settings = engine_settings(config, plan)

@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="artifact directory (default: artifacts/<model name>)")
     b.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                    help="fp16 keeps softmax and layer norm in fp32 (default: fp32)")
+    b.add_argument("--opset", type=int, choices=range(14, 18), default=17, metavar="{14..17}",
+                   help="ONNX opset (default 17); 16 writes layer norm without LayerNormalization, "
+                        "for TensorRT 8.5 (JetPack 5)")
     b.add_argument("--random-weights", action="store_true",
                    help="build the alias's architecture with random weights instead of downloading")
     b.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
             from .build import BuildOptions, build
 
             out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
-            build(BuildOptions(model=args.model, out=out, dtype=DTYPES[args.dtype],
+            build(BuildOptions(model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
                                random_weights=args.random_weights, seed=args.seed,
                                external_data=args.external_data, check=not args.no_check,
                                policy=_policy_fields(args), progress=not args.quiet))

@@ -32,6 +32,7 @@ class BuildOptions:
     model: str = checkpoint.TINY_RANDOM  # alias, hub id or directory; tiny-random runs offline
     out: str = "artifacts/tiny-random"  # the artifact directory to create or replace
     dtype: str = "float32"  # "float32" or "float16"
+    opset: int = 17  # 16 avoids LayerNormalization, which TensorRT 8.5 (JetPack 5) cannot parse
     random_weights: bool = False  # build --model's architecture with random weights (no download)
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
     external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
@@ -87,7 +88,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written."""
     out = Path(options.out)
     _prepare_out(out)
-    config = ExportConfig(dtype=options.dtype, external_data=options.external_data)
+    config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data)
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "

@@ -251,3 +251,14 @@ def test_layer_normalization_arrives_in_8_6_with_opset_17():
         assert SUPPORT.versions[v].operators["LayerNormalization"]["supported"]
     assert SUPPORT.versions["8.6"].opset_range == (None, 17)
     assert SUPPORT.versions["11.0"].opset_range == (9, 24)
+
+
+def test_opset_16_export_parses_on_tensorrt_8_5(checkpoint_dir, tmp_path):
+    """JetPack 5 (TensorRT 8.5) has no LayerNormalization importer: --opset 16 decomposes it."""
+    out = tmp_path / "opset16"
+    manifest = build(BuildOptions(model=str(checkpoint_dir), out=str(out), opset=16, progress=False),
+                     log=lambda *_: None)
+    assert manifest.opset == 16 and manifest.checks["passed"]
+    report = check_artifact(out, versions="all")
+    assert report.passed, "\n".join(report.lines())
+    assert "LayerNormalization" not in report.result("8.5").operators
