@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
     b.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights beside each graph: auto = graphs over 2 GB (default)")
+    b.add_argument("--engine", choices=("none", "trt"), default="none",
+                   help="trt: then build TensorRT engines here with `python -m engines build`'s "
+                        "defaults (on a Jetson, build them on the device instead)")
     b.add_argument("--no-check", action="store_true", help="skip the check of each graph against PyTorch")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
@@ -70,10 +73,17 @@ def main(argv=None) -> int:
             from .build import BuildOptions, build
 
             out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
-            build(BuildOptions(model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
-                               random_weights=args.random_weights, seed=args.seed,
-                               external_data=args.external_data, check=not args.no_check,
-                               policy=_policy_fields(args), progress=not args.quiet))
+            manifest = build(BuildOptions(
+                model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
+                random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
+                check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
+            if args.engine == "trt":
+                from engines.__main__ import main as engines_main
+
+                max_seq = min(1024, manifest.model.max_position_embeddings)
+                argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
+                print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
+                return engines_main(argv)
             print(f"next: python -m export verify {out}")
             return 0
         from .verify import verify

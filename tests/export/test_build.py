@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import shutil
 
@@ -159,3 +160,11 @@ def test_post_ln_checkpoint_exports(tmp_path):
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "post_ln_350m", seed=3, num_attention_heads=2)
     manifest = build(BuildOptions(model=str(ckpt), out=str(tmp_path / "a"), progress=False), **quiet)
     assert manifest.checks["passed"] and not manifest.model.pre_layer_norm
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed")
+def test_cli_engine_trt_without_tensorrt_keeps_the_export(checkpoint_dir, tmp_path, capsys):
+    out = tmp_path / "trt"
+    assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "-q", "--engine", "trt"]) == 2
+    assert "error: TensorRT is not installed" in capsys.readouterr().err
+    load_manifest(out)  # the ONNX artifact is complete and intact
