@@ -56,7 +56,7 @@ def export_dir(request, artifact_dir):
 # -- real exports --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", _versions())
+@pytest.mark.parametrize("version", list(_versions()))
 def test_every_graph_of_an_export_parses(export_dir, version):
     report = check_artifact(export_dir, versions=[version])
     assert report.passed, "\n".join(report.lines())
