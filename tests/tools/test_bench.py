@@ -1,0 +1,337 @@
+"""tools.bench: statistics, floor arithmetic, targets, the page, and the workers on a tiny model.
+
+Fast: no venv is created, nothing is downloaded; the worker tests run in-process on tiny-random.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tools.bench import report, results, rows as rows_mod, runner, stats, targets, venv
+from tools.bench.cli import _parser, arch_settings, plan
+from tools.bench.prompts import make_prompt, make_prompts
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def test_median_and_p90_match_numpy():
+    xs = [5.0, 1.0, 3.0, 9.0, 7.0, 2.0, 8.0]
+    assert stats.median(xs) == pytest.approx(np.median(xs))
+    assert stats.percentile(xs, 90) == pytest.approx(np.percentile(xs, 90))
+    assert stats.percentile([4.0], 90) == 4.0
+    assert math.isnan(stats.percentile([], 90)) and math.isnan(stats.median([]))
+
+
+def test_ratios_and_realised_fraction():
+    assert stats.measured_speedup(300.0, 100.0) == pytest.approx(3.0)
+    assert stats.realised_fraction(1.8, 2.0) == pytest.approx(0.9)
+    assert math.isnan(stats.ratio(1.0, 0.0)) and math.isnan(stats.ratio(math.nan, 1.0))
+
+
+def test_weight_bytes_and_bandwidth_floor_with_known_numbers():
+    # hidden 2, ffn 4: attention 4 x (2x2 + 2) = 24, fc1 2x4 + 4 = 12, fc2 4x2 + 2 = 10, 2 LNs 8
+    assert stats.layer_bytes(2, 4) == 54 * 4
+    assert stats.head_bytes(2, 10) == (20 + 4) * 4
+    # OPT-125m: 7.09M parameters a layer, 28.4 MB in fp32
+    assert stats.layer_bytes(768, 3072) == 7_087_872 * 4
+    assert stats.bytes_per_token(2, 100, 50) == 250
+    assert stats.floor_seconds(2, 100, 50, bandwidth=1000) == pytest.approx(0.25)
+    assert stats.floor_seconds(4, 100, 50, bandwidth=1000) == pytest.approx(0.45)
+    # full depth reads 4 x 100 + 50 = 450 bytes, 2 layers 250: at most 1.8x, not L / 2 = 2x
+    assert stats.bandwidth_ceiling(4, 2, 100, 50) == pytest.approx(1.8)
+
+
+def test_layer_and_head_bytes_count_every_parameter_of_an_opt_layer():
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from tests.conftest import tiny_config
+
+    model = OPTForCausalLM(tiny_config("pre_ln", word_embed_proj_dim=32))
+    c = model.config
+    layer = sum(p.numel() for p in model.model.decoder.layers[0].parameters())
+    assert stats.layer_bytes(c.hidden_size, c.ffn_dim) == layer * 4
+    head = model.lm_head.weight.numel() + sum(p.numel() for p in model.model.decoder.final_layer_norm.parameters())
+    assert stats.head_bytes(c.hidden_size, c.vocab_size) == head * 4
+    assert OPTConfig  # the real module, not a stand-in
+
+
+def test_bandwidth_measure_on_a_small_array():
+    from tools.bench.bandwidth import measure
+
+    bw = measure(threads=2, array_bytes=1 << 22, repeats=2)
+    assert bw.one_thread > 1e8 and bw.all_threads > 1e8 and bw.array_bytes == 1 << 22
+    assert bw.best == max(bw.one_thread, bw.all_threads)
+
+
+def test_round_figures_from_a_record():
+    record = {"prefill_s": 0.05, "decode_s": 0.4, "step_s": [0.1, 0.1, 0.1, 0.1],
+              "layers_per_step": [6, 5, 4, 3], "peak_rss_bytes": 1e9}
+    f = stats.round_figures(record, batch=8)
+    assert f.decode_tokens_per_s == pytest.approx(8 * 4 / 0.4)
+    assert f.token_median_s == pytest.approx(0.1) and f.avg_layers == pytest.approx(4.5)
+    combined = stats.combine([f, stats.round_figures({**record, "prefill_s": 0.07}, 8),
+                              stats.round_figures({**record, "prefill_s": 0.06}, 8)])
+    assert combined.rounds == 3 and combined.prefill_s == pytest.approx(0.06)
+
+
+# -- synthetic runs -----------------------------------------------------------------------------
+
+LAYER, HEAD = 100_000_000, 50_000_000  # bytes
+
+
+def _record(step_s: float, layers: int, steps: int = 10) -> dict:
+    return {"prefill_s": 0.01, "decode_s": step_s * steps, "step_s": [step_s] * steps,
+            "layers_per_step": [layers] * steps, "peak_rss_bytes": 2e9, "generated_tokens": steps + 1}
+
+
+def _data(runs: list[tuple], arch="opt-1.3b", L=24, optimum_reason="") -> dict:
+    """runs: (batch, backend, speedup, theoretical, step_s, layers) measured in 3 rounds each."""
+    data = {"argv": ["--arch", arch, "--rounds", "3"], "bandwidth": {"best": 1e10, "one_thread": 1e10,
+            "all_threads": 1e10, "threads": 2, "array_bytes": 2**30},
+            "models": {arch: {"num_layers": L, "hidden_size": 2048, "layer_bytes": LAYER, "head_bytes": HEAD}},
+            "policies": {arch: {"2x": {"max_layers": 16, "min_layers": 8, "theoretical": 2.0}}},
+            "jobs": [], "outcomes": [],
+            "machine": {"cpu": "Test CPU", "cores": 2, "memory_gib": 24, "python": "3.11", "date": "2026-11-21",
+                        "versions": {"torch": "t", "onnxruntime": "o", "transformers": "x", "numpy": "n"}},
+            "settings": {"threads": 2, "rounds": 3, "seed": 0, "new_tokens": 11, "warmup_tokens": 2},
+            "optimum": {"available": not optimum_reason, "reason": optimum_reason, "versions": {}}}
+    for batch, backend, speedup, theoretical, step_s, layers in runs:
+        policy = None if backend in ("hf", "optimum") else {"max_layers": layers, "min_layers": layers}
+        unavailable = optimum_reason if backend == "optimum" else ""
+        data["jobs"].append({"arch": arch, "batch": batch, "prompt": 32, "backend": backend,
+                             "speedup": speedup, "theoretical": theoretical, "policy": policy,
+                             "unavailable": unavailable})
+        for r in range(3):
+            key = [arch, batch, 32, backend, speedup]
+            if unavailable:
+                data["outcomes"].append({"key": key, "round": r, "record": None, "error": unavailable})
+            else:
+                data["outcomes"].append({"key": key, "round": r,
+                                         "record": _record(step_s * (1 + 0.01 * r), layers), "error": ""})
+    return data
+
+
+def test_rows_speedup_realised_and_floor_distance():
+    data = _data([(1, "ort", None, 1.0, 0.29, 24), (1, "ort", 2.0, 2.0, 0.16, 12)])
+    rows = results.build_rows(data)
+    full, half = rows
+    assert full.measured_speedup == pytest.approx(1.0)
+    assert half.measured_speedup == pytest.approx(0.29 / 0.16)
+    assert half.realised == pytest.approx(0.29 / 0.16 / 2.0)
+    # floor: (24 x 100 MB + 50 MB) / 10 GB/s = 0.245 s; median step 0.29 * 1.01
+    assert full.floor_s == pytest.approx(0.245)
+    assert full.distance == pytest.approx(0.29 * 1.01 / 0.245)
+    assert half.ceiling == pytest.approx(2450 / 1250)
+
+
+def test_targets_held_and_missed():
+    runs = [(b, "ort", s, t, step, layers) for b in (1, 8) for s, t, step, layers in
+            [(None, 1.0, 0.30, 24), (2.0, 2.0, 0.16, 12), (5.0, 5.0, 0.07, 5)]]
+    runs += [(1, "optimum", None, 1.0, 0.31, 24), (1, "hf", None, 1.0, 0.5, 24)]
+    by_name = {t.name: t for t in targets.evaluate(results.build_rows(_data(runs)))}
+    realised = next(t for n, t in by_name.items() if "realises" in n)
+    # 2x: 0.30 / 0.16 = 1.875 -> 94% >= 90%; 5x: 0.30 / 0.07 = 4.29 -> 86% >= 80%
+    assert realised.status == targets.HELD and realised.backend == "ort"
+    assert by_name["full depth no slower than Optimum ORTModelForCausalLM"].status == targets.HELD
+    assert by_name["full depth >= 1.5x transformers generate"].status == targets.HELD  # 0.5 / 0.3 = 1.67
+    floor = by_name["batch-1 full-depth decode within 1.5x of the bandwidth floor"]
+    assert floor.status == targets.HELD  # 0.30 / 0.245 = 1.22
+
+    slow = [(b, "ort", s, t, step, layers) for b in (1, 8) for s, t, step, layers in
+            [(None, 1.0, 0.40, 24), (2.0, 2.0, 0.25, 12), (5.0, 5.0, 0.20, 5)]]
+    slow += [(1, "optimum", None, 1.0, 0.31, 24), (1, "hf", None, 1.0, 0.5, 24)]
+    by_name = {t.name: t for t in targets.evaluate(results.build_rows(_data(slow)))}
+    assert next(t for n, t in by_name.items() if "realises" in n).status == targets.MISSED
+    assert by_name["full depth no slower than Optimum ORTModelForCausalLM"].status == targets.MISSED
+    assert by_name["full depth >= 1.5x transformers generate"].status == targets.MISSED  # 1.25x
+    assert by_name["batch-1 full-depth decode within 1.5x of the bandwidth floor"].status == targets.MISSED
+
+
+def test_realised_target_not_measured_off_opt_1_3b_and_partial_batches():
+    rows = results.build_rows(_data([(1, "ort", None, 1.0, 0.3, 12), (1, "ort", 2.0, 2.0, 0.15, 6)],
+                                    arch="opt-125m", L=12))
+    realised = next(t for t in targets.evaluate(rows) if "realises" in t.name)
+    assert realised.status == targets.NOT_MEASURED
+    rows = results.build_rows(_data([(1, "ort", None, 1.0, 0.3, 24), (1, "ort", 2.0, 2.0, 0.16, 12)]))
+    realised = next(t for t in targets.evaluate(rows) if "realises" in t.name)
+    assert realised.status == "held where measured" and "b8 2x not measured" in realised.detail
+
+
+# -- the page -----------------------------------------------------------------------------------
+
+
+def test_markdown_names_the_command_and_reports_an_unavailable_optimum_row():
+    reason = "`pip install optimum-onnx` failed: No matching distribution found for optimum-onnx"
+    data = _data([(1, "ort", None, 1.0, 0.3, 24), (1, "optimum", None, 1.0, 0.3, 24)], optimum_reason=reason)
+    rows = results.build_rows(data)
+    optimum = rows[1]
+    assert not optimum.available and optimum.reason == reason
+    page = report.render(data, rows, targets.evaluate(rows), "benchmark_speedup.png")
+    assert "python -m tools.bench --arch opt-1.3b --rounds 3" in page
+    assert f"unavailable: {reason}" in page  # the row stays in the table, with its reason
+    assert "| 1 | 32 | optimum full |" in page
+    assert "| 1 | 32 | ort full | 24→24 | 24.0 | 1.00 |" in page
+    assert "Test CPU, 2 cores" in page and "2026-11-21" in page
+    assert "![measured speedup vs average active layers](benchmark_speedup.png)" in page
+    vs_optimum = next(t for t in targets.evaluate(rows) if "Optimum" in t.name)
+    assert vs_optimum.status == targets.NOT_MEASURED and "unavailable" in vs_optimum.detail
+
+
+def test_regenerating_keeps_the_written_analysis():
+    data = _data([(1, "ort", None, 1.0, 0.3, 24)])
+    rows = results.build_rows(data)
+    first = report.render(data, rows, [], None)
+    edited = first.replace("_No analysis written yet._", "The head dominates at 5x.")
+    again = report.render(data, rows, [], None, previous=edited)
+    assert "The head dominates at 5x." in again and "_No analysis written yet._" not in again
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tools.bench.plot import plot
+
+    data = _data([(1, "ort", None, 1.0, 0.3, 24), (1, "ort", 2.0, 2.0, 0.16, 12)])
+    plot(results.build_rows(data), data["models"], tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- rows, policies, schedule, options ------------------------------------------------------------
+
+
+def test_rows_and_policies():
+    rows = rows_mod.rows_for(["hf", "ort", "torch@full+2", "optimum"], [2, 3, 5], [2])
+    assert [r.name for r in rows] == ["hf full", "ort full", "ort 2x", "ort 3x", "ort 5x", "torch full",
+                                      "torch 2x", "optimum full"]
+    with pytest.raises(ValueError, match="plain model only"):
+        rows_mod.rows_for(["hf@2"], [], [])
+    with pytest.raises(ValueError, match="unknown backend"):
+        rows_mod.rows_for(["tensorrt"], [], [])
+    for s in (2, 3, 5):
+        policy = rows_mod.policy_for(rows_mod.Row("ort", s), 24, 128)
+        assert rows_mod.theoretical_speedup(policy, 128) == pytest.approx(s, rel=0.1)
+        assert policy.warmup_layers == 1 and policy.horizon == 127
+    two = rows_mod.policy_for(rows_mod.Row("ort", 2), 24, 128)
+    assert (two.max_layers, two.min_layers) == (16, 8)  # the paper's OPT-1.3B 2x setting
+    assert rows_mod.policy_for(rows_mod.Row("ort", None), 24, 128).is_full_depth
+
+
+def test_schedule_runs_every_job_once_per_round_in_shuffled_orders():
+    jobs = list(range(8))
+    order = runner.schedule(jobs, rounds=3, seed=0)
+    assert len(order) == 24
+    per_round = [[j for r, j in order if r == k] for k in range(3)]
+    assert all(sorted(p) == jobs for p in per_round)
+    assert len({tuple(p) for p in per_round}) > 1
+    assert runner.schedule(jobs, 3, 0) == order  # seeded: reproducible
+
+
+def test_arch_overrides_and_plan():
+    args = _parser().parse_args(["--arch", "opt-125m", "--arch",
+                                 "opt-1.3b:batch=1:prompt=32:backends=hf,ort@full+2+5",
+                                 "--backends", "hf", "ort", "--speedups", "2", "3"])
+    settings = arch_settings(args)
+    assert settings[0] == ("opt-125m", {"batch": [1, 8], "prompt": [32, 128], "backends": ["hf", "ort"],
+                                        "speedups": [2, 3], "torch_speedups": [2]})
+    assert settings[1][1]["batch"] == [1] and settings[1][1]["backends"] == ["hf", "ort@full+2+5"]
+    planned = plan(args, settings)
+    big = [(str(s), r.name) for a, s, r in planned if a == "opt-1.3b"]
+    assert big == [("b1 p32", "hf full"), ("b1 p32", "ort full"), ("b1 p32", "ort 2x"), ("b1 p32", "ort 5x")]
+    assert len([p for p in planned if p[0] == "opt-125m"]) == 4 * 4
+    with pytest.raises(SystemExit):
+        arch_settings(_parser().parse_args(["--arch", "opt-1.3b:threads=4"]))
+    # the same architecture twice: a costly row at fewer shapes, runs not duplicated
+    args = _parser().parse_args(["--arch", "opt-125m", "--arch", "opt-125m:batch=1:prompt=32:backends=ort@full+5",
+                                 "--backends", "ort-nospin", "hf", "--speedups", "2"])
+    planned = [(str(s), r.name) for _, s, r in plan(args, arch_settings(args))]
+    assert len(planned) == 4 * 3 + 2 and planned[-2:] == [("b1 p32", "ort full"), ("b1 p32", "ort 5x")]
+
+
+def test_prompts_have_the_exact_token_count():
+    from export.checkpoint import build_tokenizer
+
+    tok = build_tokenizer()
+    for n in (3, 8, 32, 128):
+        prompts = make_prompts(tok, 4, n)
+        assert [len(tok(p)["input_ids"]) for p in prompts] == [n] * 4
+        assert len(set(prompts)) == 4  # rows differ
+    assert len(tok(make_prompt(tok, 17, row=3))["input_ids"]) == 17
+
+
+# -- the Optimum environment --------------------------------------------------------------------
+
+
+def test_optimum_env_unavailable_reasons(tmp_path):
+    env = venv.ensure(tmp_path / "venv", python=str(tmp_path / "no-python"))
+    assert not env.available and "could not be run" in env.reason
+    env = venv.ensure(tmp_path / "venv", create=False)
+    assert not env.available and "no virtual environment" in env.reason
+    env = venv.probe(sys.executable)  # this environment has no optimum
+    if not env.available:
+        assert "cannot import optimum.onnxruntime" in env.reason
+
+
+def test_optimum_worker_usage_without_optimum():
+    from tools.bench import optimum_worker
+
+    assert optimum_worker.main(["bogus"]) == 2
+
+
+# -- the workers on a tiny model ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tools.bench.prepare import prepare
+
+    return prepare("tiny-random", tmp_path_factory.mktemp("bench"), log=lambda *a: None)
+
+
+def _spec(tiny, kind, policy=None, batch=2):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny.hf_dir))
+    L = tiny.config["num_layers"]
+    return {"kind": kind, "hf_dir": str(tiny.hf_dir), "artifact_dir": str(tiny.artifact_dir),
+            "prompts": make_prompts(tok, batch, 8), "new_tokens": 6, "warmup_tokens": 2, "threads": 1,
+            "pad_token_id": 1,
+            "policy": policy or {"num_layers": L, "max_layers": L, "min_layers": L, "warmup_layers": 1,
+                                 "horizon": 5}}
+
+
+@pytest.mark.parametrize("kind", ["hf", "torch", "ort", "ort-nospin"])
+def test_worker_returns_sane_json(tiny, kind):
+    from tools.bench.worker import measure
+
+    record = json.loads(json.dumps(measure(_spec(tiny, kind))))
+    assert record["generated_tokens"] == 6 and record["prompt_tokens"] == 8
+    assert len(record["step_s"]) == 5 and all(s > 0 for s in record["step_s"])
+    assert record["decode_s"] == pytest.approx(sum(record["step_s"]))
+    assert 0 < record["prefill_s"] < 60 and record["peak_rss_bytes"] > 10e6
+    assert record["layers_per_step"] == [tiny.config["num_layers"]] * 5
+    f = stats.round_figures(record, batch=2)
+    assert f.decode_tokens_per_s > 0 and f.token_p90_s >= f.token_median_s
+
+
+def test_worker_runs_the_skip_policy(tiny):
+    from tools.bench.worker import measure
+
+    L = tiny.config["num_layers"]  # 8
+    policy = {"num_layers": L, "max_layers": 5, "min_layers": 3, "warmup_layers": 1, "horizon": 5}
+    record = measure(_spec(tiny, "ort", policy))
+    assert record["layers_per_step"] == [5, 5, 4, 4, 3]  # round half up, as the policy does
+    assert record["theoretical_speedup"] == pytest.approx(8 * 5 / 21)
+
+
+def test_worker_process_prints_one_json_line(tiny):
+    spec = _spec(tiny, "ort", batch=1)
+    done = subprocess.run([sys.executable, "-m", "tools.bench.worker", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=str(runner.REPO), env=runner.child_env(1))
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert record["generated_tokens"] == 6

@@ -1,0 +1,230 @@
+"""``python -m tools.bench``: measured wall-clock speedup of SkipDecode, and the peers, side by side.
+
+One interleaved run on the same weights, prompts and thread settings: transformers generate,
+this project's torch and ONNX Runtime backends at full depth and under SkipDecode policies, and
+Optimum's ORTModelForCausalLM (in its own venv). Writes a Markdown page and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import bandwidth as bandwidth_mod
+from . import machine, prepare, report, results, rows as rows_mod, targets as targets_mod, venv
+from .prompts import make_prompts
+from .runner import OPTIMUM_WORKER, Job, run_all, schedule
+
+ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
+OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench", description=__doc__.splitlines()[2].strip() + " " + " ".join(
+            line.strip() for line in __doc__.splitlines()[3:] if line.strip()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Backend tokens: NAME runs full depth plus the backend's speedups; NAME@full+2+5 "
+               "picks levels. Names: " + ", ".join(rows_mod.BACKENDS) + ".\n"
+               "--arch NAME[:key=value...] overrides batch, prompt, backends, speedups or "
+               "torch_speedups for that architecture (lists comma-separated), e.g.\n"
+               "  --arch opt-125m --arch 'opt-1.3b:batch=1:prompt=32:backends=hf,ort-nospin@full+2+5'")
+    p.add_argument("--arch", action="append", help="architecture (random weights at its real shapes): "
+                   f"{', '.join(ARCHS)}; repeat for several (default opt-125m)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
+    p.add_argument("--prompt", type=int, nargs="+", default=[32, 128], help="prompt tokens (default 32 128)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row (default 128)")
+    p.add_argument("--backends", nargs="+", default=["hf", "torch", "ort", "optimum"],
+                   help="rows to run (default hf torch ort optimum); see below")
+    p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5],
+                   help="theoretical speedups for the ONNX Runtime rows (default 2 3 5)")
+    p.add_argument("--torch-speedups", type=float, nargs="+", default=[2],
+                   help="theoretical speedups for the torch backend rows (default 2)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every row (default 2)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them (default 3)")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per run (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="random weights and round order (default 0)")
+    p.add_argument("--out", default="docs/benchmarks.md", help="Markdown page (default docs/benchmarks.md)")
+    p.add_argument("--plot", default="docs/benchmark_speedup.png",
+                   help="PNG plot, '' for none (default docs/benchmark_speedup.png)")
+    p.add_argument("--work-dir", default=".bench", help="weights, exports, venv, raw results (default .bench)")
+    p.add_argument("--optimum-python", help="python of an environment with optimum-onnx (default: "
+                                            "create WORK_DIR/optimum-venv)")
+    p.add_argument("--no-optimum-venv", action="store_true", help="never create the Optimum venv")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
+    p.add_argument("--render", metavar="RESULTS_JSON",
+                   help="re-render the page and plot from a saved run's raw results; measures nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def arch_settings(args) -> list[tuple[str, dict]]:
+    """Blocks of (architecture, settings): batch, prompt, backends, speedups, torch_speedups with
+    the block's overrides applied. An architecture may appear in several blocks (e.g. a costly row
+    at fewer shapes); its runs are pooled and interleaved in the same rounds."""
+    out = []
+    for spec in args.arch or ["opt-125m"]:
+        name, *pairs = spec.split(":")
+        if name not in ARCHS:
+            raise SystemExit(f"--arch {name!r}: choose from {', '.join(ARCHS)}")
+        s = {"batch": args.batch, "prompt": args.prompt, "backends": args.backends,
+             "speedups": args.speedups, "torch_speedups": args.torch_speedups}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            key = key.replace("-", "_")
+            if key not in OVERRIDABLE or not value:
+                raise SystemExit(f"--arch {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {', '.join(OVERRIDABLE)}")
+            items = value.split(",")
+            s[key] = items if key == "backends" else [int(x) if key in ("batch", "prompt") else float(x) for x in items]
+        out.append((name, s))
+    return out
+
+
+def plan(args, settings: list[tuple[str, dict]]) -> list[tuple[str, rows_mod.Shape, rows_mod.Row]]:
+    planned = []
+    for arch, s in settings:
+        try:
+            arch_rows = rows_mod.rows_for(s["backends"], s["speedups"], s["torch_speedups"])
+        except ValueError as exc:
+            raise SystemExit(f"{arch}: {exc}")
+        for batch in s["batch"]:
+            for prompt in s["prompt"]:
+                for row in arch_rows:
+                    run = (arch, rows_mod.Shape(batch, prompt), row)
+                    if run not in planned:
+                        planned.append(run)
+    return planned
+
+
+def model_info(config: dict) -> dict:
+    from .stats import head_bytes, layer_bytes
+
+    size = 2 if config["dtype"] == "float16" else 4
+    return {**config, "layer_bytes": layer_bytes(config["hidden_size"], config["ffn_dim"], size),
+            "head_bytes": head_bytes(config["hidden_size"], config["vocab_size"], size)}
+
+
+def measure(args, argv: list[str], log) -> dict:
+    started = time.perf_counter()
+    settings = arch_settings(args)
+    planned = plan(args, settings)
+    if args.dry_run:
+        for arch, shape, row in planned:
+            print(f"{arch} {shape} {row.name}")
+        print(f"{len(planned)} runs x {args.rounds} rounds = {len(planned) * args.rounds} processes")
+        raise SystemExit(0)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / ".gitignore").write_text("*\n")  # weights, exports and the venv stay out of git
+    data = {"argv": argv, "machine": machine.describe(), "models": {}, "policies": {}, "jobs": [],
+            "outcomes": [], "settings": {"threads": args.threads, "rounds": args.rounds, "seed": args.seed,
+                                         "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens}}
+    log(f"measuring memory read bandwidth ({args.threads} thread(s))")
+    bw = bandwidth_mod.measure(args.threads)
+    data["bandwidth"] = {"one_thread": bw.one_thread, "all_threads": bw.all_threads,
+                         "threads": bw.threads, "array_bytes": bw.array_bytes, "best": bw.best}
+
+    optimum_env = None
+    if any(row.backend == "optimum" for _, _, row in planned):
+        optimum_env = venv.ensure(work / "optimum-venv", args.optimum_python,
+                                  create=not args.no_optimum_venv, log=log)
+        data["optimum"] = {"available": optimum_env.available, "python": optimum_env.python,
+                           "versions": optimum_env.versions, "reason": optimum_env.reason}
+        if not optimum_env.available:
+            log(f"Optimum rows unavailable: {optimum_env.reason}")
+
+    from transformers import AutoTokenizer
+
+    jobs: list[Job] = []
+    archs = list(dict.fromkeys(arch for arch, _ in settings))
+    for arch in archs:
+        prepared = prepare.prepare_in_subprocess(arch, work, args.seed)
+        info = model_info(prepared.config)
+        data["models"][arch] = info
+        L = info["num_layers"]
+        optimum_dir, optimum_reason = None, ""
+        if any(a == arch and row.backend == "optimum" for a, _, row in planned):
+            if optimum_env.available:
+                optimum_dir, optimum_reason = prepare.prepare_optimum(
+                    prepared, optimum_env.python, OPTIMUM_WORKER, args.seed, log=log)
+            else:
+                optimum_reason = optimum_env.reason
+        tokenizer = AutoTokenizer.from_pretrained(str(prepared.hf_dir))
+        pols = {}
+        for a, shape, row in planned:
+            if a != arch:
+                continue
+            policy = rows_mod.policy_for(row, L, args.new_tokens)
+            theoretical = rows_mod.theoretical_speedup(policy, args.new_tokens)
+            if not row.is_full:
+                pols[f"{row.speedup:g}x"] = {**policy.to_dict(), "theoretical": theoretical}
+            spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(prepared.artifact_dir),
+                    "optimum_dir": str(optimum_dir) if optimum_dir else None,
+                    "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
+                    "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens,
+                    "threads": args.threads, "pad_token_id": info["pad_token_id"],
+                    "policy": policy.to_dict() if row.backend in rows_mod.RUNTIME else None}
+            unavailable = optimum_reason if row.backend == "optimum" and not optimum_dir else ""
+            jobs.append(Job(arch, shape, row, spec, optimum_env.python if optimum_env else None, unavailable))
+            data["jobs"].append({"arch": arch, "batch": shape.batch, "prompt": shape.prompt,
+                                 "backend": row.backend, "speedup": row.speedup, "theoretical": theoretical,
+                                 "policy": spec["policy"], "unavailable": unavailable})
+        data["policies"][arch] = dict(sorted(pols.items(), key=lambda kv: float(kv[0][:-1])))
+
+    raw_path = work / "results.json"
+    order = []
+    for i, arch in enumerate(archs):  # one architecture's rounds after the other's
+        order += schedule([j for j in jobs if j.arch == arch], args.rounds, args.seed + i)
+
+    def save(outcome):
+        j = outcome.job
+        data["outcomes"].append({"key": [j.arch, j.shape.batch, j.shape.prompt, j.row.backend, j.row.speedup],
+                                 "round": outcome.round, "record": outcome.record, "error": outcome.error,
+                                 "wall_s": round(outcome.wall_s, 2)})
+        data["elapsed_s"] = time.perf_counter() - started
+        raw_path.write_text(json.dumps(data))
+
+    run_all(order, args.threads, args.timeout, progress=not args.quiet, on_outcome=save)
+    data["elapsed_s"] = time.perf_counter() - started
+    raw_path.write_text(json.dumps(data))
+    log(f"raw results: {raw_path}")
+    return data
+
+
+def write_outputs(data: dict, out: str, plot_path: str, log) -> tuple[list, list]:
+    rows = results.build_rows(data)
+    targets = targets_mod.evaluate(rows)
+    plot_name = None
+    if plot_path:
+        from .plot import plot
+
+        Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
+        plot(rows, data["models"], plot_path)
+        plot_name = Path(plot_path).name if Path(plot_path).parent == Path(out).parent else str(plot_path)
+        log(f"wrote {plot_path}")
+    out_path = Path(out)
+    previous = out_path.read_text() if out_path.is_file() else None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(report.render(data, rows, targets, plot_name, previous))
+    log(f"wrote {out_path}")
+    return rows, targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+
+    def log(*a):
+        print(*a, file=sys.stderr, flush=True)
+
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+    else:
+        data = measure(args, argv, log)
+    rows, targets = write_outputs(data, args.out, args.plot, log)
+    print(report.terminal_summary(rows, targets))
+    return 0

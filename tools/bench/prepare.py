@@ -1,0 +1,116 @@
+"""The weights every row runs: one random OPT of the requested architecture, saved three ways.
+
+    ROOT/ARCH/hf/        save_pretrained checkpoint + tokenizer  (transformers and Optimum rows)
+    ROOT/ARCH/artifact/  `python -m export build` of that checkpoint (this project's rows)
+    ROOT/ARCH/optimum/   Optimum's own export of that checkpoint (the Optimum row)
+
+Each is built once and reused while its stamp (architecture, seed) matches. The artifact is
+exported from the saved checkpoint directory, so all rows share bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+STAMP = "bench-stamp.json"
+
+
+@dataclass
+class Prepared:
+    arch: str
+    hf_dir: Path
+    artifact_dir: Path
+    config: dict  # the model's dimensions, from the manifest
+
+
+def _stamped(directory: Path, stamp: dict) -> bool:
+    path = directory / STAMP
+    return path.is_file() and json.loads(path.read_text()) == stamp
+
+
+def _stamp(directory: Path, stamp: dict) -> None:
+    (directory / STAMP).write_text(json.dumps(stamp))
+
+
+def prepare(arch: str, root: Path, seed: int = 0, log=print) -> Prepared:
+    from export.build import BuildOptions, build
+    from export.checkpoint import build_random
+    from runtime.manifest import load_manifest
+
+    base = Path(root) / arch
+    hf_dir, artifact_dir = base / "hf", base / "artifact"
+    stamp = {"arch": arch, "seed": seed}
+    if not _stamped(hf_dir, stamp):
+        log(f"building random {arch} weights (seed {seed}) into {hf_dir}")
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        model, tokenizer = build_random(arch, seed=seed)
+        model.save_pretrained(str(hf_dir))
+        tokenizer.save_pretrained(str(hf_dir))
+        del model
+        gc.collect()
+        _stamp(hf_dir, stamp)
+    if not _stamped(artifact_dir, stamp):
+        log(f"exporting {hf_dir} to {artifact_dir}")
+        build(BuildOptions(model=str(hf_dir), out=str(artifact_dir), progress=True), log=log)
+        _stamp(artifact_dir, stamp)  # the manifest names its files: this one it ignores
+        gc.collect()
+    manifest = load_manifest(artifact_dir, check_hashes=True)
+    m = manifest.model
+    config = {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
+              "vocab_size": m.vocab_size, "dtype": manifest.dtype, "pad_token_id": m.pad_token_id,
+              "ffn_dim": _ffn_dim(hf_dir)}
+    return Prepared(arch, hf_dir, artifact_dir, config)
+
+
+def _ffn_dim(hf_dir: Path) -> int:
+    return int(json.loads((hf_dir / "config.json").read_text())["ffn_dim"])
+
+
+def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0, log=print,
+                    timeout: float = 3600) -> tuple[Path | None, str]:
+    """Optimum's export of the same checkpoint: (directory, "") or (None, why it failed)."""
+    out = prepared.hf_dir.parent / "optimum"
+    stamp = {"arch": prepared.arch, "seed": seed, "python": python}
+    if _stamped(out, stamp):
+        return out, ""
+    log(f"exporting {prepared.hf_dir} with Optimum into {out}")
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        done = subprocess.run([python, str(worker), "export", str(prepared.hf_dir), str(out)],
+                              capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"Optimum export failed: {exc}"
+    if done.returncode != 0:
+        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
+        return None, f"Optimum export failed: {lines[-1] if lines else 'exit ' + str(done.returncode)}"
+    _stamp(out, stamp)
+    return out, ""
+
+
+def prepare_in_subprocess(arch: str, root: Path, seed: int = 0) -> Prepared:
+    """``prepare`` in a child process, so the GBs of a large model leave with it."""
+    import sys
+
+    from .runner import REPO, child_env
+
+    done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed)],
+                          stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=child_env(os.cpu_count() or 1))
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing {arch} failed (exit {done.returncode}); see the output above")
+    d = json.loads(done.stdout.strip().splitlines()[-1])
+    return Prepared(d["arch"], Path(d["hf_dir"]), Path(d["artifact_dir"]), d["config"])
+
+
+if __name__ == "__main__":
+    import sys
+
+    arch_, root_, seed_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr))
+    print(json.dumps({"arch": p.arch, "hf_dir": str(p.hf_dir.resolve()),
+                      "artifact_dir": str(p.artifact_dir.resolve()), "config": p.config}))

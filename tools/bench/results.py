@@ -1,0 +1,84 @@
+"""Raw outcomes -> one ResultRow per (architecture, shape, row), with every derived figure."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import stats
+
+
+@dataclass
+class ResultRow:
+    arch: str
+    batch: int
+    prompt: int
+    backend: str
+    speedup: float | None  # requested theoretical speedup; None = full depth
+    policy: dict | None  # max_layers, min_layers, warmup_layers, horizon (runtime rows)
+    num_layers: int
+    theoretical: float  # L / mean(budget) over the decode steps
+    figures: stats.RowFigures | None = None  # None: not measured (see reason)
+    reason: str = ""  # why the row is unavailable, or why rounds failed
+    measured_speedup: float = math.nan  # decode tokens/s vs full depth on the same backend
+    realised: float = math.nan  # measured / theoretical
+    floor_s: float = math.nan  # bandwidth floor of one decode step
+    distance: float = math.nan  # median per-token latency / floor
+    ceiling: float = math.nan  # bandwidth-bound speedup ceiling (lm_head read every step)
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend} {'full' if self.speedup is None else f'{self.speedup:g}x'}"
+
+    @property
+    def available(self) -> bool:
+        return self.figures is not None
+
+
+def build_rows(data: dict) -> list[ResultRow]:
+    """``data``: the run's JSON (meta + jobs + outcomes), as the CLI saves it."""
+    bandwidth = data["bandwidth"]["best"]
+    out: list[ResultRow] = []
+    by_key: dict[tuple, ResultRow] = {}
+    for job in data["jobs"]:
+        model = data["models"][job["arch"]]
+        key = (job["arch"], job["batch"], job["prompt"], job["backend"], job["speedup"])
+        row = ResultRow(job["arch"], job["batch"], job["prompt"], job["backend"], job["speedup"],
+                        job.get("policy"), model["num_layers"], job["theoretical"],
+                        reason=job.get("unavailable", ""))
+        rounds, errors = [], []
+        for o in data["outcomes"]:
+            if tuple(o["key"]) != key:
+                continue
+            if o.get("record"):
+                rounds.append(stats.round_figures(o["record"], job["batch"]))
+            elif o.get("error"):
+                errors.append(o["error"])
+        if rounds:
+            row.figures = stats.combine(rounds)
+            if errors:
+                row.reason = f"{len(errors)} round(s) failed: {errors[0]}"
+        elif errors and not row.reason:
+            row.reason = errors[0]
+        layer, head = model["layer_bytes"], model["head_bytes"]
+        if row.figures:
+            row.floor_s = stats.floor_seconds(row.figures.avg_layers, layer, head, bandwidth)
+            row.distance = stats.ratio(row.figures.token_median_s, row.floor_s)
+            row.ceiling = stats.bandwidth_ceiling(row.num_layers, row.figures.avg_layers, layer, head)
+        by_key[key] = row
+        out.append(row)
+    for row in out:  # ratios to full depth on the same backend and shape
+        full = by_key.get((row.arch, row.batch, row.prompt, row.backend, None))
+        if row.figures and full and full.figures:
+            row.measured_speedup = stats.measured_speedup(row.figures.decode_tokens_per_s,
+                                                          full.figures.decode_tokens_per_s)
+            row.realised = stats.realised_fraction(row.measured_speedup, row.theoretical)
+    return out
+
+
+def find(rows: list[ResultRow], arch: str, batch: int, prompt: int, backend: str,
+         speedup: float | None) -> ResultRow | None:
+    for r in rows:
+        if (r.arch, r.batch, r.prompt, r.backend, r.speedup) == (arch, batch, prompt, backend, speedup):
+            return r
+    return None

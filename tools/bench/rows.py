@@ -1,0 +1,87 @@
+"""What one run measures: shapes, rows (backend x policy), and the SkipDecode policies.
+
+Policies: ``SkipPolicy.for_speedup(L, s, horizon=new_tokens - 1)``, the max/min budgets whose
+theoretical speedup ``L / mean(budget)`` over the decode steps is closest to ``s``, preferring a
+max:min ratio near 2:1 as in the paper's Table 2 (OPT-1.3B, 24 layers: 16/8 for 2x); 1 warm-up
+layer. The decay spans the whole generation, as the runtime's default horizon does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.policy import SkipPolicy
+
+# Backends a row can run on. ort-nospin is the ONNX Runtime backend with the intra-op threads'
+# spin-waiting turned off (session.intra_op.allow_spinning=0), set by the worker: see worker.py.
+BACKENDS = {
+    "hf": "transformers generate (PyTorch eager)",
+    "torch": "this project, torch backend",
+    "ort": "this project, ONNX Runtime backend",
+    "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0",
+    "optimum": "Optimum ORTModelForCausalLM",
+}
+FULL_ONLY = ("hf", "optimum")  # peers: the plain model only
+RUNTIME = ("torch", "ort", "ort-nospin")  # this project's runtime: SkipDecode policies apply
+ORT = ("ort", "ort-nospin")
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    prompt: int  # prompt tokens per row (every row of the batch has exactly this many)
+
+    def __str__(self) -> str:
+        return f"b{self.batch} p{self.prompt}"
+
+
+@dataclass(frozen=True)
+class Row:
+    backend: str
+    speedup: float | None  # requested theoretical speedup; None = full depth
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend} {'full' if self.speedup is None else f'{self.speedup:g}x'}"
+
+    @property
+    def is_full(self) -> bool:
+        return self.speedup is None
+
+
+def parse_backend(token: str, default_speedups: dict[str, list[float]]) -> list[Row]:
+    """``NAME`` (full depth + the backend's default speedups) or ``NAME@full+2+5``."""
+    name, _, which = token.partition("@")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if which:
+        levels = [None if w == "full" else float(w) for w in which.split("+") if w]
+    else:
+        levels = [None, *default_speedups.get(name, [])]
+    if name in FULL_ONLY and any(s is not None for s in levels):
+        raise ValueError(f"{name} runs the plain model only: use {name} or {name}@full")
+    for s in levels:
+        if s is not None and s < 1:
+            raise ValueError(f"{token}: a speedup must be >= 1, got {s:g}")
+    return [Row(name, None if s is None or s == 1 else s) for s in levels]
+
+
+def rows_for(backends: list[str], speedups: list[float], torch_speedups: list[float]) -> list[Row]:
+    defaults = {"ort": speedups, "ort-nospin": speedups, "torch": torch_speedups}
+    rows: list[Row] = []
+    for token in backends:
+        for row in parse_backend(token, defaults):
+            if row not in rows:
+                rows.append(row)
+    return rows
+
+
+def policy_for(row: Row, num_layers: int, new_tokens: int) -> SkipPolicy:
+    horizon = max(new_tokens - 1, 1)  # decode steps: the first token comes from the prompt pass
+    if row.is_full:
+        return SkipPolicy.full_depth(num_layers, horizon=horizon)
+    return SkipPolicy.for_speedup(num_layers, row.speedup, horizon=horizon, warmup_layers=1)
+
+
+def theoretical_speedup(policy: SkipPolicy, new_tokens: int) -> float:
+    return policy.theoretical_speedup(max(new_tokens - 1, 1))

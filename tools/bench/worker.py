@@ -1,0 +1,105 @@
+"""One measurement, in a fresh process so that its peak RSS belongs to one row alone.
+
+    python -m tools.bench.worker SPEC_JSON        # prints one JSON line
+
+SPEC kinds: ``hf`` (transformers ``generate``, PyTorch eager, on the saved checkpoint), ``torch``,
+``ort`` and ``ort-nospin`` (this project's runtime on the exported artifact, with ``policy``).
+``ort-nospin`` is the ONNX Runtime backend with ``session.intra_op.allow_spinning=0`` in every
+session's options: the backend opens one session per graph, each with its own intra-op thread
+pool whose threads spin after every run, and on a machine with few cores the spinning pools of
+the other sessions steal the cores from the one running. The runtime has no option for it yet, so
+this worker sets it by subclassing ``onnxruntime.SessionOptions`` in its own process. Every kind runs a
+short warm-up generation first, then the timed one, and reports the same fields (see
+``hf_generate.timing_record``) plus layers per step, load time and peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .hf_generate import peak_rss_bytes, timed_generate, timing_record
+
+KINDS = ("hf", "torch", "ort", "ort-nospin")
+NO_SPIN = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+
+
+def _session_config(entries: dict[str, str]) -> None:
+    """Add ``entries`` to every onnxruntime.SessionOptions created in this process from now on."""
+    import onnxruntime
+
+    base = onnxruntime.SessionOptions
+
+    class Options(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for key, value in entries.items():
+                self.add_session_config_entry(key, value)
+
+    onnxruntime.SessionOptions = Options
+
+
+def measure_hf(spec: dict) -> dict:
+    import torch
+    from transformers import AutoTokenizer, OPTForCausalLM
+
+    torch.set_num_threads(spec["threads"])
+    loaded = time.perf_counter()
+    model = OPTForCausalLM.from_pretrained(spec["hf_dir"], dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(spec["hf_dir"])
+    tokenizer.padding_side = "left"
+    load_s = time.perf_counter() - loaded
+    timed_generate(model, tokenizer, spec["prompts"], spec["warmup_tokens"], torch)
+    record = timed_generate(model, tokenizer, spec["prompts"], spec["new_tokens"], torch)
+    record.update(load_s=load_s, layers_per_step=[model.config.num_hidden_layers] * len(record["step_s"]))
+    return record
+
+
+def measure_runtime(spec: dict) -> dict:
+    import runtime
+
+    backend = {"ort": "onnxruntime", "ort-nospin": "onnxruntime", "torch": "torch"}[spec["kind"]]
+    if spec["kind"] == "ort-nospin":
+        _session_config(NO_SPIN)
+    loaded = time.perf_counter()
+    # Hashes were checked when the artifact was prepared; hashing GBs per process is not the subject.
+    gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False)
+    load_s = time.perf_counter() - loaded
+    policy = spec["policy"]
+    gen.generate(spec["prompts"], spec["warmup_tokens"], policy=dict(policy), ignore_eos=True)
+    stamps = []
+    start = time.perf_counter()
+    stream = gen.stream(spec["prompts"], spec["new_tokens"], policy=dict(policy), ignore_eos=True)
+    for _ in stream:
+        stamps.append(time.perf_counter())
+    stats = stream.result.stats
+    record = timing_record(start, stamps, stats.new_tokens, stats.prompt_tokens)
+    record.update(load_s=load_s, layers_per_step=stats.layers_per_step,
+                  compute_prefill_s=stats.prefill_seconds,  # embed + layers + head only
+                  compute_step_s=[s.seconds for s in stats.steps],
+                  theoretical_speedup=stats.theoretical_speedup)
+    gen.close()
+    return record
+
+
+def measure(spec: dict) -> dict:
+    if spec["kind"] not in KINDS:
+        raise ValueError(f"unknown kind {spec['kind']!r}; this worker runs {', '.join(KINDS)}")
+    record = measure_hf(spec) if spec["kind"] == "hf" else measure_runtime(spec)
+    record["peak_rss_bytes"] = peak_rss_bytes()
+    return record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(json.dumps(measure(json.loads(argv[0]))))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main(sys.argv[1:]))
