@@ -21,7 +21,7 @@ from .sampling import SamplingConfig, select
 class StepStats:
     step: int  # generation step g (its input is the g-th generated token)
     budget: int  # the policy's layer budget for this step
-    layers: tuple[int, ...]  # layers the backend actually ran, in order
+    layers: tuple[int, ...]  # layers the backend ran, in order
     seconds: float  # wall time of embed + layers + head
     num_layers: int  # L, for the ratios
 
@@ -241,14 +241,12 @@ class Generator:
             running.intersection_update(active)
             attention_mask = np.concatenate([attention_mask, np.ones((B, 1), np.int64)], axis=1)
             hidden = backend.embed(tokens[:, None], attention_mask)
-            ran = []
             for i in active:
                 hidden = backend.layer(i, hidden, attention_mask)
-                ran.append(i)
             logits = backend.head(hidden)
             seconds = time.perf_counter() - step_start
             stats.decode_seconds += seconds
-            stats.steps.append(StepStats(g, policy.budget(g), tuple(ran), seconds, L))
+            stats.steps.append(StepStats(g, policy.budget(g), active, seconds, L))
         return GenerationResult(texts, generated, stats, policy)
 
     def close(self) -> None:

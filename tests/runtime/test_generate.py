@@ -1,3 +1,5 @@
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -74,12 +76,21 @@ class SpyBackend:
         self.inner.release(index)
 
 
-@pytest.fixture
-def spy(generator):
+@contextlib.contextmanager
+def spying(generator):
+    """Put a SpyBackend between ``generator`` and its backend for the duration."""
     real = generator.backend
     generator.backend = SpyBackend(real)
-    yield generator.backend
-    generator.backend = real
+    try:
+        yield generator.backend
+    finally:
+        generator.backend = real
+
+
+@pytest.fixture
+def spy(generator):
+    with spying(generator) as spy_backend:
+        yield spy_backend
 
 
 @pytest.mark.parametrize("max_layers, min_layers, warmup", [(5, 2, 1), (4, 4, 2), (3, 1, 1), (6, 6, 0)])

@@ -17,7 +17,7 @@ from runtime.errors import ArtifactError
 from runtime.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
-from tests.runtime.test_generate import SpyBackend, hf_generate, padded
+from tests.runtime.test_generate import hf_generate, padded, spying
 
 NEW = 12
 LOGIT_ATOL = 1e-4  # fp32 torch vs fp32 ONNX Runtime, every step (measured ~3e-6)
@@ -35,10 +35,8 @@ def torch_generator(artifact_dir):
 
 @pytest.fixture
 def torch_spy(torch_generator):
-    real = torch_generator.backend
-    torch_generator.backend = SpyBackend(real)
-    yield torch_generator.backend
-    torch_generator.backend = real
+    with spying(torch_generator) as spy_backend:
+        yield spy_backend
 
 
 def skip_policies(num_layers):

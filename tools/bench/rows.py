@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from runtime.policy import SkipPolicy
 
-# Backends a row can run on. ort-nospin is the ONNX Runtime backend with the intra-op threads'
-# spin-waiting turned off (session.intra_op.allow_spinning=0), set by the worker: see worker.py.
+# Backends a row can run on. ort-nospin measured the ONNX Runtime backend with thread spinning off
+# before the backend turned it off itself; it now runs exactly ort (see worker.py).
 BACKENDS = {
     "hf": "transformers generate (PyTorch eager)",
     "torch": "this project, torch backend",
