@@ -29,8 +29,8 @@ TOKENIZER_DIR = "tokenizer"
 
 @dataclass
 class BuildOptions:
-    model: str = checkpoint.TINY_RANDOM  # alias, hub id or directory; tiny-random runs offline
-    out: str = "artifacts/tiny-random"  # the artifact directory to create or replace
+    model: str = checkpoint.DEMO_MODEL  # alias, hub id or directory; the default demo runs offline
+    out: str = f"artifacts/{checkpoint.DEMO_MODEL}"  # the artifact directory to create or replace
     dtype: str = "float32"  # "float32" or "float16"
     opset: int = 17  # 16 avoids LayerNormalization, which TensorRT 8.5 (JetPack 5) cannot parse
     random_weights: bool = False  # build --model's architecture with random weights (no download)
@@ -52,14 +52,24 @@ def model_info(config) -> ModelInfo:
         pad_token_id=int(config.pad_token_id))
 
 
-def default_policy(num_layers: int, fields: dict | None) -> dict:
-    """Validated default policy for the manifest; horizon None means "max_new_tokens"."""
-    fields = dict(fields or {"max_layers": num_layers, "min_layers": num_layers, "warmup_layers": 1})
-    fields.setdefault("warmup_layers", 1)
-    if "speedup" in fields:  # chosen over a 128-step horizon, the paper's generation lengths
-        p = SkipPolicy.for_speedup(num_layers, fields.pop("speedup"), 128, fields["warmup_layers"])
+def default_policy(num_layers: int, fields: dict | None, trained: dict | None = None) -> dict:
+    """Validated default policy for the manifest.
+
+    ``trained`` is the checkpoint's skipdecode.json: a model fine-tuned under SkipDecode keeps the
+    horizon and warm-up layers it was trained with, so every policy the runtime picks for it decays
+    as in training. Otherwise the horizon is None, meaning "the call's max_new_tokens - 1".
+    """
+    trained = trained or {}
+    warmup = trained.get("warmup_layers", 1)
+    fields = dict(fields or {"max_layers": num_layers, "min_layers": num_layers, "warmup_layers": warmup})
+    fields.setdefault("warmup_layers", warmup)
+    fields.setdefault("horizon", trained.get("horizon"))
+    if "speedup" in fields:  # over the trained horizon, else 128 steps (the paper's lengths)
+        p = SkipPolicy.for_speedup(num_layers, fields.pop("speedup"), fields["horizon"] or 128,
+                                   fields["warmup_layers"])
         fields.update(max_layers=p.max_layers, min_layers=p.min_layers)
-    SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], fields["warmup_layers"])
+    SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], fields["warmup_layers"],
+               fields["horizon"] or 128)
     return {"max_layers": fields["max_layers"], "min_layers": fields["min_layers"],
             "warmup_layers": fields["warmup_layers"], "horizon": fields.get("horizon")}
 
@@ -98,7 +108,11 @@ def build(options: BuildOptions, log=print) -> Manifest:
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
     model = SkipOPT(hf_model)
-    policy = default_policy(model.num_layers, options.policy)
+    trained = checkpoint.skipdecode_training(source)
+    if trained:
+        log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
+            f"{trained.get('horizon')}-step horizon: the manifest keeps that horizon")
+    policy = default_policy(model.num_layers, options.policy, trained)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

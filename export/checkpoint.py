@@ -4,6 +4,8 @@ Three kinds of source:
 
 * a local directory holding a Hugging Face OPT checkpoint (config.json, weights, tokenizer);
 * a hub id (``facebook/opt-1.3b``) or one of the aliases below, downloaded by transformers;
+* ``opt-e2e-skipdecode`` (the default): the demo model shipped in this repository under models/,
+  a 12-layer OPT trained on E2E restaurant descriptions and fine-tuned under SkipDecode;
 * ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised OPT built here,
   with a small byte-level BPE tokenizer trained on a built-in text. It needs no network, so the
   main command and the benchmarks run offline; its text is gibberish.
@@ -31,7 +33,10 @@ OPT_ARCHS: dict[str, tuple[int, int, int, int, int, bool]] = {
     "opt-66b": (64, 9216, 72, 36864, 9216, True),
 }
 ALIASES = {name: f"{HUB_ORG}/{name}" for name in OPT_ARCHS}
-TINY_RANDOM = "tiny-random"  # the offline default until a trained demo model ships
+TINY_RANDOM = "tiny-random"  # a random 8-layer OPT built offline: fast, for tests and smoke runs
+DEMO_MODEL = "opt-e2e-skipdecode"  # the default: the trained demo model that ships in models/
+DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / DEMO_MODEL
+SKIPDECODE_JSON = "skipdecode.json"  # written by tools.finetune: the policy horizon it trained for
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -50,9 +55,15 @@ class ModelSource:
 def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
     spec = str(spec)
-    known = ", ".join([TINY_RANDOM, *ALIASES])
+    known = ", ".join([DEMO_MODEL, TINY_RANDOM, *ALIASES])
     if spec == TINY_RANDOM:
         return ModelSource(spec, "random", TINY_RANDOM)
+    if spec == DEMO_MODEL:
+        if not (DEMO_MODEL_DIR / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"the demo model is not at {DEMO_MODEL_DIR}: it ships in the repository's models/ "
+                f"folder; install from a clone with `pip install -e .`, or pass --model DIR")
+        return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
     short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
     if random_weights:
         if short not in OPT_ARCHS:
@@ -116,6 +127,19 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     return model, tokenizer
 
 
+def skipdecode_training(source: ModelSource) -> dict:
+    """What tools.finetune recorded about the policies a local checkpoint was trained for ({} if none)."""
+    import json
+
+    path = Path(source.location) / SKIPDECODE_JSON
+    if source.kind != "local" or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UnsupportedModelError(f"{path} is not valid JSON ({exc}); restore it or delete it") from exc
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -135,8 +159,9 @@ over the lazy dog. What is the capital of France? Paris is the capital of France
 """
 
 
-def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE tokenizer with OPT's special tokens at OPT's ids (<s>=0 <pad>=1 </s>=2 <unk>=3).
+def build_tokenizer(vocab_size: int = 512, texts=None):
+    """A byte-level BPE tokenizer with OPT's special tokens at OPT's ids (<s>=0 <pad>=1 </s>=2 <unk>=3),
+    trained on ``texts`` (default: a built-in paragraph).
 
     Like OPT's, it prepends </s> (the BOS) to every input.
     """
@@ -149,7 +174,7 @@ def build_tokenizer(vocab_size: int = 512):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([_TOKENIZER_TEXT], trainer=trainer)
+    tok.train_from_iterator(texts or [_TOKENIZER_TEXT], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="</s> $A", pair="</s> $A </s> $B", special_tokens=[("</s>", 2)])
     return PreTrainedTokenizerFast(

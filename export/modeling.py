@@ -95,6 +95,9 @@ class OPTLayer(nn.Module):
         self.head_dim = self.q_proj.out_features // num_heads
         self.scaling = self.head_dim ** -0.5
         self.pre_layer_norm = pre_layer_norm  # False only for OPT-350m
+        # Residual dropout as transformers applies it; only for fine-tuning (tools.finetune): in
+        # eval mode, which export and inference use, nothing of it is traced.
+        self.dropout = float(getattr(layer, "dropout", 0.0) or 0.0)
 
     def _attention(self, h, attention_mask, past_key, past_value):
         B, T, D = h.shape
@@ -110,12 +113,15 @@ class OPTLayer(nn.Module):
         out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.out_proj(out), k, v
 
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.dropout) if self.training and self.dropout else x
+
     def forward(self, hidden, attention_mask, past_key, past_value):
         residual = hidden
         if self.pre_layer_norm:
             hidden = _layer_norm(self.self_attn_layer_norm, hidden)
         hidden, key, value = self._attention(hidden, attention_mask, past_key, past_value)
-        hidden = residual + hidden
+        hidden = residual + self._dropout(hidden)
         if not self.pre_layer_norm:
             hidden = _layer_norm(self.self_attn_layer_norm, hidden)
 
@@ -123,7 +129,7 @@ class OPTLayer(nn.Module):
         if self.pre_layer_norm:
             hidden = _layer_norm(self.final_layer_norm, hidden)
         hidden = self.fc2(self.activation_fn(self.fc1(hidden)))
-        hidden = residual + hidden
+        hidden = residual + self._dropout(hidden)
         if not self.pre_layer_norm:
             hidden = _layer_norm(self.final_layer_norm, hidden)
         return hidden, key, value

@@ -128,12 +128,13 @@ class Generator:
     def policy_for(self, max_new_tokens: int, policy=None, speedup: float | None = None) -> SkipPolicy:
         """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest default.
 
-        A policy's horizon defaults to the decode steps of the call (``max_new_tokens - 1``: the
+        A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
+        must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
         first new token comes from the full-depth prompt pass), so the decay spans the generation.
         """
         L = self.num_layers
-        horizon = max(max_new_tokens - 1, 1)
         default = self.manifest.policy
+        horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
         if policy is not None and speedup is not None:
             raise PolicyError("pass either policy= or speedup=, not both")
         if speedup is not None:
@@ -141,7 +142,7 @@ class Generator:
                                           warmup_layers=default.get("warmup_layers", 1))
         if policy is None:
             return SkipPolicy(L, default["max_layers"], default["min_layers"],
-                              default["warmup_layers"], default.get("horizon") or horizon)
+                              default["warmup_layers"], horizon)
         if isinstance(policy, dict):
             policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **policy})
         if not isinstance(policy, SkipPolicy):

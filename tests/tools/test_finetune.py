@@ -1,0 +1,172 @@
+"""tools.finetune: the policy mask, its parity with step-by-step decoding, data handling, training,
+checkpoint/resume, and the hand-off to `python -m export build`."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from transformers import AutoTokenizer, OPTForCausalLM
+
+from export.modeling import SkipOPT
+from runtime.policy import SkipPolicy
+from tests.conftest import save_tiny_checkpoint, tiny_config
+from tools.finetune.data import (DataError, Encoded, Example, collate, encode, read_pairs,
+                                 split_by_prompt, write_csv)
+from tools.finetune.skip import PolicySampler, layer_mask, skip_forward
+from tools.finetune.train import TrainConfig, TrainError, train
+
+PAIRS = [Example(f"name[Place {i}], food[{food}]", f"Place {i} serves {food} food.")
+         for i, food in enumerate(["French", "Italian", "Chinese", "English", "Indian", "Thai"])]
+
+
+def test_layer_mask_runs_prompt_at_full_depth_and_the_policy_after():
+    policy = SkipPolicy(6, 4, 2, warmup_layers=1, horizon=4)
+    mask = layer_mask([policy, SkipPolicy.full_depth(6)], torch.tensor([3, 5]), seq_len=9)  # (B, T, L)
+    assert mask.shape == (2, 9, 6)
+    assert mask[0, :3].all() and mask[1].all()
+    for g in range(6):
+        expected = torch.zeros(6, dtype=torch.bool)
+        expected[list(policy.active_layers(g))] = True
+        assert torch.equal(mask[0, 3 + g], expected), g
+    # nested: a layer a position skips is skipped by every later position too
+    assert (mask[0, 1:] <= mask[0, :-1]).all()
+
+
+@pytest.mark.parametrize("variant", ["pre_ln", "post_ln_350m"])
+def test_masked_parallel_pass_equals_step_by_step_decoding(variant):
+    """The training pass under a policy gives, at every target position, the logits that decoding
+    the same tokens step by step under that policy gives (teacher forcing)."""
+    torch.manual_seed(0)
+    model = SkipOPT(OPTForCausalLM(tiny_config(variant)).eval())
+    policies = [SkipPolicy(6, 5, 2, horizon=5), SkipPolicy(6, 3, 3, horizon=8)]
+    prompt_lens, lengths = [4, 7], [12, 10]  # different prompts, right padding in the batch
+    T = max(lengths)
+    ids = torch.randint(4, 512, (2, T))
+    attention = torch.zeros(2, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        attention[b, :n] = 1
+    mask = layer_mask(policies, torch.tensor(prompt_lens), T)
+    with torch.no_grad():
+        parallel = skip_forward(model, ids, attention, mask).float()  # (B, T, V)
+
+    for b in range(2):
+        p, n, policy = prompt_lens[b], lengths[b], policies[b]
+        row = ids[b:b + 1, :n]
+        logits, past = model(row[:, :p], torch.ones(1, p, dtype=torch.long))  # prompt: full depth
+        torch.testing.assert_close(parallel[b, p - 1], logits[0, -1], atol=1e-5, rtol=1e-5)
+        for g in range(n - p):
+            t = p + g
+            logits, past = model(row[:, t:t + 1], torch.ones(1, t + 1, dtype=torch.long), past,
+                                 policy.active_layers(g))
+            torch.testing.assert_close(parallel[b, t], logits[0, -1], atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"row {b} step {g}: {m}")
+
+
+def test_policy_sampler_uses_the_runtime_policies():
+    sampler = PolicySampler(12, (1.0, 2.0, 5.0), horizon=32)
+    assert sampler.policies() == [SkipPolicy.for_speedup(12, s, horizon=32) for s in (1.0, 2.0, 5.0)]
+    drawn = sampler.sample(200, random.Random(0))
+    assert set(drawn) == set(sampler.policies())
+
+
+def test_collate_puts_loss_on_target_tokens_only():
+    batch = collate([Encoded([2, 10, 11, 20, 21, 2], 3), Encoded([2, 12, 30, 2], 2)], pad_id=1)
+    assert batch.input_ids.tolist() == [[2, 10, 11, 20, 21, 2], [2, 12, 30, 2, 1, 1]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0]]
+    # position t predicts token t+1: from the last prompt token up to EOS
+    assert batch.labels.tolist() == [[-100, -100, 20, 21, 2, -100], [-100, 30, 2, -100, -100, -100]]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ft-base"), "pre_ln", max_position_embeddings=128)
+
+
+def test_encode_keeps_the_prompt_as_the_runtime_tokenizes_it(tiny_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    enc = encode(tok, PAIRS[0])
+    assert enc.input_ids[:enc.prompt_len] == tok(PAIRS[0].prompt)["input_ids"]
+    assert enc.input_ids[0] == tok.bos_token_id and enc.input_ids[-1] == tok.eos_token_id
+    assert tok.decode(enc.input_ids[enc.prompt_len:-1]) == " " + PAIRS[0].target
+    with pytest.raises(DataError, match="exceeds the model's 5 positions"):
+        encode(tok, PAIRS[0], max_len=5)
+
+
+def test_read_pairs_csv_jsonl_and_missing_columns(tmp_path):
+    write_csv(tmp_path / "d.csv", PAIRS[:2], "mr", "ref")
+    assert read_pairs(tmp_path / "d.csv", "mr", "ref") == PAIRS[:2]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"prompt": e.prompt, "target": e.target})
+                                                for e in PAIRS[:2]) + "\n")
+    assert read_pairs(tmp_path / "d.jsonl") == PAIRS[:2]
+    with pytest.raises(DataError, match=r"lacks the column\(s\) 'prompt', 'target'; its columns are 'mr', 'ref'"):
+        read_pairs(tmp_path / "d.csv")
+    with pytest.raises(DataError, match="does not exist"):
+        read_pairs(tmp_path / "nope.csv")
+
+
+def test_split_by_prompt_never_shares_a_prompt():
+    examples = [Example(f"mr{i % 7}", f"ref{i}") for i in range(40)]
+    train_set, val = split_by_prompt(examples, 0.3, seed=1)
+    assert len(train_set) + len(val) == 40
+    assert not {e.prompt for e in train_set} & {e.prompt for e in val}
+    assert {e.prompt for e in val}
+
+
+def _config(tiny_dir, tmp_path, **kw) -> TrainConfig:
+    write_csv(tmp_path / "train.csv", PAIRS)
+    fields = dict(model=str(tiny_dir), train=str(tmp_path / "train.csv"), val=str(tmp_path / "train.csv"),
+                  out=str(tmp_path / "out"), speedups=(1.0, 2.0, 3.0), horizon=8, epochs=3,
+                  batch_size=2, lr=3e-3, checkpoint_every=2, keep_checkpoints=10, progress=False,
+                  device="cpu")
+    fields.update(kw)
+    return TrainConfig(**fields)
+
+
+def _weights(directory):
+    return OPTForCausalLM.from_pretrained(directory).state_dict()
+
+
+def test_training_lowers_the_loss_and_resume_replays_it_exactly(tiny_dir, tmp_path):
+    out = train(_config(tiny_dir, tmp_path))
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in log if "val_loss" in r]
+    assert len(val) == 3 and set(val[0]) == {"1x", "2x", "3x"}
+    assert all(val[-1][k] < val[0][k] for k in val[0])
+    meta = json.loads((out / "skipdecode.json").read_text())
+    assert meta["horizon"] == 8 and meta["speedups"] == [1.0, 2.0, 3.0]
+    assert meta["policies"][1] == SkipPolicy.for_speedup(6, 2.0, horizon=8).to_dict()
+
+    # an interrupted run resumed from its step-4 checkpoint ends with the same weights
+    resumed = train(_config(tiny_dir, tmp_path, out=str(tmp_path / "out2"),
+                            resume=str(out / "checkpoint-4")))
+    a, b = _weights(out), _weights(resumed)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_resume_without_a_checkpoint_says_so(tiny_dir, tmp_path):
+    with pytest.raises(TrainError, match="nothing to resume"):
+        train(_config(tiny_dir, tmp_path, resume="auto"))
+
+
+def test_bad_speedup_fails_before_training(tiny_dir, tmp_path):
+    from runtime.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="out of range for 6 layers"):
+        train(_config(tiny_dir, tmp_path, speedups=(1.0, 9.0)))
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_export_build_keeps_the_trained_horizon(tiny_dir, tmp_path):
+    import runtime
+    from export.build import BuildOptions, build
+
+    out = train(_config(tiny_dir, tmp_path, epochs=1, speedups=(2.0,), horizon=6))
+    manifest = build(BuildOptions(model=str(out), out=str(tmp_path / "art"), progress=False),
+                     log=lambda *_: None)
+    assert manifest.policy["horizon"] == 6
+    gen = runtime.load(tmp_path / "art", threads=1)
+    assert gen.policy_for(max_new_tokens=40, speedup=2.0) == SkipPolicy.for_speedup(6, 2.0, horizon=6)

@@ -1,0 +1,85 @@
+"""``python -m tools.e2e split|init``: data split and initial model of the E2E demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.finetune.data import group_by_prompt, read_pairs, split_by_prompt, write_csv
+
+
+@dataclass
+class DemoArch:
+    """The demo model's shape: 12 layers so that 2x-5x budgets are 6 down to ~2.4 layers, narrow
+    so that it trains on a laptop CPU and its fp32 weights stay near 10 MB."""
+
+    layers: int = 12
+    hidden: int = 128
+    heads: int = 4  # head dim 32
+    ffn: int = 512  # 4 x hidden, as OPT
+    vocab: int = 1024  # BPE on the training text: the MR attributes and names become single tokens
+    max_positions: int = 256  # prompt (<= ~60 tokens) + description (<= ~90 tokens), with room
+    dropout: float = 0.1  # 4k training pairs: the model overfits without it
+
+
+def split(args) -> int:
+    examples = read_pairs(args.data, args.prompt_column, args.target_column)
+    train, val = split_by_prompt(examples, args.val_fraction, args.seed)
+    out = Path(args.out)
+    write_csv(out / "train.csv", train, args.prompt_column, args.target_column)
+    write_csv(out / "val.csv", val, args.prompt_column, args.target_column)
+    print(f"train: {len(train)} pairs over {len(group_by_prompt(train))} MRs -> {out / 'train.csv'}")
+    print(f"val:   {len(val)} pairs over {len(group_by_prompt(val))} MRs -> {out / 'val.csv'}")
+    return 0
+
+
+def init(args) -> int:
+    import torch
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from export.checkpoint import build_tokenizer
+
+    arch = DemoArch()
+    examples = read_pairs(args.train, args.prompt_column, args.target_column)
+    texts = [ex.prompt for ex in examples] + [" " + ex.target for ex in examples]
+    tokenizer = build_tokenizer(arch.vocab, texts)
+    config = OPTConfig(
+        vocab_size=len(tokenizer), hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+        num_attention_heads=arch.heads, ffn_dim=arch.ffn, word_embed_proj_dim=arch.hidden,
+        max_position_embeddings=arch.max_positions, dropout=arch.dropout, attention_dropout=0.0,
+        do_layer_norm_before=True, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    torch.manual_seed(args.seed)
+    model = OPTForCausalLM(config)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    lengths = sorted(len(tokenizer(" " + ex.target, add_special_tokens=False)["input_ids"]) + 1
+                     for ex in examples)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"initialised {n / 1e6:.2f}M parameters, vocab {len(tokenizer)} -> {args.out}")
+    print(f"target tokens incl. EOS: median {lengths[len(lengths) // 2]}, "
+          f"p95 {lengths[int(len(lengths) * 0.95)]}, max {lengths[-1]}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.e2e", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("split", help="split E2E pairs by meaning representation into train/val CSVs")
+    s.add_argument("--data", default="../shared/data/e2e/devset.csv")
+    s.add_argument("--out", default="data/e2e")
+    s.add_argument("--val-fraction", type=float, default=0.1)
+    i = sub.add_parser("init", help="train the BPE tokenizer and write a randomly initialised OPT")
+    i.add_argument("--train", default="data/e2e/train.csv")
+    i.add_argument("--out", required=True)
+    for q in (s, i):
+        q.add_argument("--prompt-column", default="mr")
+        q.add_argument("--target-column", default="ref")
+        q.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    return {"split": split, "init": init}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""``python -m tools.finetune``: fine-tune an OPT checkpoint under SkipDecode policies."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.errors import SkipDecodeError
+
+from .train import TrainConfig, train
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.finetune",
+        description="Fine-tune an OPT checkpoint with the SkipDecode policy applied as at inference "
+                    "(prompt at full depth, one decaying budget per generated position). Writes a "
+                    "Hugging Face directory that `python -m export build --model DIR` accepts.")
+    p.add_argument("--model", required=True, help="Hugging Face OPT checkpoint directory to start from")
+    p.add_argument("--train", required=True, help="CSV or JSONL of (prompt, target) pairs")
+    p.add_argument("--val", help="held-out pairs: validation loss per policy after each epoch")
+    p.add_argument("--out", required=True, help="output directory (checkpoint-N/ folders go inside)")
+    p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--target-column", default="target")
+    p.add_argument("--separator", default=" ", help="text between prompt and target (default: a space)")
+    p.add_argument("--speedups", type=float, nargs="+", default=[1.0], metavar="S",
+                   help="theoretical speedups whose policies each row samples from; 1 = full depth "
+                        "(default: 1, plain fine-tuning). E.g. --speedups 1 2 3 4 5 serves all five")
+    p.add_argument("--horizon", type=int,
+                   help="decode steps the budget decay spans (default: the model's skipdecode.json, else 64)")
+    p.add_argument("--warmup-layers", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints")
+    p.add_argument("--resume", nargs="?", const="auto",
+                   help="continue from the latest checkpoint in --out, or from the one named")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    cfg = TrainConfig(
+        model=args.model, train=args.train, val=args.val, out=args.out,
+        prompt_column=args.prompt_column, target_column=args.target_column,
+        separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
+        warmup_layers=args.warmup_layers, epochs=args.epochs, batch_size=args.batch_size,
+        lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
+        threads=args.threads, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        progress=not args.quiet)
+    try:
+        out = train(cfg)
+    except SkipDecodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"saved {out}")
+    return 0

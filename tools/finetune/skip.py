@@ -1,0 +1,76 @@
+"""The SkipDecode policy as a training mask, and the masked parallel forward pass."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from export.modeling import SkipOPT
+from runtime.policy import SkipPolicy
+
+
+def layer_mask(policies: list[SkipPolicy], prompt_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B, T, L) bool: does row b's position t run layer l when decoding under policies[b].
+
+    Positions before prompt_len are the prompt (full depth). Position prompt_len + g holds the
+    g-th generated token, the input of decode step g, so it runs policy.active_layers(g).
+    """
+    L = policies[0].num_layers
+    mask = torch.ones((len(policies), seq_len, L), dtype=torch.bool)
+    for b, (policy, p) in enumerate(zip(policies, prompt_lens.tolist())):
+        if policy.is_full_depth:
+            continue
+        for g in range(seq_len - p):
+            active = torch.zeros(L, dtype=torch.bool)
+            active[list(policy.active_layers(g))] = True
+            mask[b, p + g] = active
+    return mask
+
+
+def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of the whole sequence, each position through the layers ``mask`` gives it.
+
+    Every layer runs over every position (one dense pass); where mask[b, t, l] is False the layer's
+    output is dropped and the hidden state passes on unchanged, as when decoding skips the layer.
+    """
+    B, T = input_ids.shape
+    cfg = model.config
+    nh = cfg.num_attention_heads
+    empty = torch.zeros(B, nh, 0, cfg.hidden_size // nh, dtype=model.dtype, device=input_ids.device)
+    hidden = model.embed(input_ids, attention_mask)  # (B, T, D)
+    if model.training and cfg.dropout:
+        hidden = F.dropout(hidden, cfg.dropout)
+    for i, layer in enumerate(model.layers):
+        keep = mask[:, :, i]  # (B, T)
+        if not bool(keep.any()):
+            continue
+        out, _, _ = layer(hidden, attention_mask, empty, empty)  # (B, T, D)
+        hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
+    return model.head(hidden)  # (B, T, V)
+
+
+@dataclass(frozen=True)
+class PolicySampler:
+    """Which policy each training row decodes under.
+
+    speedups: theoretical speedups to draw from uniformly per row (1.0 = full depth); one value
+    trains one policy. The policies are ``SkipPolicy.for_speedup`` over ``horizon`` steps, as the
+    runtime picks them for ``--speedup``.
+    """
+
+    num_layers: int
+    speedups: tuple[float, ...] = (1.0,)  # full depth only: plain fine-tuning
+    horizon: int = 64  # decode steps the decay spans; the runtime must use the same (manifest)
+    warmup_layers: int = 1  # the paper's setting
+
+    def policies(self) -> list[SkipPolicy]:
+        return [SkipPolicy.for_speedup(self.num_layers, s, horizon=self.horizon,
+                                       warmup_layers=self.warmup_layers) for s in self.speedups]
+
+    def sample(self, batch_size: int, rng: random.Random) -> list[SkipPolicy]:
+        choices = self.policies()
+        return [rng.choice(choices) for _ in range(batch_size)]

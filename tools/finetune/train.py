@@ -1,0 +1,263 @@
+"""The training loop: AdamW, warm-up + cosine schedule, periodic checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from export.modeling import SkipOPT
+from runtime.errors import SkipDecodeError
+
+from .data import Encoded, batches, encode, read_pairs
+from .skip import PolicySampler, layer_mask, skip_forward
+
+SKIPDECODE_JSON = "skipdecode.json"  # beside config.json: how the checkpoint was trained to skip
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+class TrainError(SkipDecodeError):
+    """A fine-tuning run cannot start or resume as asked."""
+
+
+@dataclass
+class TrainConfig:
+    model: str  # Hugging Face OPT directory to start from
+    train: str  # CSV / JSONL of (prompt, target) pairs
+    out: str  # where the fine-tuned checkpoint goes (and checkpoint-N/ folders while training)
+    val: str | None = None  # held-out pairs: loss per policy after each epoch
+    prompt_column: str = "prompt"
+    target_column: str = "target"
+    separator: str = " "  # put between prompt and target; the runtime sees the prompt alone
+    speedups: tuple[float, ...] = (1.0,)  # policies sampled per row; (1.0,) = plain fine-tuning
+    horizon: int | None = None  # decay span in decode steps; None: the model's skipdecode.json, else 64
+    warmup_layers: int = 1  # bottom layers every step runs (the paper: 1)
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 5e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * this
+    warmup_ratio: float = 0.05  # fraction of steps with linear lr warm-up
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    device: str = "auto"  # auto = cuda when available, else cpu
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    checkpoint_every: int = 200  # optimizer steps between checkpoints (and at each epoch's end)
+    keep_checkpoints: int = 2  # older checkpoint-N folders are deleted
+    resume: str | None = None  # "auto" (latest checkpoint in out) or a checkpoint-N directory
+    progress: bool = True
+    extra: dict = field(default_factory=dict)  # recorded in skipdecode.json as is
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainError(f"--device {name}: this torch has no CUDA device; use --device cpu")
+    return torch.device(name)
+
+
+def _load(model_dir: str):
+    from transformers import AutoTokenizer, OPTForCausalLM
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise TrainError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+    model = OPTForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    meta = json.loads((path / SKIPDECODE_JSON).read_text()) if (path / SKIPDECODE_JSON).is_file() else {}
+    return model, tokenizer, meta
+
+
+def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict | None) -> None:
+    """Write a loadable checkpoint at ``target`` via a temporary sibling and a rename."""
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if meta is not None:
+        (tmp / SKIPDECODE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    if state is not None:
+        torch.save(state, tmp / STATE_FILE)
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    found = [p for p in out.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()
+             and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
+
+
+def _schedule(cfg: TrainConfig, total_steps: int):
+    warm = max(1, int(cfg.warmup_ratio * total_steps))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        t = min((step - warm) / max(total_steps - warm, 1), 1.0)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    return factor
+
+
+def masked_loss(model: SkipOPT, batch, policies) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the target tokens of ``batch``, each row under its policy."""
+    mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1]).to(batch.input_ids.device)
+    logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
+    n = int((batch.labels != -100).sum())
+    loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
+    return loss, n
+
+
+@torch.no_grad()
+def evaluate_loss(model: SkipOPT, items: list[Encoded], sampler: PolicySampler, pad_id: int,
+                  batch_size: int, device) -> dict[str, float]:
+    """Validation loss per policy of the sampler: {"2x": loss, ...}."""
+    was_training = model.training
+    model.eval()
+    result = {}
+    for speedup, policy in zip(sampler.speedups, sampler.policies()):
+        total, count = 0.0, 0
+        for batch in batches(items, batch_size, pad_id, shuffle=False, rng=random.Random(0)):
+            batch = batch.to(device)
+            loss, n = masked_loss(model, batch, [policy] * batch.input_ids.shape[0])
+            total += float(loss) * n
+            count += n
+        result[f"{speedup:g}x"] = total / max(count, 1)
+    model.train(was_training)
+    return result
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run the fine-tuning described by ``cfg``; returns the output directory."""
+    from tqdm.auto import tqdm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = _device(cfg.device)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    start_dir = cfg.model
+    state = None
+    if cfg.resume:
+        found = _checkpoints(out) if cfg.resume == "auto" else [Path(cfg.resume)]
+        if not found or not (found[-1] / STATE_FILE).is_file():
+            raise TrainError(f"nothing to resume: no checkpoint-N folder with {STATE_FILE} in "
+                             f"{out if cfg.resume == 'auto' else cfg.resume}")
+        start_dir = str(found[-1])
+        state = torch.load(found[-1] / STATE_FILE, weights_only=False)
+    model, tokenizer, meta = _load(start_dir)
+    base_meta = state["base_meta"] if state else meta
+    horizon = cfg.horizon or base_meta.get("horizon") or 64
+    L = model.config.num_hidden_layers
+    sampler = PolicySampler(L, tuple(cfg.speedups), horizon, cfg.warmup_layers)
+    sampler.policies()  # validate the speedups now, not after the first epoch
+
+    limit = model.config.max_position_embeddings
+    train_items = [encode(tokenizer, ex, cfg.separator, limit)
+                   for ex in read_pairs(cfg.train, cfg.prompt_column, cfg.target_column)]
+    val_items = ([encode(tokenizer, ex, cfg.separator, limit)
+                  for ex in read_pairs(cfg.val, cfg.prompt_column, cfg.target_column)]
+                 if cfg.val else [])
+    model.to(device).train()
+    skip = SkipOPT(model).train()  # shares the parameters of ``model``
+    pad_id = tokenizer.pad_token_id
+
+    steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg, total_steps))
+    step = 0
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = state["step"]
+
+    def run_meta(val_loss=None) -> dict:
+        return {**base_meta, "format": "skipdecode-finetune", "horizon": horizon,
+                "warmup_layers": cfg.warmup_layers, "speedups": list(cfg.speedups),
+                "policies": [p.to_dict() for p in sampler.policies()], "separator": cfg.separator,
+                "trained_from": base_meta.get("trained_from", []) + [{
+                    "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
+                    "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss}],
+                **cfg.extra}
+
+    def checkpoint(val_loss=None) -> None:
+        target = out / f"checkpoint-{step}"
+        _save_atomic(target, model, tokenizer, None, {
+            "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "base_meta": base_meta, "config": asdict(cfg), "val_loss": val_loss})
+        for old in _checkpoints(out)[:-cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    log = (out / LOG_FILE).open("a")
+    bar = tqdm(total=total_steps, initial=step, desc="fine-tune", unit="step", disable=not cfg.progress)
+    val_loss = None
+    started = time.perf_counter()
+    while step < total_steps:
+        epoch, skip_batches = divmod(step, steps_per_epoch)
+        # Batch order and policy draws depend only on (seed, epoch, step): a resumed run replays
+        # exactly the batches the interrupted one would have seen.
+        epoch_batches = batches(train_items, cfg.batch_size, pad_id, shuffle=True,
+                                rng=random.Random(cfg.seed * 100003 + epoch))
+        for i, batch in enumerate(epoch_batches):
+            if i < skip_batches:
+                continue
+            rng = random.Random(cfg.seed * 1000003 + step)
+            torch.manual_seed(cfg.seed * 1000003 + step)  # dropout
+            batch = batch.to(device)
+            loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            value = loss.item()
+            bar.update(1)
+            bar.set_postfix(epoch=epoch + 1, loss=f"{value:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            log.write(json.dumps({"step": step, "epoch": epoch + 1, "loss": round(value, 5),
+                                  "lr": scheduler.get_last_lr()[0]}) + "\n")
+            if step % steps_per_epoch == 0 and val_items:
+                val_loss = evaluate_loss(skip, val_items, sampler, pad_id, cfg.batch_size, device)
+                log.write(json.dumps({"step": step, "epoch": epoch + 1, "val_loss": val_loss}) + "\n")
+                bar.write(f"epoch {epoch + 1}: val loss " +
+                          ", ".join(f"{k} {v:.3f}" for k, v in val_loss.items()))
+            if step % cfg.checkpoint_every == 0 or step % steps_per_epoch == 0:
+                checkpoint(val_loss)
+            log.flush()
+    bar.close()
+    log.close()
+    model.eval()
+    meta_out = run_meta(val_loss)
+    meta_out["train_seconds"] = round(time.perf_counter() - started, 1)
+    _save_final(out, model, tokenizer, meta_out)
+    return out
+
+
+def _save_final(out: Path, model, tokenizer, meta: dict) -> None:
+    """The finished model's files go into ``out`` itself (next to checkpoint-N/), config.json
+    last, so ``out`` becomes a loadable checkpoint only once every weight is in place."""
+    tmp = out / f".final.tmp-{os.getpid()}"
+    _save_atomic(tmp, model.to("cpu"), tokenizer, meta, None)
+    names = sorted(p.name for p in tmp.iterdir())
+    for name in [n for n in names if n != "config.json"] + ["config.json"]:
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()
