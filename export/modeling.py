@@ -95,9 +95,9 @@ class OPTLayer(nn.Module):
         self.head_dim = self.q_proj.out_features // num_heads
         self.scaling = self.head_dim ** -0.5
         self.pre_layer_norm = pre_layer_norm  # False only for OPT-350m
-        # Residual dropout as transformers applies it; only for fine-tuning (tools.finetune): in
-        # eval mode, which export and inference use, nothing of it is traced.
-        self.dropout = float(getattr(layer, "dropout", 0.0) or 0.0)
+        # Residual dropout, off unless tools.finetune turns it on (and then only in training mode),
+        # so that no inference path can drop activations, whatever the checkpoint's config says.
+        self.dropout = 0.0
 
     def _attention(self, h, attention_mask, past_key, past_value):
         B, T, D = h.shape

@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .backends import Backend, create_backend
+from .detokenize import IncrementalDetokenizer
 from .errors import InputTooLongError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
@@ -213,26 +214,32 @@ class Generator:
 
         generated: list[list[int]] = [[] for _ in range(B)]
         texts = [""] * B
+        detok = [IncrementalDetokenizer(self.tokenizer) for _ in range(B)]
         finished = np.zeros(B, dtype=bool)
         running = set(range(L))
         for g in range(max_new_tokens):
             tokens = select(logits, sampling, rng)  # (B,)
             tokens[finished] = pad
             event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits)
+            last = g == max_new_tokens - 1
             for b in np.flatnonzero(~finished):
-                generated[b].append(int(tokens[b]))
-                text = self.tokenizer.decode(generated[b], skip_special_tokens=True)
-                hit = _first_stop(text, stops)
+                token = int(tokens[b])
+                generated[b].append(token)
+                delta = detok[b].add(token)
+                if token in eos or last:
+                    delta += detok[b].flush()
+                text = texts[b] + delta
+                hit = _first_stop(text, stops, len(texts[b]))
                 if hit is not None:
                     text = text[:hit]
-                event.token_ids[b], event.texts[b] = int(tokens[b]), text[len(texts[b]):]
+                event.token_ids[b], event.texts[b] = token, text[len(texts[b]):]
                 texts[b] = text
-                if int(tokens[b]) in eos or hit is not None:
+                if token in eos or hit is not None:
                     finished[b] = True
             event.finished = finished.tolist()
             stats.new_tokens = g + 1
             yield event
-            if g == max_new_tokens - 1 or finished.all():
+            if last or finished.all():
                 break
 
             step_start = time.perf_counter()
@@ -254,9 +261,18 @@ class Generator:
         self.backend.close()
 
 
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    """End index of the earliest stop string in ``text`` (kept in the output, as transformers)."""
-    ends = [text.find(s) + len(s) for s in stops if s and s in text]
+def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:
+    """End index of the earliest stop string in ``text`` (kept in the output, as transformers).
+
+    Only matches that end after ``new_from`` (the text before it was searched at earlier steps)
+    are looked for, so a step searches a bounded tail, not the whole text.
+    """
+    ends = []
+    for s in stops:
+        if s:
+            found = text.find(s, max(new_from - len(s) + 1, 0))
+            if found >= 0:
+                ends.append(found + len(s))
     return min(ends) if ends else None
 
 

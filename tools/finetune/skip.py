@@ -42,8 +42,8 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
     nh = cfg.num_attention_heads
     empty = torch.zeros(B, nh, 0, cfg.hidden_size // nh, dtype=model.dtype, device=input_ids.device)
     hidden = model.embed(input_ids, attention_mask)  # (B, T, D)
-    if model.training and cfg.dropout:
-        hidden = F.dropout(hidden, cfg.dropout)
+    if model.training and model.layers[0].dropout:
+        hidden = F.dropout(hidden, model.layers[0].dropout)
     for i, layer in enumerate(model.layers):
         keep = mask[:, :, i]  # (B, T)
         if not bool(keep.any()):
@@ -51,6 +51,13 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
         out, _, _ = layer(hidden, attention_mask, empty, empty)  # (B, T, D)
         hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
     return model.head(hidden)  # (B, T, V)
+
+
+def set_dropout(model: SkipOPT, p: float) -> None:
+    """Dropout on the embeddings and each layer's residual branches, in training mode only (as
+    transformers' OPT applies ``config.dropout``)."""
+    for layer in model.layers:
+        layer.dropout = p
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from export.modeling import SkipOPT
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
-from .skip import PolicySampler, layer_mask, skip_forward
+from .skip import PolicySampler, layer_mask, set_dropout, skip_forward
 
 SKIPDECODE_JSON = "skipdecode.json"  # beside config.json: how the checkpoint was trained to skip
 STATE_FILE = "trainer_state.pt"
@@ -174,6 +174,7 @@ def train(cfg: TrainConfig) -> Path:
                  if cfg.val else [])
     model.to(device).train()
     skip = SkipOPT(model).train()  # shares the parameters of ``model``
+    set_dropout(skip, float(model.config.dropout or 0.0))
     pad_id = tokenizer.pad_token_id
 
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
