@@ -1,0 +1,196 @@
+"""The Markdown page (docs/quality.md): command, machine, one table per model, the paper's rows,
+targets, sample outputs, and the analysis a person wrote (kept between the NOTES markers when the
+page is regenerated, as tools.bench does)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+
+from tools.bench.report import NOTES_BEGIN, NOTES_END, keep_notes
+
+from .summary import Row, Summary
+from .targets import Target
+
+PROG = "python -m tools.evaluate"
+COLUMNS = ("speedup target", "policy max→min over H steps", "layers/token", "theor.", "BLEU",
+           "ROUGE-L", "ΔBLEU", "decode ms/step", "measured speedup")
+# Del Corro et al. 2023 (arXiv 2307.02628), OPT-1.3B (24 layers) fine-tuned on E2E per policy.
+PAPER_ROWS = ((1, 24.0, 65.8, 67.6), (2, 14.7, 66.3, 67.9), (5, 5.8, 64.2, 66.3))
+SAMPLES = 3
+
+
+def _f(x, spec: str, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return format(x, spec) + suffix
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """An inline code span that survives backticks inside ``text``."""
+    text = " ".join(str(text).split())
+    if not text:
+        return "_(empty)_"
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def command_line(argv: list[str]) -> str:
+    return PROG + " " + " ".join(shlex.quote(a) for a in argv)
+
+
+def speedup_label(speedup: float) -> str:
+    return "1x (full depth)" if speedup == 1 else f"{speedup:g}x"
+
+
+def policy_label(policy: dict | None) -> str:
+    if not policy:
+        return "–"
+    if policy["min_layers"] == policy["num_layers"]:
+        return f"{policy['max_layers']}→{policy['min_layers']} (all layers)"
+    return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}"
+
+
+def table_cells(r: Row) -> list[str]:
+    return [speedup_label(r.speedup), policy_label(r.policy), _f(r.avg_layers, ".1f"),
+            _f(r.theoretical, ".2f", "x"), _f(r.bleu, ".1f"), _f(r.rouge_l, ".1f"),
+            _f(r.delta_bleu, "+.1f"),
+            _f(r.ms_per_step, ".2f"), _f(r.measured_speedup, ".2f", "x")]
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def paper_table() -> str:
+    lines = ["| speedup target | layers/token | BLEU | ROUGE-L |", "|---|---|---|---|"]
+    lines += [f"| {speedup_label(s)} | {layers:.1f} | {bleu:.1f} | {rouge:.1f} |"
+              for s, layers, bleu, rouge in PAPER_ROWS]
+    return "\n".join(lines)
+
+
+def targets_block(targets: list[Target]) -> str:
+    if not targets:
+        return ("No target evaluated: the BLEU targets need speedup 2 or 5 in the run, the "
+                "comparison needs a second model.")
+    return "\n".join(f"- **{t.status}**: {t.name}. {t.detail}" for t in targets)
+
+
+def samples_block(data: dict, summary: Summary, count: int = SAMPLES) -> list[str]:
+    first = summary.for_model(summary.models[0])
+    second = summary.for_model(summary.models[1]) if len(summary.models) > 1 else []
+    lines = []
+    for i, prompt in enumerate(data["prompts"][:count]):
+        refs = data["references"][i]
+        lines += [f"**Prompt {i + 1}**: {_code(prompt)}", "",
+                  f"- reference (1 of {len(refs)}): {_code(refs[0])}"]
+        lines += [f"- {_cell(r.model)}, {speedup_label(r.speedup)}: {_code(r.hypotheses[i])}" for r in first]
+        if second:
+            r = max(second, key=lambda r: r.speedup)
+            lines.append(f"- {_cell(r.model)}, {speedup_label(r.speedup)}: {_code(r.hypotheses[i])}")
+        lines.append("")
+    return lines
+
+
+def _settings_lines(data: dict, summary: Summary) -> list[str]:
+    m, s = data["machine"], data["settings"]
+    v = m.get("versions", {})
+    threads = s.get("threads") or "the backend's default"
+    n_refs = sum(len(r) for r in data["references"])
+    limit = f" (the first {s['limit']}, --limit)" if s.get("limit") else ""
+    return [
+        f"- Date: {m.get('date', '?')}; total run time {_duration(data.get('elapsed_s', 0))}.",
+        f"- Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+        f"{_f(m.get('memory_gib'), '.0f')} GiB memory; Python {m.get('python', '?')}; "
+        + ", ".join(f"{k} {x}" for k, x in v.items()) + ".",
+        f"- Backend: {s['backend']}, threads: {threads}.",
+        f"- Data: `{s['data']}` (prompt column `{s['prompt_column']}`, reference column "
+        f"`{s['target_column']}`): {len(data['prompts'])} unique prompts{limit} with {n_refs} "
+        f"references in all ({s.get('pairs', n_refs)} rows in the file before --limit).",
+        f"- Generation: greedy, until EOS or {s['max_new_tokens']} new tokens, in batches of "
+        f"{s['batch_size']} prompts (left padded); the prompt runs at full depth. Each unique prompt is "
+        f"generated once per model and speedup and scored against all of its references; the text is "
+        f"stripped of surrounding whitespace.",
+        f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
+        f"{s['seed']}), after one untimed warm-up call; {s['timing_rounds']} round(s) (round 1 also "
+        f"gives the text, later rounds rerun the batches for timing only).",
+        f"- BLEU: sacrebleu corpus BLEU, all references of a prompt at once (signature "
+        f"`{summary.bleu_signature}`). ROUGE-L: rouge_score F1 with Porter stemming, the best "
+        f"reference per prompt, averaged over prompts, x100.",
+    ]
+
+
+COLUMN_NOTES = (
+    "Columns: *policy* = the layer budget's decay, first generated step → last, over H decode steps "
+    "(1 warm-up layer, then the top layers), as `generate(speedup=s)` chose it; *layers/token* = "
+    "mean decoder layers run per decode step (every generated token after the first; the first "
+    "comes from the full-depth prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
+    "the first model's full-depth BLEU; *decode ms/step* = decode time / decode steps, over all "
+    "batches and rounds (one step = one token for every row of a batch); *measured speedup* = the "
+    "same model's full-depth ms/step / this ms/step.")
+
+
+def render(data: dict, summary: Summary, targets: list[Target], previous: str | None = None) -> str:
+    lines = [
+        "# Text quality under SkipDecode policies",
+        "",
+        "Produced by this command:",
+        "",
+        "```",
+        command_line(data["argv"]),
+        "```",
+        "",
+        *_settings_lines(data, summary),
+        "",
+        COLUMN_NOTES,
+        "",
+    ]
+    for model in data["models"]:
+        rows = summary.for_model(model["name"])
+        lines += [f"## {_cell(model['name'])}", "",
+                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.", "",
+                  markdown_table(rows), ""]
+    lines += [
+        "## The paper's rows",
+        "",
+        "SkipDecode paper, OPT-1.3B (24 layers) fine-tuned on E2E under each policy (Del Corro et "
+        "al. 2023, arXiv 2307.02628). Their model, scoring scripts and policies' horizon differ "
+        "from ours: a reference point, not a like-for-like comparison.",
+        "",
+        paper_table(),
+        "",
+        "## Targets",
+        "",
+        targets_block(targets),
+        "",
+        "## Sample outputs",
+        "",
+        *samples_block(data, summary),
+        "## Analysis",
+        "",
+        NOTES_BEGIN,
+        keep_notes(previous),
+        NOTES_END,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def terminal_summary(summary: Summary, targets: list[Target]) -> str:
+    out = []
+    for name in summary.models:
+        out += [name, markdown_table(summary.for_model(name)), ""]
+    out += ["targets:", targets_block(targets)]
+    return re.sub(r"\*\*", "", "\n".join(out))
