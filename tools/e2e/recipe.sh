@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo model, end to end: models/opt-e2e-skipdecode (see its README.md, the model card).
-# CPU is enough (2 cores: about 25 min for stage 2, 10 min for stage 3); a GPU is used when present.
+# CPU is enough (2 cores: about 20 min for step 2, 2 x 4 min for step 3); a GPU is used when present.
 # Intermediate checkpoints go to .work/ (git-ignored). Each stage resumes with --resume if cut off.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,10 +16,10 @@ python -m tools.finetune --model .work/e2e-init --train data/e2e/train.csv --val
     "${COLS[@]}" --out .work/e2e-base --epochs 30 --lr 1e-3 --horizon $HORIZON --checkpoint-every 1000
 # 3. SkipDecode fine-tuning: every row draws one of the 1x-5x policies, so one model serves them all
 python -m tools.finetune --model .work/e2e-base --train data/e2e/train.csv --val data/e2e/val.csv \
-    "${COLS[@]}" --out .work/e2e-skip --speedups 1 2 3 4 5 --epochs 10 --lr 3e-4 --checkpoint-every 1000
+    "${COLS[@]}" --out .work/e2e-skip --speedups 1 2 3 4 5 --epochs 6 --lr 3e-4 --horizon $HORIZON --checkpoint-every 1000
 # the model card's comparison: one policy per run (5x only), same budget of steps
 python -m tools.finetune --model .work/e2e-base --train data/e2e/train.csv --val data/e2e/val.csv \
-    "${COLS[@]}" --out .work/e2e-skip5 --speedups 5 --epochs 10 --lr 3e-4 --checkpoint-every 1000
+    "${COLS[@]}" --out .work/e2e-skip5 --speedups 5 --epochs 6 --lr 3e-4 --horizon $HORIZON --checkpoint-every 1000
 # 4. ship the weights and tokenizer (not the checkpoints) beside the model card
 mkdir -p models/opt-e2e-skipdecode
 cp .work/e2e-skip/{config.json,generation_config.json,model.safetensors,skipdecode.json,tokenizer.json,tokenizer_config.json} \

@@ -1,0 +1,30 @@
+"""The demo model that ships in models/ and is the default of `python -m export build`."""
+
+from __future__ import annotations
+
+import json
+
+import runtime
+from export.build import BuildOptions, build
+from export.checkpoint import DEMO_MODEL_DIR
+
+MR = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
+
+
+def test_demo_model_is_small_and_records_its_skipdecode_training():
+    size = sum(p.stat().st_size for p in DEMO_MODEL_DIR.iterdir())
+    assert size <= 20 * 2**20, f"{size / 2**20:.1f} MB: the demo model must stay <= 20 MB"
+    meta = json.loads((DEMO_MODEL_DIR / "skipdecode.json").read_text())
+    assert meta["horizon"] == 32 and meta["speedups"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert (DEMO_MODEL_DIR / "README.md").read_text().count("CC BY-SA 4.0") >= 1
+
+
+def test_default_build_exports_the_demo_model_and_it_describes_the_restaurant(tmp_path):
+    manifest = build(BuildOptions(out=str(tmp_path / "demo"), progress=False), log=lambda *_: None)
+    assert manifest.model.num_layers == 12
+    assert manifest.policy == {"max_layers": 12, "min_layers": 12, "warmup_layers": 1, "horizon": 32}
+    gen = runtime.load(tmp_path / "demo", threads=1)
+    for speedup in (1, 2, 5):
+        result = gen.generate(MR, max_new_tokens=48, speedup=speedup)
+        assert result.texts[0].startswith(" The Eagle is a coffee shop"), (speedup, result.texts[0])
+        assert result.token_ids[0][-1] == manifest.model.eos_token_id, "a finished description"
