@@ -8,7 +8,7 @@ from pathlib import Path
 
 from runtime.errors import SkipDecodeError
 
-from .checkpoint import ALIASES, TINY_RANDOM
+from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 
@@ -19,9 +19,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export a checkpoint into an artifact directory")
-    b.add_argument("--model", default=TINY_RANDOM,
+    b.add_argument("--model", default=DEMO_MODEL,
                    help=f"hub id (facebook/opt-1.3b), alias ({', '.join(ALIASES)}), local checkpoint "
-                        f"directory, or {TINY_RANDOM} (default: a small random OPT built offline)")
+                        f"directory, {TINY_RANDOM} (a random 8-layer OPT built offline, for smoke tests) or "
+                        f"{DEMO_MODEL} (default: the trained demo model in models/)")
     b.add_argument("--out", help="artifact directory (default: artifacts/<model name>)")
     b.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                    help="fp16 keeps softmax and layer norm in fp32 (default: fp32)")
