@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo model, end to end: models/opt-e2e-skipdecode (see its README.md, the model card).
-# CPU is enough (2 cores: about 20 min for step 2, 2 x 4 min for step 3); a GPU is used when present.
+# CPU is enough (2 cores, measured: 25 min for step 2, 5-7 min per run of step 3); a GPU is used when present.
 # Intermediate checkpoints go to .work/ (git-ignored). Each stage resumes with --resume if cut off.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
