@@ -83,7 +83,7 @@ def _prepare_out(out: Path) -> None:
             f"{MANIFEST_NAME}); refusing to replace it. Pass a new directory or remove it")
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
     """Replace ``out`` by ``tmp`` so that ``out`` is always either the old or the new artifact."""
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -148,7 +148,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
                     "seed": options.seed, "torch": torch.__version__},
             checks=checks)
         manifest.save(tmp)  # last: a directory without it is an unfinished export
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -127,17 +127,23 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     return model, tokenizer
 
 
-def skipdecode_training(source: ModelSource) -> dict:
-    """What tools.finetune recorded about the policies a local checkpoint was trained for ({} if none)."""
+def read_skipdecode_json(directory) -> dict:
+    """What tools.finetune recorded in a checkpoint directory about the policies it was trained
+    for ({} if it has no skipdecode.json)."""
     import json
 
-    path = Path(source.location) / SKIPDECODE_JSON
-    if source.kind != "local" or not path.is_file():
+    path = Path(directory) / SKIPDECODE_JSON
+    if not path.is_file():
         return {}
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise UnsupportedModelError(f"{path} is not valid JSON ({exc}); restore it or delete it") from exc
+
+
+def skipdecode_training(source: ModelSource) -> dict:
+    """``read_skipdecode_json`` of a local source; {} for hub and random sources."""
+    return read_skipdecode_json(source.location) if source.kind == "local" else {}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -212,9 +212,8 @@ class Generator:
         logits = backend.head(hidden)  # (B, V)
         stats.prefill_seconds = time.perf_counter() - start
 
-        generated: list[list[int]] = [[] for _ in range(B)]
         texts = [""] * B
-        detok = [IncrementalDetokenizer(self.tokenizer) for _ in range(B)]
+        detok = [IncrementalDetokenizer(self.tokenizer) for _ in range(B)]  # also holds each row's ids
         finished = np.zeros(B, dtype=bool)
         running = set(range(L))
         for g in range(max_new_tokens):
@@ -224,7 +223,6 @@ class Generator:
             last = g == max_new_tokens - 1
             for b in np.flatnonzero(~finished):
                 token = int(tokens[b])
-                generated[b].append(token)
                 delta = detok[b].add(token)
                 if token in eos or last:
                     delta += detok[b].flush()
@@ -255,7 +253,7 @@ class Generator:
             seconds = time.perf_counter() - step_start
             stats.decode_seconds += seconds
             stats.steps.append(StepStats(g, policy.budget(g), active, seconds, L))
-        return GenerationResult(texts, generated, stats, policy)
+        return GenerationResult(texts, [d.tokens for d in detok], stats, policy)
 
     def close(self) -> None:
         self.backend.close()

@@ -148,11 +148,10 @@ def measure(args, argv: list[str], log) -> dict:
 
 
 def write_json(data: dict, path: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1))
-    tmp.replace(path)
+    from engines.atomic import write_text_atomic
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(data, ensure_ascii=False, indent=1))
 
 
 def read_json(path: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,19 @@ def layer_mask(policies: list[SkipPolicy], prompt_lens: torch.Tensor, seq_len: i
     L = policies[0].num_layers
     mask = torch.ones((len(policies), seq_len, L), dtype=torch.bool)
     for b, (policy, p) in enumerate(zip(policies, prompt_lens.tolist())):
-        if policy.is_full_depth:
-            continue
-        for g in range(seq_len - p):
-            active = torch.zeros(L, dtype=torch.bool)
-            active[list(policy.active_layers(g))] = True
-            mask[b, p + g] = active
+        if not policy.is_full_depth and seq_len > p:
+            mask[b, p:] = _step_table(policy, seq_len)[:seq_len - p]
     return mask
+
+
+@lru_cache(maxsize=64)
+def _step_table(policy: SkipPolicy, steps: int) -> torch.Tensor:
+    """(steps, L) bool: the layers decode step g runs, for g < steps. Cached: every training step
+    draws from the same few policies."""
+    table = torch.zeros((steps, policy.num_layers), dtype=torch.bool)
+    for g in range(steps):
+        table[g, list(policy.active_layers(g))] = True
+    return table
 
 
 def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -37,7 +44,7 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
     Every layer runs over every position (one dense pass); where mask[b, t, l] is False the layer's
     output is dropped and the hidden state passes on unchanged, as when decoding skips the layer.
     """
-    B, T = input_ids.shape
+    B = input_ids.shape[0]
     cfg = model.config
     nh = cfg.num_attention_heads
     empty = torch.zeros(B, nh, 0, cfg.hidden_size // nh, dtype=model.dtype, device=input_ids.device)

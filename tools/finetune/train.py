@@ -14,13 +14,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from export.build import swap_into_place
+from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
 from export.modeling import SkipOPT
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
 from .skip import PolicySampler, layer_mask, set_dropout, skip_forward
 
-SKIPDECODE_JSON = "skipdecode.json"  # beside config.json: how the checkpoint was trained to skip
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
 
@@ -74,8 +75,7 @@ def _load(model_dir: str):
         raise TrainError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
     model = OPTForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    meta = json.loads((path / SKIPDECODE_JSON).read_text()) if (path / SKIPDECODE_JSON).is_file() else {}
-    return model, tokenizer, meta
+    return model, tokenizer, read_skipdecode_json(path)
 
 
 def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict | None) -> None:
@@ -88,11 +88,7 @@ def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict 
         (tmp / SKIPDECODE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
     if state is not None:
         torch.save(state, tmp / STATE_FILE)
-    old = target.parent / f".{target.name}.old-{os.getpid()}"
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_into_place(tmp, target)
 
 
 def _checkpoints(out: Path) -> list[Path]:
