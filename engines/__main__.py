@@ -1,7 +1,7 @@
 """Command line: ``python -m engines build ARTIFACT_DIR --max-batch 8 --max-seq 1024 --workspace 2GiB``.
 
-Exit codes: 0 built (or already up to date), 1 a toolkit error (message on stderr), 2 TensorRT or a
-CUDA GPU is missing here (message says how to get it), or bad arguments.
+Exit codes: 0 built (or already up to date); 2 a user error, one line on stderr that says how to fix
+it (TensorRT or a CUDA GPU missing here, bad arguments, a broken artifact); anything else is a bug.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from runtime.errors import SkipDecodeError
+from runtime import cli
 
 from .config import EngineBuildConfig, parse_size
-from .errors import NoCudaDeviceError, TensorRTMissingError
 from .manifest import DEFAULT_ENGINE_DIR
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engines",
                                 description="Build TensorRT engines from an exported artifact.")
+    cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or finish) one engine per graph of an artifact",
                        description="Run on the device that will run the engines: a plan is "
@@ -45,21 +45,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        config = EngineBuildConfig(max_batch=args.max_batch, max_seq=args.max_seq,
-                                   max_prompt=args.max_prompt, workspace=parse_size(args.workspace),
-                                   precision="fp16" if args.fp16 else "fp32",
-                                   timing_cache=args.timing_cache)
-        from .build import build_engines
+    return cli.run(lambda: _build(args))
 
-        report = build_engines(args.artifact_dir, config, engine_dir=args.engine_dir,
-                               force=args.force, progress=not args.quiet)
-    except (TensorRTMissingError, NoCudaDeviceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+def _build(args) -> int:
+    config = EngineBuildConfig(max_batch=args.max_batch, max_seq=args.max_seq,
+                               max_prompt=args.max_prompt, workspace=parse_size(args.workspace),
+                               precision="fp16" if args.fp16 else "fp32",
+                               timing_cache=args.timing_cache)
+    from .build import build_engines
+
+    report = build_engines(args.artifact_dir, config, engine_dir=args.engine_dir,
+                           force=args.force, progress=not args.quiet)
     print(f"{report.engine_dir}: built {len(report.built)}, up to date {len(report.skipped)}")
     engine_dir = "" if args.engine_dir is None else f", engine_dir={str(Path(args.engine_dir))!r}"
     print(f"next: runtime.generate({args.artifact_dir!r}, prompts, backend='tensorrt'{engine_dir})")

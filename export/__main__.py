@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from runtime.errors import SkipDecodeError
+from runtime import cli
+from runtime.errors import PolicyError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 
@@ -16,6 +17,7 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m export",
                                 description="Export OPT checkpoints to per-layer ONNX for SkipDecode.")
+    cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export a checkpoint into an artifact directory")
@@ -57,48 +59,48 @@ def _parser() -> argparse.ArgumentParser:
 def _policy_fields(args) -> dict | None:
     if args.speedup is not None:
         if args.max_layers is not None or args.min_layers is not None:
-            raise SystemExit("error: pass --speedup or --max-layers/--min-layers, not both")
+            raise PolicyError("pass --speedup or --max-layers/--min-layers, not both")
         return {"speedup": args.speedup, "warmup_layers": args.warmup_layers}
     if args.max_layers is None and args.min_layers is None:
         return None
     if args.max_layers is None or args.min_layers is None:
-        raise SystemExit("error: --max-layers and --min-layers go together")
+        raise PolicyError("--max-layers and --min-layers go together")
     return {"max_layers": args.max_layers, "min_layers": args.min_layers,
             "warmup_layers": args.warmup_layers}
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "build":
-            from .build import BuildOptions, build
+    return cli.run(lambda: _run(args))
 
-            out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
-            manifest = build(BuildOptions(
-                model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
-                random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
-                check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
-            if args.engine == "trt":
-                from engines.__main__ import main as engines_main
 
-                max_seq = min(1024, manifest.model.max_position_embeddings)
-                argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
-                print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
-                return engines_main(argv)
-            print(f"next: python -m export verify {out}")
-            return 0
-        from .verify import verify
+def _run(args) -> int:
+    if args.command == "build":
+        from .build import BuildOptions, build
 
-        report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
-                        speedup=args.speedup, progress=not args.quiet)
-        print(f"verify {args.directory}")
-        for line in report.lines:
-            print("  " + line)
-        print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
-        return 0 if report.passed else 1
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
+        manifest = build(BuildOptions(
+            model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
+            random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
+            check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
+        if args.engine == "trt":
+            from engines.__main__ import main as engines_main
+
+            max_seq = min(1024, manifest.model.max_position_embeddings)
+            argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
+            print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
+            return engines_main(argv)
+        print(f"next: python -m export verify {out}")
+        return 0
+    from .verify import verify
+
+    report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
+                    speedup=args.speedup, progress=not args.quiet)
+    print(f"verify {args.directory}")
+    for line in report.lines:
+        print("  " + line)
+    print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

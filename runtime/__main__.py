@@ -1,42 +1,101 @@
-"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream]``."""
+"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream] [--json]``.
+
+It mirrors ``runtime.load`` + ``Generator.generate``: every option is the API argument of the same
+name. User errors (bad arguments, a broken artifact) print one line and exit 2.
+"""
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
 
-from .errors import SkipDecodeError
+from . import cli
+from .backends import BACKENDS
 from .generator import load
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m runtime",
-                                description="Generate text from an exported artifact with SkipDecode.")
+def _parser():
+    p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--speedup", type=float, help="theoretical speedup target (default: the artifact's policy)")
-    p.add_argument("--backend", default="onnxruntime")
-    p.add_argument("--threads", type=int, help="intra-op threads (default: ONNX Runtime's)")
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--stream", action="store_true", help="print the first prompt's tokens as they come")
-    args = p.parse_args(argv)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
+    pol = p.add_argument_group("skip policy (default: the artifact's, full depth unless set at export)")
+    pol.add_argument("--speedup", type=float, help="theoretical speedup target; picks min/max layers")
+    pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
+    pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
+    pol.add_argument("--warmup-layers", type=int, help="bottom layers every step runs (default: the artifact's)")
+    be = p.add_argument_group("backend")
+    be.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    be.add_argument("--device", help="cpu, cuda or cuda:N (torch backend; onnxruntime: picks its "
+                                     "CPU or CUDA provider); default: the backend's")
+    be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
+    be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
+    be.add_argument("--no-check-hashes", action="store_true",
+                    help="skip the sha256 pass over the files whose size or mtime changed since the last load")
+    s = p.add_argument_group("sampling (greedy unless --do-sample)")
+    s.add_argument("--do-sample", action="store_true")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=50, help="0 disables it")
+    s.add_argument("--top-p", type=float, default=1.0, help="1 disables it")
+    s.add_argument("--seed", type=int, help="seed of the sampling RNG (default: drawn from the OS)")
+    e = p.add_argument_group("when a row ends")
+    e.add_argument("--stop", action="append", metavar="TEXT", help="stop string, kept in the output; repeatable")
+    e.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens tokens even after EOS")
+    out = p.add_argument_group("output")
+    out.add_argument("--stream", action="store_true", help="print the first prompt's tokens as they come")
+    out.add_argument("--json", action="store_true",
+                     help="one JSON object per prompt and line: prompt, text, token_ids, stats, policy")
+    return p
+
+
+def _policy(args) -> dict | None:
+    """--max-layers/--min-layers/--warmup-layers as the dict ``generate(policy=...)`` takes."""
+    fields = {k: v for k, v in (("max_layers", args.max_layers), ("min_layers", args.min_layers),
+                                ("warmup_layers", args.warmup_layers)) if v is not None}
+    if not fields:
+        return None
+    from .errors import PolicyError
+
+    if args.speedup is not None:
+        raise PolicyError("pass --speedup or --max-layers/--min-layers/--warmup-layers, not both")
+    if "max_layers" not in fields or "min_layers" not in fields:
+        raise PolicyError("--max-layers and --min-layers go together (--warmup-layers is optional)")
+    return fields
+
+
+def _backend_options(args) -> dict:
+    options = {"threads": args.threads}
+    if args.backend == "torch" and args.device:
+        options["device"] = args.device
+    elif args.backend == "onnxruntime" and args.device:
+        from .validate import check_device
+
+        check_device(args.device)  # CUDA must be visible before asking ONNX Runtime for it
+        cuda = args.device.startswith("cuda")
+        options["providers"] = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+    elif args.backend == "tensorrt":
+        options = {"engine_dir": args.engine_dir} if args.engine_dir else {}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _run(args) -> int:
+    policy = _policy(args)
+    gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
+               **_backend_options(args))
     try:
-        gen = load(args.directory, backend=args.backend, threads=args.threads)
         streamer = None
-        if args.stream:
+        if args.stream and not args.json:
             def streamer(event):
                 print(event.texts[0], end="", flush=True)
-        result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup,
+        result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup, policy=policy,
                               do_sample=args.do_sample, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, streamer=streamer)
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                              ignore_eos=args.ignore_eos, stop_strings=args.stop, streamer=streamer)
+    finally:
+        gen.close()
+    if args.json:
+        _print_json(args.prompts, result)
+        return 0
     if args.stream:
         print()
     for prompt, text in zip(args.prompts, result.texts):
@@ -48,6 +107,21 @@ def main(argv=None) -> int:
           f"{s.achieved_layer_ratio:.2f}x, prefill {s.prefill_seconds * 1e3:.1f} ms, decode "
           f"{s.decode_tokens_per_second:.1f} tokens/s")
     return 0
+
+
+def _print_json(prompts, result) -> None:
+    """One object per prompt; the stats and policy are the batch's, repeated on every line so that
+    each line stands alone (``jq`` over the output needs no context)."""
+    from dataclasses import asdict
+
+    for prompt, text, ids in zip(prompts, result.texts, result.token_ids):
+        print(json.dumps({"prompt": prompt, "text": text, "token_ids": [int(i) for i in ids],
+                          "stats": result.stats.to_dict(), "policy": asdict(result.policy)}))
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    return cli.run(lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -33,5 +33,25 @@ class InputTooLongError(SkipDecodeError, ValueError):
     """Prompt plus max_new_tokens exceeds the model's max_position_embeddings."""
 
 
+class InvalidArgumentError(SkipDecodeError, ValueError, TypeError):
+    """An argument of the wrong type or out of range (max_new_tokens=0, temperature="hot", ...).
+
+    Both ``ValueError`` and ``TypeError`` are bases so that code written against either still
+    catches it; ``SkipDecodeError`` catches it with every other deliberate error.
+    """
+
+
+class EmptyPromptError(InvalidArgumentError):
+    """A prompt that encodes to zero tokens (a tokenizer without BOS turns "" into an empty row)."""
+
+
+class UnknownBackendError(SkipDecodeError, ValueError):
+    """A backend name that is not one of runtime.backends.BACKENDS."""
+
+
+class CorruptCheckpointError(UnsupportedModelError):
+    """A checkpoint file that exists but cannot be read (truncated or corrupted weights)."""
+
+
 class VerificationError(SkipDecodeError, AssertionError):
     """An exported graph whose outputs differ from PyTorch beyond the stated tolerance."""

@@ -12,7 +12,8 @@ import numpy as np
 
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
-from .errors import InputTooLongError, PolicyError
+from . import validate
+from .errors import PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
 from .sampling import SamplingConfig, select
@@ -158,33 +159,19 @@ class Generator:
                eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
                stop_strings: str | Sequence[str] | None = None) -> GenerationStream:
         """Like ``generate``, but yields a TokenEvent per step as tokens are produced."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise ValueError("prompts must be a string or a non-empty list of strings")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        prompts = validate.check_prompts(prompts)
+        max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
+        eos = validate.check_eos(eos_token_id, self.manifest.model.vocab_size,
+                                 self.manifest.model.eos_token_id, ignore_eos)
+        stops = validate.check_stop_strings(stop_strings)
         sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed)
         chosen = self.policy_for(max_new_tokens, policy, speedup)
         enc = self.tokenizer(prompts, padding=True, return_tensors="np")
         input_ids = enc["input_ids"].astype(np.int64)  # (B, T0), left padded
         attention_mask = enc["attention_mask"].astype(np.int64)  # (B, T0)
-        limit = self.manifest.model.max_position_embeddings
-        longest = int(attention_mask.sum(axis=1).max())
-        if longest + max_new_tokens > limit:
-            raise InputTooLongError(
-                f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} = "
-                f"{longest + max_new_tokens} exceeds max_position_embeddings {limit} of this "
-                f"model; shorten the prompt to at most {limit - max_new_tokens} tokens or lower "
-                f"max_new_tokens to at most {max(limit - longest, 0)}")
-        if ignore_eos:
-            eos = set()
-        elif eos_token_id is None:
-            eos = {self.manifest.model.eos_token_id}
-        else:
-            eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        stops = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+        validate.check_nonempty_rows(attention_mask, prompts)
+        validate.check_length(int(attention_mask.sum(axis=1).max()), max_new_tokens,
+                              self.manifest.model.max_position_embeddings)
         return GenerationStream(self._decode(input_ids, attention_mask, max_new_tokens, chosen,
                                              sampling, eos, stops))
 
@@ -281,6 +268,7 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool = True, **b
     hashing), opens the graphs on ``backend`` and checks their I/O names against the manifest.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """
+    validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
     from transformers import AutoTokenizer
 

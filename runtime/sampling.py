@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import validate
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -17,12 +19,12 @@ class SamplingConfig:
     seed: int | None = None  # seed of the sampling RNG; None draws from the OS
 
     def __post_init__(self) -> None:
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when do_sample=True, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # typed errors (InvalidArgumentError, a SkipDecodeError and a ValueError) from one place
+        validate.check_bool("do_sample", self.do_sample)
+        validate.check_temperature(self.temperature, self.do_sample)
+        validate.check_top_k(self.top_k)
+        validate.check_top_p(self.top_p)
+        validate.check_seed(self.seed)
 
 
 def select(logits: np.ndarray, config: SamplingConfig, rng: np.random.Generator) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import UnknownBackendError
 from .base import Backend, CacheReleasedError
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
@@ -20,7 +21,7 @@ def create_backend(name: str, directory, manifest, **options) -> Backend:
         from .tensorrt import TensorRTBackend
 
         return TensorRTBackend(directory, manifest, **options)
-    raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    raise UnknownBackendError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
 __all__ = ["Backend", "CacheReleasedError", "BACKENDS", "create_backend"]

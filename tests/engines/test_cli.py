@@ -32,8 +32,8 @@ def test_module_entry_point(artifact_dir, tmp_path):
     assert "TensorRT is not installed" in done.stderr
 
 
-def test_bad_workspace_exits_1(artifact_dir, capsys):
-    assert main(["build", str(artifact_dir), "--workspace", "lots"]) == 1
+def test_bad_workspace_exits_2(artifact_dir, capsys):
+    assert main(["build", str(artifact_dir), "--workspace", "lots"]) == 2
     assert "error: workspace 'lots' is not a size" in capsys.readouterr().err
 
 

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from runtime.errors import SkipDecodeError
 from runtime.sampling import SamplingConfig, select
 
 LOGITS = np.log(np.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]], dtype=np.float32))
@@ -32,9 +33,15 @@ def test_top_k_and_top_p_remove_the_tail():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(do_sample=True, temperature=0), "temperature must be > 0 when do_sample=True, got 0"),
-    (dict(top_k=-1), "top_k must be >= 0"),
-    (dict(top_p=1.5), "top_p must be in (0, 1], got 1.5")])
+    (dict(temperature="hot"), "temperature must be a finite number, got 'hot'"),
+    (dict(top_k=-1), "top_k must be an int >= 0 (0 disables it), got -1"),
+    (dict(top_k=2.5), "top_k must be an int >= 0 (0 disables it), got 2.5"),
+    (dict(top_p=1.5), "top_p must be a number in (0, 1] (1 disables it), got 1.5"),
+    (dict(seed="x"), "seed must be None or an int >= 0, got 'x'"),
+    (dict(seed=-1), "seed must be None or an int >= 0, got -1")])
 def test_invalid_settings(kwargs, message):
-    with pytest.raises(ValueError) as info:
+    # a SkipDecodeError (one except catches every deliberate error) that is still a ValueError
+    with pytest.raises(SkipDecodeError) as info:
         SamplingConfig(**kwargs)
+    assert isinstance(info.value, ValueError)
     assert message in str(info.value)

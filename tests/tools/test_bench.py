@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tools.bench import report, results, rows as rows_mod, runner, stats, targets, venv
-from tools.bench.cli import _parser, arch_settings, plan
+from tools.bench.cli import BenchError, _parser, arch_settings, plan
 from tools.bench.prompts import make_prompt, make_prompts
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_arch_overrides_and_plan():
     big = [(str(s), r.name) for a, s, r in planned if a == "opt-1.3b"]
     assert big == [("b1 p32", "hf full"), ("b1 p32", "ort full"), ("b1 p32", "ort 2x"), ("b1 p32", "ort 5x")]
     assert len([p for p in planned if p[0] == "opt-125m"]) == 4 * 4
-    with pytest.raises(SystemExit):
+    with pytest.raises(BenchError, match="'threads=4' is not KEY=VALUE with KEY one of batch, prompt"):
         arch_settings(_parser().parse_args(["--arch", "opt-1.3b:threads=4"]))
     # the same architecture twice: a costly row at fewer shapes, runs not duplicated
     args = _parser().parse_args(["--arch", "opt-125m", "--arch", "opt-125m:batch=1:prompt=32:backends=ort@full+5",

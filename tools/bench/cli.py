@@ -13,6 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from runtime import cli
+from runtime.errors import SkipDecodeError
+
 from . import bandwidth as bandwidth_mod
 from . import machine, prepare, report, results, rows as rows_mod, targets as targets_mod, venv
 from .prompts import make_prompts
@@ -20,6 +23,10 @@ from .runner import OPTIMUM_WORKER, Job, run_all, schedule
 
 ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
 OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
+
+
+class BenchError(SkipDecodeError, ValueError):
+    """A --arch or --backends value the benchmark cannot plan."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                "--arch NAME[:key=value...] overrides batch, prompt, backends, speedups or "
                "torch_speedups for that architecture (lists comma-separated), e.g.\n"
                "  --arch opt-125m --arch 'opt-1.3b:batch=1:prompt=32:backends=hf,ort-nospin@full+2+5'")
+    cli.add_version(p)
     p.add_argument("--arch", action="append", help="architecture (random weights at its real shapes): "
                    f"{', '.join(ARCHS)}; repeat for several (default opt-125m)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
@@ -70,16 +78,19 @@ def arch_settings(args) -> list[tuple[str, dict]]:
     for spec in args.arch or ["opt-125m"]:
         name, *pairs = spec.split(":")
         if name not in ARCHS:
-            raise SystemExit(f"--arch {name!r}: choose from {', '.join(ARCHS)}")
+            raise BenchError(f"--arch {name!r}: choose from {', '.join(ARCHS)}")
         s = {"batch": args.batch, "prompt": args.prompt, "backends": args.backends,
              "speedups": args.speedups, "torch_speedups": args.torch_speedups}
         for pair in pairs:
             key, _, value = pair.partition("=")
             key = key.replace("-", "_")
             if key not in OVERRIDABLE or not value:
-                raise SystemExit(f"--arch {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {', '.join(OVERRIDABLE)}")
+                raise BenchError(f"--arch {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {', '.join(OVERRIDABLE)}")
             items = value.split(",")
-            s[key] = items if key == "backends" else [int(x) if key in ("batch", "prompt") else float(x) for x in items]
+            try:
+                s[key] = items if key == "backends" else [int(x) if key in ("batch", "prompt") else float(x) for x in items]
+            except ValueError as exc:
+                raise BenchError(f"--arch {spec!r}: {pair!r} has a value that is not a number ({exc})") from exc
         out.append((name, s))
     return out
 
@@ -90,7 +101,7 @@ def plan(args, settings: list[tuple[str, dict]]) -> list[tuple[str, rows_mod.Sha
         try:
             arch_rows = rows_mod.rows_for(s["backends"], s["speedups"], s["torch_speedups"])
         except ValueError as exc:
-            raise SystemExit(f"{arch}: {exc}")
+            raise BenchError(f"{arch}: {exc}") from exc
         for batch in s["batch"]:
             for prompt in s["prompt"]:
                 for row in arch_rows:
@@ -217,11 +228,16 @@ def write_outputs(data: dict, out: str, plot_path: str, log) -> tuple[list, list
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    return cli.run(lambda: _main(args, argv))
 
+
+def _main(args, argv: list[str]) -> int:
     def log(*a):
         print(*a, file=sys.stderr, flush=True)
 
     if args.render:
+        if not Path(args.render).is_file():
+            raise BenchError(f"--render {args.render}: no such file; pass the JSON a previous run wrote")
         data = json.loads(Path(args.render).read_text())
     else:
         data = measure(args, argv, log)

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime import cli
 from tools.finetune.data import group_by_prompt, read_pairs, split_by_prompt, write_csv
 
 
@@ -65,6 +66,7 @@ def init(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.e2e", description=__doc__)
+    cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("split", help="split E2E pairs by meaning representation into train/val CSVs")
     s.add_argument("--data", default="../shared/data/e2e/devset.csv")
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
         q.add_argument("--target-column", default="ref")
         q.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    return {"split": split, "init": init}[args.command](args)
+    return cli.run(lambda: {"split": split, "init": init}[args.command](args))
 
 
 if __name__ == "__main__":

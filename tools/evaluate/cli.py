@@ -14,6 +14,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from runtime import cli
 from runtime.backends import BACKENDS
 from runtime.errors import ArtifactError, SkipDecodeError
 
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
                "--target-column ref \\\n      --model 'fine-tuned under SkipDecode=artifacts/e2e' "
                "--model 'full-depth only=artifacts/e2e-base' \\\n      --speedups 1 2 3 4 5 "
                "--out docs/quality.md --json .work/quality.json")
+    cli.add_version(p)
     p.add_argument("--data", help="CSV (header row) or JSONL of (prompt, target) pairs; a prompt's "
                                   "rows are its references")
     p.add_argument("--prompt-column", default="prompt", help="(default prompt)")
@@ -179,15 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
 
+    return cli.run(lambda: _main(args, argv))
+
+
+def _main(args, argv: list[str]) -> int:
     def log(*a):
         print(*a, file=sys.stderr, flush=True)
 
-    try:
-        metrics.require()  # before an hour of generation, not after
-        data = read_json(args.render) if args.render else measure(args, argv, log)
-        summary, targets = write_page(data, args.out, log)
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    metrics.require()  # before an hour of generation, not after
+    data = read_json(args.render) if args.render else measure(args, argv, log)
+    summary, targets = write_page(data, args.out, log)
     print(report.terminal_summary(summary, targets))
     return 0

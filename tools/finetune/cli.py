@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from runtime.errors import SkipDecodeError
+from runtime import cli
 
 from .train import TrainConfig, train
 
@@ -16,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Fine-tune an OPT checkpoint with the SkipDecode policy applied as at inference "
                     "(prompt at full depth, one decaying budget per generated position). Writes a "
                     "Hugging Face directory that `python -m export build --model DIR` accepts.")
+    cli.add_version(p)
     p.add_argument("--model", required=True, help="Hugging Face OPT checkpoint directory to start from")
     p.add_argument("--train", required=True, help="CSV or JSONL of (prompt, target) pairs")
     p.add_argument("--val", help="held-out pairs: validation loss per policy after each epoch")
@@ -53,10 +53,4 @@ def main(argv=None) -> int:
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, resume=args.resume,
         progress=not args.quiet)
-    try:
-        out = train(cfg)
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"saved {out}")
-    return 0
+    return cli.run(lambda: print(f"saved {train(cfg)}"))

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import SkipDecodeError
+from runtime import cli
 from runtime.manifest import GraphSpec, Manifest, load_manifest
 
 from .command import OutputPaths, RunSettings, build_command, format_command, parse_size_mib
@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m tools.trtexec",
         description="Print, and with --run execute, the trtexec command that builds and times one graph "
                     "of an exported artifact (or all of them), then tabulate trtexec's exported times.")
+    cli.add_version(p)
     p.add_argument("artifact_dir", help="artifact directory written by `python -m export build`")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--graph", help="graph to profile: embed, layer_NN or head")
@@ -104,11 +105,7 @@ def _result(job: Job, profile: Profile, paths: OutputPaths, settings: RunSetting
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        return _main(args)
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return cli.run(lambda: _main(args))
 
 
 def _main(args) -> int:

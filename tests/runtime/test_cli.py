@@ -1,0 +1,61 @@
+"""``python -m runtime``: the API's options, --json, --version, and exit 2 with one line on every
+user error."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.__main__ import main
+from runtime.version import __version__
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-new-tokens", "0"], "error: max_new_tokens must be an int >= 1, got 0"),
+    (["--top-p", "0", "--do-sample"], "error: top_p must be a number in (0, 1]"),
+    (["--threads", "0"], "error: threads must be an int >= 1"),
+    (["--seed", "-3"], "error: seed must be None or an int >= 0, got -3"),
+    (["--max-layers", "3"], "error: --max-layers and --min-layers go together"),
+    (["--max-layers", "3", "--min-layers", "4"], "error: min_layers (4) must be <= max_layers (3)"),
+    (["--speedup", "2", "--max-layers", "3", "--min-layers", "2"], "error: pass --speedup or --max-layers"),
+    (["--max-new-tokens", "100"], "exceeds max_position_embeddings 64 of this model; lower max_new_tokens to at most"),
+    (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'")])
+def test_user_errors_exit_2_with_one_line(artifact_dir, capsys, argv, message):
+    assert main([str(artifact_dir), "Hello", "--no-check-hashes", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_missing_artifact_and_bad_backend_via_the_command(tmp_path, artifact_dir):
+    for argv, message in [([str(tmp_path / "none"), "x"], f"error: artifact directory {tmp_path / 'none'} does not exist"),
+                          ([str(artifact_dir), "x", "--backend", "bogus"], "invalid choice: 'bogus'")]:
+        done = subprocess.run([sys.executable, "-m", "runtime", *argv], capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_json_stop_ignore_eos_and_policy(artifact_dir, capsys):
+    argv = [str(artifact_dir), "Hello, my name is", "Paris", "--json", "--max-new-tokens", "6", "--ignore-eos",
+            "--max-layers", "4", "--min-layers", "2", "--warmup-layers", "1", "--backend", "torch", "--device", "cpu"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["prompt"] for r in rows] == ["Hello, my name is", "Paris"]
+    assert all(len(r["token_ids"]) == 6 for r in rows)  # --ignore-eos: all of them
+    assert rows[0]["policy"]["max_layers"] == 4 and rows[0]["policy"]["min_layers"] == 2
+    assert rows[0]["stats"]["layers_per_step"][0] == 4 and isinstance(rows[0]["text"], str)
+    stop = rows[0]["text"][:1]
+    if stop:  # the first character of the text as a stop string: the row ends right there
+        assert main(argv + ["--stop", stop]) == 0
+        first = json.loads(capsys.readouterr().out.splitlines()[0])
+        assert first["text"] == stop
+
+
+def test_version_and_defaults_in_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"python -m runtime {__version__} (skipdecode-edge)"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "(default: 32)" in out and "{onnxruntime,torch,tensorrt}" in out and "--ignore-eos" in out
