@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from runtime.manifest import GraphSpec, Manifest
+from runtime.paths import confined
 
 from .atomic import write_text_atomic
 from .device import DeviceInfo
@@ -103,9 +104,12 @@ def read_engine_manifest(engine_dir, artifact_dir="ARTIFACT_DIR") -> EngineManif
             raise EngineMismatchError(
                 f"{path} has format {raw.get('format')!r} schema_version {raw.get('schema_version')!r}, "
                 f"this toolkit reads {FORMAT!r} schema_version {SCHEMA_VERSION}; {rebuild_hint(artifact_dir)}")
-        return EngineManifest.from_dict(raw)
+        em = EngineManifest.from_dict(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise EngineMismatchError(f"{path} is unreadable ({exc!r}); {rebuild_hint(artifact_dir)}") from exc
+    for entry in em.engines.values():  # plans are opened from here: none may lie outside
+        confined(engine_dir, entry.plan, path, rebuild_hint(artifact_dir))
+    return em
 
 
 def build_decision(entry: EngineEntry | None, source: dict, key: str, engine_dir,

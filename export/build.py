@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from runtime.errors import ArtifactError
+from runtime.integrity import record_hashes
 from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
 
@@ -147,6 +148,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__},
             checks=checks)
+        record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export
         swap_into_place(tmp, out)
     except BaseException:

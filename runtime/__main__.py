@@ -31,7 +31,7 @@ def _parser():
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
-                    help="skip the sha256 pass over the files whose size or mtime changed since the last load")
+                    help="skip the sha256 of files changed since they were last verified (sizes are still checked)")
     s = p.add_argument_group("sampling (greedy unless --do-sample)")
     s.add_argument("--do-sample", action="store_true")
     s.add_argument("--temperature", type=float, default=1.0)

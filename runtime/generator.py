@@ -261,11 +261,13 @@ def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:
     return min(ends) if ends else None
 
 
-def load(directory, backend: str = "onnxruntime", check_hashes: bool = True, **backend_options) -> Generator:
+def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
-    Validates the manifest and every file's size and sha256 (``check_hashes=False`` skips the
-    hashing), opens the graphs on ``backend`` and checks their I/O names against the manifest.
+    Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
+    checks their I/O names against the manifest. ``check_hashes``: True hashes only the files
+    changed since they were last verified (runtime.integrity: an untouched artifact loads without
+    hashing), "full" hashes every file, False none (see ``runtime.manifest.load_manifest``).
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """
     validate.check_backend_options(backend_options)

@@ -7,12 +7,13 @@ refused with an error that says what to do.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import ArtifactError
+from .integrity import hash_files, record_hashes, sha256_file, stale_files
+from .paths import confined
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -119,24 +120,24 @@ def layer_name(index: int) -> str:
     return f"layer_{index:02d}"
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_entry(path: Path) -> dict:
     return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
-def load_manifest(directory, check_hashes: bool = True) -> Manifest:
+def load_manifest(directory, check_hashes: bool | str = True) -> Manifest:
     """Read and validate ``directory/manifest.json`` and every file it names.
 
-    ``check_hashes=False`` skips the sha256 pass (sizes are still checked): useful on slow storage
-    once an artifact is known good.
+    Every path it names must stay inside ``directory`` (no absolute paths, ``..`` or links out).
+    Sizes are always checked. ``check_hashes``:
+
+    * ``True`` (default): the sha256 of every file whose fingerprint (size, mtime, inode, ctime)
+      changed since it was last verified (at export, or an earlier load; see runtime.integrity),
+      so a load hashes nothing of an untouched artifact and a modified file is still caught;
+    * ``"full"``: the sha256 of every file, whatever the record says (``export verify`` does);
+    * ``False``: no hashing at all.
     """
+    if check_hashes not in (True, False, "full"):
+        raise ArtifactError(f"check_hashes must be True, False or 'full', got {check_hashes!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise ArtifactError(f"artifact directory {directory} does not exist; {REBUILD_HINT}")
@@ -160,8 +161,9 @@ def load_manifest(directory, check_hashes: bool = True) -> Manifest:
     except (KeyError, TypeError) as exc:
         raise ArtifactError(f"{path} is missing or has malformed field {exc}; {REBUILD_HINT}") from exc
     _check_structure(manifest, path)
+    confined(directory, manifest.tokenizer_dir, path, REBUILD_HINT)
     for rel, entry in manifest.files.items():
-        f = directory / rel
+        f = confined(directory, rel, path, REBUILD_HINT)
         if not f.is_file():
             raise ArtifactError(f"{f} is named in {MANIFEST_NAME} but missing; {REBUILD_HINT}")
         size = f.stat().st_size
@@ -169,14 +171,21 @@ def load_manifest(directory, check_hashes: bool = True) -> Manifest:
             raise ArtifactError(
                 f"{f} has {size} bytes, the manifest says {entry['bytes']}: the file was "
                 f"truncated or modified after export; {REBUILD_HINT}")
-        if check_hashes:
-            digest = sha256_file(f)
-            if digest != entry["sha256"]:
-                raise ArtifactError(
-                    f"{f} does not match its sha256 in {MANIFEST_NAME} (expected "
-                    f"{entry['sha256'][:16]}..., found {digest[:16]}...): the file was modified "
-                    f"or corrupted after export; {REBUILD_HINT}")
+    if check_hashes:
+        _check_hashes(directory, manifest.files, full=check_hashes == "full")
     return manifest
+
+
+def _check_hashes(directory: Path, files: dict[str, dict], full: bool) -> None:
+    hashes = hash_files(directory, stale_files(directory, files, full), files)
+    for rel, digest in hashes.items():
+        if digest != files[rel]["sha256"]:
+            raise ArtifactError(
+                f"{directory / rel} does not match its sha256 in {MANIFEST_NAME} (expected "
+                f"{files[rel]['sha256'][:16]}..., found {digest[:16]}...): the file was modified "
+                f"or corrupted after export; {REBUILD_HINT}")
+    if hashes:
+        record_hashes(directory, hashes)  # all matched: the next load skips them
 
 
 def _check_structure(m: Manifest, path: Path) -> None:

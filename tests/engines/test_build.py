@@ -13,6 +13,7 @@ from engines.config import EngineBuildConfig
 from engines.errors import EngineConfigError
 from engines.manifest import ENGINE_MANIFEST, TIMING_CACHE, read_engine_manifest, validate
 from engines.profiles import graph_profiles
+from runtime.errors import ArtifactError
 from runtime.manifest import Manifest, file_entry, load_manifest, sha256_file
 from tests.engines.fakes import ORIN, FakeToolchain, SimulatedCrash
 
@@ -214,3 +215,13 @@ def test_real_tensorrt_build(artifact_dir, tmp_path):
     report = build_engines(artifact_dir, EngineBuildConfig(**LIMITS, workspace=256 * 1024**2),
                            engine_dir=tmp_path, progress=False, log=print)
     assert report.built == graph_names(artifact_dir)
+
+
+@pytest.mark.parametrize("plan", ["../../etc/passwd", "/etc/passwd"])
+def test_engine_manifest_cannot_name_plans_outside_its_directory(artifact_dir, tmp_path, plan):
+    build(artifact_dir, tmp_path)
+    data = json.loads((tmp_path / ENGINE_MANIFEST).read_text())
+    data["engines"]["head"]["plan"] = plan
+    (tmp_path / ENGINE_MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=f"names {plan!r}, a path outside its directory {tmp_path}"):
+        read_engine_manifest(tmp_path)
