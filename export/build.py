@@ -1,14 +1,15 @@
 """``python -m export build``: checkpoint -> artifact directory (graphs, tokenizer, manifest).
 
-The artifact is assembled in a temporary sibling directory and renamed into place only once every
-graph is exported, hashed and checked, and the manifest (written last) is in. An interrupted build
-leaves at most a ``.NAME.tmp-*`` directory that ``runtime.load`` refuses, and never touches an
-existing artifact at ``--out`` until its replacement is complete.
+The artifact is assembled in a temporary sibling directory and swapped into place only once every
+graph is exported, hashed and checked, and the manifest (written last) is in; the swap is atomic
+where the filesystem can exchange two directories, and recoverable where it cannot (runtime.swap).
+A build killed at any step leaves ``--out`` as the old or the new artifact (restored by the next
+build or load if the kill fell between two renames), and the next build deletes the
+``.NAME.tmp-PID`` / ``.NAME.old-PID`` leftovers of builds whose process is gone.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from runtime.errors import ArtifactError
 from runtime.integrity import record_hashes
 from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
+from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
 from . import checkpoint, parity
 from .modeling import SkipOPT
@@ -84,20 +86,11 @@ def _prepare_out(out: Path) -> None:
             f"{MANIFEST_NAME}); refusing to replace it. Pass a new directory or remove it")
 
 
-def swap_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` so that ``out`` is always either the old or the new artifact."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
-
-
 def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written."""
     out = Path(options.out)
+    recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
+    remove_leftovers(out)
     _prepare_out(out)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data)
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
@@ -116,7 +109,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
     policy = default_policy(model.num_layers, options.policy, trained)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(out)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

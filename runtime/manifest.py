@@ -14,6 +14,7 @@ from pathlib import Path
 from .errors import ArtifactError
 from .integrity import hash_files, record_hashes, sha256_file, stale_files
 from .paths import confined
+from .swap import recover
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -139,6 +140,7 @@ def load_manifest(directory, check_hashes: bool | str = True) -> Manifest:
     if check_hashes not in (True, False, "full"):
         raise ArtifactError(f"check_hashes must be True, False or 'full', got {check_hashes!r}")
     directory = Path(directory)
+    recover(directory, MANIFEST_NAME)  # a build killed between its two renames left it aside
     if not directory.is_dir():
         raise ArtifactError(f"artifact directory {directory} does not exist; {REBUILD_HINT}")
     path = directory / MANIFEST_NAME

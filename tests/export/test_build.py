@@ -168,3 +168,30 @@ def test_cli_engine_trt_without_tensorrt_keeps_the_export(checkpoint_dir, tmp_pa
     assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "-q", "--engine", "trt"]) == 2
     assert "error: TensorRT is not installed" in capsys.readouterr().err
     load_manifest(out)  # the ONNX artifact is complete and intact
+
+
+KILLED_BUILD = """
+import os, signal, sys
+from runtime import swap
+from export.build import BuildOptions, build
+swap._exchange = lambda a, b: False  # the two-rename path: the one with a moment without --out
+swap._hook = lambda step: step == "moved-old" and os.kill(os.getpid(), signal.SIGKILL)
+build(BuildOptions(model=sys.argv[1], out=sys.argv[2], progress=False, check=False), log=lambda *_: None)
+"""
+
+
+def test_build_killed_mid_swap_is_restored_by_load_and_cleaned_by_the_next_build(checkpoint_dir, artifact_dir, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "model"
+    shutil.copytree(artifact_dir, out)
+    done = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(checkpoint_dir), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert not out.exists() and len(list(tmp_path.glob(".model.*"))) == 2  # the worst moment
+    assert runtime.load(out, threads=1).generate("Hello", 2).stats.new_tokens >= 1  # load restores it
+    assert [p.name for p in tmp_path.glob(".model.*")][0].startswith(".model.old-")
+    build(BuildOptions(model=str(checkpoint_dir), out=str(out), progress=False, check=False), **quiet)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # the dead build's leftover is gone
