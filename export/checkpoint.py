@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import HubDownloadError, ModelNotFoundError, UnsupportedModelError
+from runtime.errors import CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError
 
 HUB_ORG = "facebook"
 # Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
@@ -33,11 +33,29 @@ OPT_ARCHS: dict[str, tuple[int, int, int, int, int, bool]] = {
     "opt-66b": (64, 9216, 72, 36864, 9216, True),
 }
 ALIASES = {name: f"{HUB_ORG}/{name}" for name in OPT_ARCHS}
+OPT_VOCAB_SIZE = 50272  # every public OPT checkpoint's embedding rows
 TINY_RANDOM = "tiny-random"  # a random 8-layer OPT built offline: fast, for tests and smoke runs
 DEMO_MODEL = "opt-e2e-skipdecode"  # the default: the trained demo model that ships in models/
-DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / DEMO_MODEL
 SKIPDECODE_JSON = "skipdecode.json"  # written by tools.finetune: the policy horizon it trained for
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _demo_model_dir() -> Path:
+    """models/opt-e2e-skipdecode of a clone (editable install), else the copy a wheel installs as
+    the package ``skipdecode_models`` (pyproject's package-dir)."""
+    in_clone = Path(__file__).resolve().parents[1] / "models" / DEMO_MODEL
+    if (in_clone / "config.json").is_file():
+        return in_clone
+    import importlib.util
+
+    spec = importlib.util.find_spec("skipdecode_models")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(root) / DEMO_MODEL / "config.json").is_file():
+            return Path(root) / DEMO_MODEL
+    return in_clone  # absent: resolve() says so
+
+
+DEMO_MODEL_DIR = _demo_model_dir()
 
 
 @dataclass(frozen=True)
@@ -61,8 +79,9 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     if spec == DEMO_MODEL:
         if not (DEMO_MODEL_DIR / "config.json").is_file():
             raise ModelNotFoundError(
-                f"the demo model is not at {DEMO_MODEL_DIR}: it ships in the repository's models/ "
-                f"folder; install from a clone with `pip install -e .`, or pass --model DIR")
+                f"the demo model is not at {DEMO_MODEL_DIR} nor installed as the package "
+                f"skipdecode_models: it ships in the repository's models/ folder and in the wheel; "
+                f"reinstall with `pip install .` from a clone, or pass --model DIR")
         return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
     short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
     if random_weights:
@@ -99,7 +118,7 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     dtype = dtype or torch.float32
     if source.kind == "random":
         return build_random(source.location, dtype=dtype, seed=seed)
-    from transformers import AutoConfig, AutoTokenizer, OPTForCausalLM
+    from transformers import AutoConfig, AutoTokenizer
 
     try:
         config = AutoConfig.from_pretrained(source.location)
@@ -115,16 +134,54 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
         raise UnsupportedModelError(
             f"{source.spec} is a {config.model_type!r} checkpoint; this toolkit exports OPT models "
             f"only (model_type 'opt')")
+    model = load_weights(source.location, dtype)
     try:
-        model = OPTForCausalLM.from_pretrained(source.location, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(source.location)
     except OSError as exc:
         raise UnsupportedModelError(
-            f"cannot load the weights or tokenizer of {source.location}: {_first_line(exc)}. "
-            f"The directory needs model weights (model.safetensors or pytorch_model.bin) and "
-            f"tokenizer files, as save_pretrained writes them") from exc
-    model.eval()
+            f"cannot load the tokenizer of {source.location}: {_first_line(exc)}. The directory "
+            f"needs tokenizer files, as save_pretrained writes them") from exc
+    except Exception as exc:  # the tokenizers library raises plain Exception on a broken file
+        raise CorruptCheckpointError(
+            f"cannot read the tokenizer files of {source.location} ({_first_line(exc)}): they are "
+            f"truncated or corrupted; copy them again from where the checkpoint came from") from exc
     return model, tokenizer
+
+
+def load_weights(location, dtype=None):
+    """``OPTForCausalLM.from_pretrained`` in eval mode, with a typed error naming the weight file
+    when it is missing, truncated or corrupted (an interrupted download or copy)."""
+    from transformers import OPTForCausalLM
+
+    try:
+        model = OPTForCausalLM.from_pretrained(location, dtype=dtype)
+    except OSError as exc:  # no weights file at all
+        raise UnsupportedModelError(
+            f"cannot load the weights of {location}: {_first_line(exc)}. The directory needs "
+            f"model weights (model.safetensors or pytorch_model.bin), as save_pretrained writes "
+            f"them") from exc
+    except Exception as exc:  # SafetensorError, UnpicklingError, RuntimeError from torch.load ...
+        raise CorruptCheckpointError(
+            f"cannot read the weights in {', '.join(map(str, _broken_weight_files(location)))} "
+            f"({_first_line(exc)}): the file is truncated or corrupted, e.g. by an interrupted "
+            f"download or copy; copy it again from where the checkpoint came from") from exc
+    return model.eval()
+
+
+def _broken_weight_files(location) -> list[Path]:
+    """The weight files of a checkpoint that fail to open (all of them if none can be singled out)."""
+    files = sorted(p for pattern in ("*.safetensors", "*.bin") for p in Path(location).glob(pattern))
+    broken = []
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(f), "pt") as handle:
+                    handle.keys()
+            except Exception:
+                broken.append(f)
+    return broken or files or [Path(location)]
 
 
 def read_skipdecode_json(directory) -> dict:
@@ -165,11 +222,12 @@ over the lazy dog. What is the capital of France? Paris is the capital of France
 """
 
 
-def build_tokenizer(vocab_size: int = 512, texts=None):
+def build_tokenizer(vocab_size: int = 512, texts=None, pad_to: int | None = None):
     """A byte-level BPE tokenizer with OPT's special tokens at OPT's ids (<s>=0 <pad>=1 </s>=2 <unk>=3),
     trained on ``texts`` (default: a built-in paragraph).
 
-    Like OPT's, it prepends </s> (the BOS) to every input.
+    Like OPT's, it prepends </s> (the BOS) to every input. ``pad_to`` fills the vocabulary up to
+    that size with filler words (see ``_pad_vocab``), for a model with a larger embedding.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -183,9 +241,36 @@ def build_tokenizer(vocab_size: int = 512, texts=None):
     tok.train_from_iterator(texts or [_TOKENIZER_TEXT], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
         single="</s> $A", pair="</s> $A </s> $B", special_tokens=[("</s>", 2)])
+    if pad_to is not None:
+        tok = _pad_vocab(tok, pad_to)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="</s>", eos_token="</s>", pad_token="<pad>",
         unk_token="<unk>", padding_side="left")
+
+
+def _pad_vocab(tok, size: int):
+    """The same tokenizer with its vocabulary filled up to ``size`` ids by words " aa", " ab", ...
+
+    A random model of a real OPT shape samples from all 50,272 ids; with only the ~500 trained
+    tokens, every id above them decoded to "" and so did every generation. The fillers are plain
+    vocabulary entries without merges: decoding shows them, encoding never produces them, so
+    prompts tokenize exactly as before.
+    """
+    import itertools
+    import json
+    import string
+
+    from tokenizers import Tokenizer
+
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    words = ("\u0120" + "".join(chars) for n in itertools.count(2)  # \u0120: byte-level's space
+             for chars in itertools.product(string.ascii_lowercase, repeat=n))
+    for word in words:
+        if len(vocab) >= size:
+            break
+        vocab.setdefault(word, len(vocab))
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def random_config(arch: str, vocab_size: int):
@@ -198,7 +283,7 @@ def random_config(arch: str, vocab_size: int):
     else:
         layers, hidden, heads, ffn, proj, pre_ln = OPT_ARCHS[arch]
         max_positions = 2048
-        vocab_size = 50272  # the real OPT vocabulary, so the head has its real cost
+        vocab_size = OPT_VOCAB_SIZE  # the real OPT vocabulary, so the head has its real cost
     return OPTConfig(
         vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
         num_attention_heads=heads, ffn_dim=ffn, word_embed_proj_dim=proj,
@@ -212,7 +297,9 @@ def build_random(arch: str, dtype=None, seed: int = 0):
     import torch
     from transformers import OPTForCausalLM
 
-    tokenizer = build_tokenizer()
+    # the real OPT vocabulary size for real shapes, so that the head has its real cost and every id
+    # the model can emit decodes to text
+    tokenizer = build_tokenizer() if arch == TINY_RANDOM else build_tokenizer(pad_to=OPT_VOCAB_SIZE)
     config = random_config(arch, len(tokenizer))
     torch.manual_seed(seed)
     model = OPTForCausalLM(config).to(dtype or torch.float32).eval()

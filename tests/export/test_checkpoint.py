@@ -4,6 +4,7 @@ import pytest
 
 from export import checkpoint
 from runtime.errors import HubDownloadError, ModelNotFoundError, UnsupportedModelError
+from tests.conftest import save_tiny_checkpoint
 
 
 @pytest.mark.parametrize("spec, hub_id", [
@@ -70,3 +71,40 @@ def test_tokenizer_follows_opt_conventions():
     ids = tok("Hello world").input_ids
     assert ids[0] == 2, "OPT prepends </s> as BOS"
     assert tok.decode(ids, skip_special_tokens=True) == "Hello world"
+
+
+@pytest.mark.parametrize("keep", [5, 0.5])
+def test_truncated_weights_name_the_file(tmp_path, capsys, keep):
+    from export.__main__ import main as export_main
+    from runtime.errors import CorruptCheckpointError
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln")
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:keep] if isinstance(keep, int) else data[:int(len(data) * keep)])
+    with pytest.raises(CorruptCheckpointError) as info:
+        checkpoint.load(checkpoint.resolve(str(ckpt)))
+    assert f"cannot read the weights in {weights} (" in str(info.value)
+    assert "truncated or corrupted" in str(info.value)
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot read the weights in {weights}" in err and "Traceback" not in err, err
+
+
+def test_random_weights_of_real_shapes_get_a_tokenizer_of_the_models_vocabulary():
+    """A 512-token tokenizer for a 50,272-token model decoded every generation to ''."""
+    small = checkpoint.build_tokenizer()
+    tok = checkpoint.build_tokenizer(pad_to=checkpoint.OPT_VOCAB_SIZE)
+    assert len(tok) == checkpoint.OPT_VOCAB_SIZE
+    assert tok("Hello world").input_ids == small("Hello world").input_ids  # prompts encode as before
+    high = [checkpoint.OPT_VOCAB_SIZE - 1, 20000, 600]
+    assert all(tok.decode([i]).strip() for i in high)  # every id the model can emit shows as text
+    assert tok.decode(high).startswith(" ")
+
+
+def test_random_real_shape_model_and_tokenizer_agree(monkeypatch):
+    monkeypatch.setitem(checkpoint.OPT_ARCHS, "opt-125m", (2, 32, 4, 64, 32, True))  # small, same vocab
+    model, tok = checkpoint.build_random("opt-125m")
+    assert model.config.vocab_size == len(tok) == checkpoint.OPT_VOCAB_SIZE
+    ids = model.generate(**tok(["Hello"], return_tensors="pt"), max_new_tokens=4, do_sample=False)
+    assert tok.decode(ids[0, -4:], skip_special_tokens=True) != ""

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from export.build import swap_into_place
-from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
+from export.checkpoint import SKIPDECODE_JSON, load_weights, read_skipdecode_json
 from export.modeling import SkipOPT
+from runtime.swap import swap_into_place
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
@@ -68,12 +68,12 @@ def _device(name: str) -> torch.device:
 
 
 def _load(model_dir: str):
-    from transformers import AutoTokenizer, OPTForCausalLM
+    from transformers import AutoTokenizer
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise TrainError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    model = OPTForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_weights(path, torch.float32)  # a truncated weights file: a typed error naming it
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer, read_skipdecode_json(path)
 
@@ -88,7 +88,7 @@ def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict 
         (tmp / SKIPDECODE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
     if state is not None:
         torch.save(state, tmp / STATE_FILE)
-    swap_into_place(tmp, target)
+    swap_into_place(tmp, target)  # atomic where the filesystem can exchange directories
 
 
 def _checkpoints(out: Path) -> list[Path]:

@@ -1,0 +1,61 @@
+"""What `pip install .` (not editable) installs: every package, and the demo model the default
+build needs; the README's set-up extras."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_package_is_listed():
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    on_disk = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in ROOT.glob("**/__init__.py")
+               if p.parts[len(ROOT.parts)] not in ("tests", "build", ".venv") and ".tmp-" not in str(p)}
+    assert on_disk <= listed, f"add to pyproject's packages: {sorted(on_disk - listed)}"
+
+
+def test_dev_extra_installs_what_the_tests_need():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["dev"] == ["skipdecode-edge[test,eval]"]
+    assert any(r.startswith("pytest") for r in extras["test"])
+    assert any(r.startswith("sacrebleu") for r in extras["eval"])
+
+
+def test_readme_setup_installs_cpu_torch_and_the_dev_extra():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("Set up (Python >= 3.10", 1)[1].split("```")[1]
+    # torch first (a CPU build; unpinned, pip resolves the CUDA build), then what the tests need
+    assert block.strip() == 'pip install torch==2.13.0 && pip install -e ".[cpu,dev]"'
+
+
+
+def test_installed_wheel_finds_the_demo_model(tmp_path):
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(wheel_dir)], check=True, capture_output=True, cwd=tmp_path)
+    wheel = next(wheel_dir.glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    code = ("from export.checkpoint import resolve, DEMO_MODEL; import runtime.version as v; "
+            "print(resolve(DEMO_MODEL).location); print(v.__version__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    location, version = done.stdout.split()
+    assert Path(location) == target / "skipdecode_models" / "opt-e2e-skipdecode"
+    assert (Path(location) / "model.safetensors").stat().st_size > 1_000_000 and version
+
+
+def test_console_scripts_exist_and_are_documented():
+    import importlib
+
+    readme = (ROOT / "README.md").read_text()
+    for name, target in PYPROJECT["project"]["scripts"].items():
+        module, func = target.split(":")
+        assert callable(getattr(importlib.import_module(module), func))
+        assert f"`{name}`" in readme, f"README does not document the console script {name}"
