@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from runtime.errors import SkipDecodeError
+from runtime.errors import InvalidArgumentError, SkipDecodeError
 from runtime.manifest import load_manifest
 
 ONNX_DOMAINS = ("", "ai.onnx")
@@ -122,7 +122,7 @@ class SupportData:
             versions = (versions,)
         unknown = [v for v in versions if v not in self.versions]
         if unknown:
-            raise ValueError(f"no TensorRT operator data for {', '.join(unknown)}; "
+            raise InvalidArgumentError(f"no TensorRT operator data for {', '.join(unknown)}; "
                              f"known versions: {', '.join(self.versions)}")
         return [self.versions[v] for v in versions]
 

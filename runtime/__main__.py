@@ -11,7 +11,10 @@ import sys
 
 from . import cli
 from .backends import BACKENDS
+from .errors import InvalidArgumentError, PolicyError
 from .generator import load
+
+ORT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
 def _parser():
@@ -54,8 +57,6 @@ def _policy(args) -> dict | None:
                                 ("warmup_layers", args.warmup_layers)) if v is not None}
     if not fields:
         return None
-    from .errors import PolicyError
-
     if args.speedup is not None:
         raise PolicyError("pass --speedup or --max-layers/--min-layers/--warmup-layers, not both")
     if "max_layers" not in fields or "min_layers" not in fields:
@@ -68,11 +69,10 @@ def _backend_options(args) -> dict:
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device:
-        from .validate import check_device
-
-        check_device(args.device)  # CUDA must be visible before asking ONNX Runtime for it
-        cuda = args.device.startswith("cuda")
-        options["providers"] = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda else ["CPUExecutionProvider"]
+        # a device is a provider list here; load() checks that ONNX Runtime offers them
+        if args.device not in ORT_PROVIDERS:
+            raise InvalidArgumentError(f"--device for the onnxruntime backend is cpu or cuda, got {args.device!r}")
+        options["providers"] = ORT_PROVIDERS[args.device]
     elif args.backend == "tensorrt":
         options = {"engine_dir": args.engine_dir} if args.engine_dir else {}
     return {k: v for k, v in options.items() if v is not None}

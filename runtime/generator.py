@@ -13,7 +13,7 @@ import numpy as np
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
 from . import validate
-from .errors import PolicyError
+from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
 from .sampling import SamplingConfig, select
@@ -300,7 +300,9 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
     load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():
-            raise TypeError(f"{sorted(load_keys & kwargs.keys())} apply only when model is a directory")
+            raise InvalidArgumentError(
+                f"{sorted(load_keys & kwargs.keys())} apply only when model is a directory; pass them "
+                f"to runtime.load instead")
         return model.generate(prompts, max_new_tokens, **kwargs)
     load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in load_keys}
     generator = load(model, **load_kwargs)

@@ -189,7 +189,25 @@ def check_device(device) -> str | None:
     return text
 
 
+def check_providers(providers) -> list | None:
+    """ONNX Runtime execution providers: None (CUDA if offered, then CPU) or names it offers here."""
+    if providers is None:
+        return None
+    if isinstance(providers, str) or not isinstance(providers, Sequence):
+        raise InvalidArgumentError(f"providers must be a list of ONNX Runtime provider names, got {providers!r}")
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    missing = [p for p in (p if isinstance(p, str) else p[0] for p in providers) if p not in available]
+    if missing:
+        raise InvalidArgumentError(
+            f"ONNX Runtime providers {missing} are not available here (available: {available}); "
+            f"install onnxruntime-gpu (instead of onnxruntime) for CUDA/TensorRT, or leave providers=None")
+    return list(providers)
+
+
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to every backend: threads and device."""
+    """The options ``runtime.load`` passes to the backends: threads, device, providers."""
     check_threads(options.get("threads"))
     check_device(options.get("device"))
+    check_providers(options.get("providers"))

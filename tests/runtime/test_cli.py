@@ -20,7 +20,8 @@ from runtime.version import __version__
     (["--max-layers", "3", "--min-layers", "4"], "error: min_layers (4) must be <= max_layers (3)"),
     (["--speedup", "2", "--max-layers", "3", "--min-layers", "2"], "error: pass --speedup or --max-layers"),
     (["--max-new-tokens", "100"], "exceeds max_position_embeddings 64 of this model; lower max_new_tokens to at most"),
-    (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'")])
+    (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    (["--device", "cuda:1"], "error: --device for the onnxruntime backend is cpu or cuda, got 'cuda:1'")])
 def test_user_errors_exit_2_with_one_line(artifact_dir, capsys, argv, message):
     assert main([str(artifact_dir), "Hello", "--no-check-hashes", *argv]) == 2
     err = capsys.readouterr().err
@@ -59,3 +60,14 @@ def test_version_and_defaults_in_help(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "(default: 32)" in out and "{onnxruntime,torch,tensorrt}" in out and "--ignore-eos" in out
+
+
+def test_cuda_device_without_cuda_onnxruntime(artifact_dir, capsys):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("onnxruntime-gpu offers CUDA here")
+    assert main([str(artifact_dir), "Hello", "--device", "cuda", "--no-check-hashes"]) == 2
+    err = capsys.readouterr().err
+    assert "error: ONNX Runtime providers ['CUDAExecutionProvider'] are not available here" in err
+    assert "install onnxruntime-gpu (instead of onnxruntime)" in err

@@ -50,10 +50,18 @@ def test_eos_inside_the_vocabulary_is_accepted(generator):
 @pytest.mark.parametrize("options, message", [
     (dict(threads=0), "threads must be an int >= 1 (or None for the backend's default), got 0"),
     (dict(threads="2"), "threads must be an int >= 1"),
-    (dict(device="gpu"), "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'")])
+    (dict(device="gpu"), "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (dict(providers=["NoSuchExecutionProvider"]), "ONNX Runtime providers ['NoSuchExecutionProvider'] are not available here"),
+    (dict(providers="CPUExecutionProvider"), "providers must be a list of ONNX Runtime provider names")])
 def test_bad_load_options(artifact_dir, options, message):
+    backend = "onnxruntime" if "providers" in options else "torch"
     with pytest.raises(InvalidArgumentError, match=re.escape(message)):
-        runtime.load(artifact_dir, backend="torch", check_hashes=False, **options)
+        runtime.load(artifact_dir, backend=backend, check_hashes=False, **options)
+
+
+def test_load_options_apply_only_to_a_directory(generator):
+    with pytest.raises(InvalidArgumentError, match=re.escape("['threads'] apply only when model is a directory")):
+        runtime.generate(generator, "Hi", 2, threads=2)
 
 
 def test_unknown_backend_is_a_skipdecode_error(artifact_dir):
