@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from runtime import cli
-from runtime.errors import PolicyError
+from runtime.errors import PolicyError, SkipDecodeError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 
@@ -71,36 +71,36 @@ def _policy_fields(args) -> dict | None:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    return cli.run(lambda: _run(args))
+    try:
+        if args.command == "build":
+            from .build import BuildOptions, build
 
+            out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
+            manifest = build(BuildOptions(
+                model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
+                random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
+                check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
+            if args.engine == "trt":
+                from engines.__main__ import main as engines_main
 
-def _run(args) -> int:
-    if args.command == "build":
-        from .build import BuildOptions, build
+                max_seq = min(1024, manifest.model.max_position_embeddings)
+                argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
+                print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
+                return engines_main(argv)
+            print(f"next: python -m export verify {out}")
+            return 0
+        from .verify import verify
 
-        out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
-        manifest = build(BuildOptions(
-            model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
-            random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
-            check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
-        if args.engine == "trt":
-            from engines.__main__ import main as engines_main
-
-            max_seq = min(1024, manifest.model.max_position_embeddings)
-            argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
-            print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
-            return engines_main(argv)
-        print(f"next: python -m export verify {out}")
-        return 0
-    from .verify import verify
-
-    report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
-                    speedup=args.speedup, progress=not args.quiet)
-    print(f"verify {args.directory}")
-    for line in report.lines:
-        print("  " + line)
-    print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
-    return 0 if report.passed else 1
+        report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
+                        speedup=args.speedup, progress=not args.quiet)
+        print(f"verify {args.directory}")
+        for line in report.lines:
+            print("  " + line)
+        print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
+        return 0 if report.passed else 1
+    except SkipDecodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from runtime.errors import ArtifactError
-from runtime.integrity import record_hashes
 from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
+from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
 from . import checkpoint, parity

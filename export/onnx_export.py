@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from runtime.errors import InvalidArgumentError
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from .modeling import SkipOPT
@@ -37,9 +36,9 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
-            raise InvalidArgumentError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
         if self.external_data not in ("auto", "always", "never"):
-            raise InvalidArgumentError(f"external_data must be auto, always or never, got {self.external_data!r}")
+            raise ValueError(f"external_data must be auto, always or never, got {self.external_data!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -142,25 +142,33 @@ def check_nonempty_rows(attention_mask: np.ndarray, prompts: list[str]) -> None:
             f"token, so there is nothing to continue from; pass a prompt with at least one token")
 
 
-def too_long_message(longest: int, max_new_tokens: int, limit: int) -> str:
+def too_long_message(longest: int, max_new_tokens: int, limit: int,
+                     limit_name: str = "max_position_embeddings {limit} of this model",
+                     last_resort: str | None = None) -> str:
     """What to do when ``longest + max_new_tokens > limit``; only advice that can work (never a
-    length <= 0)."""
+    length <= 0).
+
+    limit_name: how the message names the limit (e.g. "max_length {limit} of this Generator" for a
+    limit set at load); last_resort: the advice when neither length alone can fit (default: shorten
+    the prompt below the limit and keep the sum within it).
+    """
     head = (f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} = "
-            f"{longest + max_new_tokens} exceeds max_position_embeddings {limit} of this model")
+            f"{longest + max_new_tokens} exceeds {limit_name.format(limit=limit)}")
     fixes = []
     if limit - max_new_tokens >= 1:
         fixes.append(f"shorten the prompt to at most {limit - max_new_tokens} tokens")
     if limit - longest >= 1:
         fixes.append(f"lower max_new_tokens to at most {limit - longest}")
     if not fixes:  # the prompt alone fills the context: both must shrink
-        fixes.append(f"shorten the prompt to fewer than {limit} tokens and keep prompt tokens + "
-                     f"max_new_tokens <= {limit}")
+        fixes.append(last_resort or f"shorten the prompt to fewer than {limit} tokens and keep prompt "
+                                    f"tokens + max_new_tokens <= {limit}")
     return f"{head}; {' or '.join(fixes)}"
 
 
-def check_length(longest: int, max_new_tokens: int, limit: int) -> None:
+def check_length(longest: int, max_new_tokens: int, limit: int, **message) -> None:
+    """InputTooLongError (with ``too_long_message``'s advice) when the row cannot fit ``limit``."""
     if longest + max_new_tokens > limit:
-        raise InputTooLongError(too_long_message(longest, max_new_tokens, limit))
+        raise InputTooLongError(too_long_message(longest, max_new_tokens, limit, **message))
 
 
 def check_device(device) -> str | None:

@@ -95,3 +95,10 @@ def test_too_long_never_advises_zero_or_negative(longest, new, advice):
     assert message.endswith(advice), message
     assert not re.search(r"at most (-\d+|0)\b", message), message
     validate.check_length(34, 30, 64)  # exactly at the limit is fine
+
+
+def test_too_long_names_the_limit_it_broke():
+    message = validate.too_long_message(70, 64, 64, limit_name="max_length {limit} of this Generator",
+                                        last_resort="load with a larger max_length")
+    assert message == ("prompt of 70 tokens + max_new_tokens 64 = 134 exceeds max_length 64 of this "
+                       "Generator; load with a larger max_length")

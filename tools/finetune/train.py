@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from export.checkpoint import SKIPDECODE_JSON, load_weights, read_skipdecode_json
+from export.build import swap_into_place
+from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
 from export.modeling import SkipOPT
-from runtime.swap import swap_into_place
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
@@ -69,6 +69,8 @@ def _device(name: str) -> torch.device:
 
 def _load(model_dir: str):
     from transformers import AutoTokenizer
+
+    from export.checkpoint import load_weights
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
