@@ -7,7 +7,19 @@ generator calls them before it touches the tokenizer or a backend, so a bad call
 half-run batch behind, and the command line turns them into one line and exit code 2.
 
 Why here and not in the decode loop: the loop is rewritten for continuous batching; these checks
-are the same for any loop, so they live apart and the loop just calls them.
+are the same for any loop, so they live apart and the loop just calls them. The calls, in order:
+
+    # Generator.stream, before anything runs
+    prompts = validate.check_prompts(prompts)
+    max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
+    eos = validate.check_eos(eos_token_id, model.vocab_size, model.eos_token_id, ignore_eos)
+    stops = validate.check_stop_strings(stop_strings)
+    sampling = SamplingConfig(...)  # checks do_sample, temperature, top_k, top_p, seed itself
+    # after tokenizing
+    validate.check_nonempty_rows(attention_mask, prompts)
+    validate.check_length(prompt_tokens, max_new_tokens, limit)  # limit_name=/last_resort= to rename
+    # runtime.load, first line
+    validate.check_backend_options(backend_options)  # threads, device, providers
 """
 
 from __future__ import annotations
