@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from runtime.errors import ArtifactError
-from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
+from runtime.manifest import KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
 
 from . import checkpoint, parity
-from .modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
 
 TOKENIZER_DIR = "tokenizer"
@@ -36,6 +36,7 @@ class BuildOptions:
     random_weights: bool = False  # build --model's architecture with random weights (no download)
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
     external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
+    page_size: int = 32  # KV positions per page of the runtime's cache (see export.onnx_export)
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
@@ -98,7 +99,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written."""
     out = Path(options.out)
     _prepare_out(out)
-    config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data)
+    config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
+                          page_size=options.page_size)
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
@@ -123,7 +125,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         from tqdm.auto import tqdm
 
         specs = []
-        for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx", unit="graph",
+        for spec in tqdm(graph_specs(model, options.dtype, config.page_size), desc="export onnx", unit="graph",
                          disable=not options.progress):
             specs.append(export_graph(model, spec, tmp, config))
         tokenizer.padding_side = "left"
@@ -144,6 +146,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         manifest = Manifest(
             model=model_info(hf_model.config), dtype=options.dtype, opset=config.opset,
             graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
+            kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__},
             checks=checks)

@@ -16,7 +16,7 @@ import torch
 from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
-from .modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from .onnx_export import example_inputs, module_for
 
 # (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds

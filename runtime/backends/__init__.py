@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, CacheReleasedError
+from .base import Backend
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
 
@@ -23,4 +23,4 @@ def create_backend(name: str, directory, manifest, **options) -> Backend:
     raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "CacheReleasedError", "BACKENDS", "create_backend"]
+__all__ = ["Backend", "BACKENDS", "create_backend"]

@@ -1,4 +1,4 @@
-"""PyTorch backend: the skip-aware reference layers (export.modeling) with preallocated KV buffers.
+"""PyTorch backend: the skip-aware reference layers (runtime.modeling) with preallocated KV buffers.
 
 The weights come from the artifact itself, not from a source checkpoint: the graphs were exported
 without constant folding, so their initializers keep the exported modules' state_dict names. They
@@ -91,7 +91,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     """OPTForCausalLM from ``hf_config/`` with every weight taken from the artifact's graphs."""
     from transformers import OPTConfig, OPTForCausalLM
 
-    from export.modeling import SkipOPT
+    from runtime.modeling import SkipOPT
     from export.onnx_export import module_for
 
     config_dir = directory / HF_CONFIG_DIR
@@ -149,8 +149,8 @@ def _share_tied_embeddings(state: dict[str, torch.Tensor]) -> None:
 
 @functools.cache
 def in_place_layer_class() -> type:
-    """``InPlaceOPTLayer``, defined on first use so that export.modeling is imported lazily."""
-    from export.modeling import OPTLayer
+    """``InPlaceOPTLayer``, defined on first use so that torch is imported only with this backend."""
+    from runtime.modeling import OPTLayer
 
     class InPlaceOPTLayer(OPTLayer):
         """OPTLayer whose attention writes the new K/V into a preallocated buffer in place.
@@ -208,7 +208,7 @@ class TorchBackend(Backend):
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
         self.dtype = _DTYPES[manifest.dtype]
-        from export.modeling import SkipOPT
+        from runtime.modeling import SkipOPT
 
         self.hf_model = load_hf_model(Path(directory), manifest, self.device)
         self.model = SkipOPT(self.hf_model)  # embed and head; also the reference to compare with
@@ -239,7 +239,7 @@ class TorchBackend(Backend):
 
     def _attention_bias(self, attention_mask: np.ndarray, query_len: int) -> torch.Tensor:
         """attention_bias of the step's mask, shared by every layer the step runs."""
-        from export.modeling import attention_bias
+        from runtime.modeling import attention_bias
 
         same = (self._bias is not None and self._bias.shape[2] == query_len
                 and self._bias_mask.shape == attention_mask.shape

@@ -10,7 +10,7 @@ import torch
 
 import runtime
 from export.build import BuildOptions, build
-from export.modeling import OPTLayer, SkipOPT
+from runtime.modeling import OPTLayer, SkipOPT
 from runtime.backends import CacheReleasedError
 from runtime.backends.torch import TorchBackend, in_place_layer_class
 from runtime.errors import ArtifactError
@@ -116,7 +116,7 @@ def test_in_place_layer_equals_opt_layer(hf_model, past, new):
     key_buf = torch.full((B, nh, capacity, hd), float("nan"))  # unwritten positions must never be read
     value_buf = key_buf.clone()
     key_buf[:, :, :past], value_buf[:, :, :past] = past_key, past_value
-    from export.modeling import attention_bias
+    from runtime.modeling import attention_bias
 
     with torch.no_grad():
         want, want_k, want_v = reference(hidden, mask, past_key, past_value)
