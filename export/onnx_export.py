@@ -28,7 +28,7 @@ import torch
 
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
-from runtime.modeling import PagedOPTLayer, SkipOPT
+from runtime.modeling import SkipOPT, graph_module
 
 EXTERNAL_DATA_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
 _EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)  # trace sizes: >= 2 and distinct, so none is specialised
@@ -107,17 +107,9 @@ def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, p
     return out
 
 
-def module_for(model: SkipOPT, name: str) -> torch.nn.Module:
-    if name == "embed":
-        return model.embed
-    if name == "head":
-        return model.head
-    return PagedOPTLayer(model.layers[int(name.split("_")[1])])
-
-
 def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: ExportConfig) -> GraphSpec:
     """Trace one graph into ``directory/spec.file``; returns the spec with data_file set if used."""
-    module = module_for(model, spec.name)
+    module = graph_module(model, spec.name)
     # A layer's past spans several pages; the embedding's stays inside tiny models' positions.
     past = _EXAMPLE["pages"] * config.page_size - 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
     inputs = example_inputs(model, spec, _EXAMPLE["batch"], _EXAMPLE["sequence"], past)

@@ -17,7 +17,7 @@ from .errors import InputTooLongError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
 from .sampling import SamplingConfig
-from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent  # noqa: F401 (re-exported)
+from .stats import GenerationResult, TokenEvent
 
 
 class GenerationStream:

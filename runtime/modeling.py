@@ -278,3 +278,12 @@ class SkipOPT(nn.Module):
             out.step_layers.append(active)
             logits, past = self(token[:, None], attention_mask, past, active)
         return out
+
+
+def graph_module(model: SkipOPT, name: str) -> nn.Module:
+    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from."""
+    if name == "embed":
+        return model.embed
+    if name == "head":
+        return model.head
+    return PagedOPTLayer(model.layers[int(name.split("_")[1])])
