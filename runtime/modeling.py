@@ -176,9 +176,14 @@ class PagedOPTLayer(OPTLayer):
         new = torch.matmul(q, k.transpose(2, 3))  # (B, nh, T, T)
         scores = torch.cat([past, new], dim=-1).float()  # (B, nh, T, n * page + T) fp32
         probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
-        past_probs = probs[..., : n * page].reshape(B, nh, T, n, page).permute(3, 0, 1, 2, 4)
+        # Split by gathering index ranges, not slicing: the TorchScript exporter writes a slice of
+        # a computed length with computed axes, which TensorRT 8.x cannot parse (as in OPTEmbed).
+        past_at = torch.arange(n * page, device=h.device)  # (n * page,)
+        new_at = torch.arange(n * page, n * page + T, device=h.device)  # (T,)
+        past_probs = probs.index_select(3, past_at)  # (B, nh, T, n * page)
+        past_probs = past_probs.reshape(B, nh, T, n, page).permute(3, 0, 1, 2, 4)  # (n, B, nh, T, page)
         out = torch.matmul(past_probs, past_value).sum(0)  # (B, nh, T, hd): sum over pages
-        out = out + torch.matmul(probs[..., n * page:], v)  # (B, nh, T, hd)
+        out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nh, T, hd)
         out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.out_proj(out), k, v
 
