@@ -44,7 +44,7 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 _DONE = object()  # the last item of a request's event queue, after its result or error
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a request is found in the engine's lists by what it is
 class Request:
     """One generate/stream call: its rows are admitted together and step in lockstep."""
 
@@ -134,6 +134,18 @@ class Engine:
     # -- the worker --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug in the engine itself: fail every caller, never hang them
+            with self.lock:
+                self.closing = True
+                for r in [*self.running, *self.waiting]:
+                    r.events.put(exc)
+                    r.events.put(_DONE)
+                self.running, self.waiting = [], deque()
+            raise
+
+    def _loop(self) -> None:
         while True:
             with self.lock:
                 while not (self.waiting or self.running or self.closing):
