@@ -15,10 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("export", "engines")
 # Imports still to move, with where that is tracked. main's torch backend (the paged contract)
 # already dropped this one: delete the entry once that is merged here; nothing else may be added.
-PENDING = {("runtime/backends/torch.py", "export.onnx_export"): "issue 9: the torch backend's move "
-                                                                 "to the paged contract"}
-
-
 def imported_modules(source: str, package: str) -> set[str]:
     """Absolute names of every module ``source`` (a module of ``package``) imports, at any depth
     (lazy imports included)."""
@@ -44,8 +40,7 @@ def test_runtime_imports_neither_export_nor_engines():
             if name.split(".")[0] in FORBIDDEN:
                 found[(rel, name)] = True
     assert ROOT.joinpath("runtime/backends/onnxruntime.py").is_file()  # the walk saw the backends
-    unexpected = sorted(k for k in found if k not in PENDING)
-    assert not unexpected, f"runtime must not import export or engines: {unexpected}"
+    assert not found, f"runtime must not import export or engines: {sorted(found)}"
 
 
 def test_imported_modules_sees_lazy_and_relative_imports():
