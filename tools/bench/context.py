@@ -1,18 +1,20 @@
-"""``python -m tools.bench.context``: per-token decode time at long context, before and after a change.
+"""``python -m tools.bench.context``: decode step time before and after a change, long context included.
 
-Decode step time (embed + layers + head, ONNX Runtime backend, full depth, batch 1, greedy, EOS
-ignored) at a short prompt and at a long prompt with many new tokens, for this tree and for another
-git revision (``--before``, default the commit before the in-place KV cache), each in fresh worker
-processes on its own export of the same random weights, interleaved over ``--rounds`` rounds.
+Decode step time (embed + layers + head, ONNX Runtime backend, greedy, EOS ignored) for each case
+BATCH:PROMPT:NEW:SPEEDUP, for this tree and for another git revision (``--before``, default the
+commit before the in-place KV cache), each in fresh worker processes on its own export of the same
+random weights, interleaved over ``--rounds`` rounds.
 
-The ratio long / short is what the in-place KV cache is for: a per-step copy of the past grows
-with the context; reading the past K/V legitimately costs its bytes over the weights' bytes.
+The ratio of the long-context case to the short one is what the in-place KV cache is for: a
+per-step copy of the past grows with the context; reading the past K/V legitimately costs its bytes
+over the weights' bytes. The other cases check that nothing got slower at batch 1 and 8.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -45,12 +47,15 @@ def _env(tree: Path, threads: int) -> dict:
     return env
 
 
-def measure(tree: Path, prepared: dict, prompt: str, new_tokens: int, threads: int) -> float:
+def measure(tree: Path, prepared: dict, prompts: list[str], new_tokens: int, speedup: float,
+            threads: int) -> float:
     """Median decode step time in ms, from that tree's own bench worker."""
-    L = prepared["config"]["num_layers"]
-    spec = {"kind": "ort", "artifact_dir": prepared["artifact_dir"], "prompts": [prompt],
+    from runtime.policy import SkipPolicy
+
+    policy = SkipPolicy.for_speedup(prepared["config"]["num_layers"], speedup, horizon=max(new_tokens - 1, 1))
+    spec = {"kind": "ort", "artifact_dir": prepared["artifact_dir"], "prompts": prompts,
             "new_tokens": new_tokens, "warmup_tokens": 8, "threads": threads,
-            "policy": {"max_layers": L, "min_layers": L, "warmup_layers": 1, "horizon": new_tokens}}
+            "policy": {k: v for k, v in policy.to_dict().items() if k != "num_layers"}}
     done = subprocess.run([sys.executable, "-m", "tools.bench.worker", json.dumps(spec)], cwd=tree,
                           capture_output=True, text=True, env=_env(tree, threads))
     if done.returncode:
@@ -64,8 +69,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arch", default="opt-125m")
     p.add_argument("--before", default=BEFORE, help="git revision to compare with ('' for none)")
-    p.add_argument("--short", type=int, nargs=2, default=[32, 128], metavar=("PROMPT", "NEW"))
-    p.add_argument("--long", type=int, nargs=2, default=[512, 512], metavar=("PROMPT", "NEW"))
+    p.add_argument("--cases", nargs="+", default=["1:32:128:1", "1:512:512:1", "8:32:128:1", "1:32:128:2",
+                                                  "8:32:128:2"], help="BATCH:PROMPT:NEW:SPEEDUP each")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work-dir", default=".bench")
@@ -80,25 +85,24 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(artifacts["after"]["hf_dir"])
-    shapes = {"short": args.short, "long": args.long}
-    prompts = {k: make_prompt(tokenizer, n) for k, (n, _) in shapes.items()}
-    times = {(t, s): [] for t in trees for s in shapes}
+    cases = [tuple(float(x) if i == 3 else int(x) for i, x in enumerate(c.split(":"))) for c in args.cases]
+    prompts = {c: [make_prompt(tokenizer, c[1], row) for row in range(c[0])] for c in cases}
+    times = {(t, c): [] for t in trees for c in cases}
     for r in range(args.rounds):
-        for t, s in sorted(times, key=lambda k: hash((r,) + k)):
-            ms = measure(trees[t], artifacts[t], prompts[s], shapes[s][1], args.threads)
-            times[(t, s)].append(ms)
-            print(f"round {r + 1} {t} {s}: {ms:.2f} ms", flush=True)
-    print(f"\n{args.arch} shapes, batch 1, full depth, ONNX Runtime, {args.threads} threads, "
-          f"{args.rounds} rounds (medians of per-round medians)\n")
-    print(f"| tree | step ms, prompt {args.short[0]} + {args.short[1]} new | step ms, prompt "
-          f"{args.long[0]} + {args.long[1]} new | long / short |")
-    print("|---|---|---|---|")
-    for t in trees:
-        short, long_ = (statistics.median(times[(t, s)]) for s in shapes)
-        label = f"before ({args.before})" if t == "before" else "after (this tree)"
-        print(f"| {label} | {short:.2f} | {long_:.2f} | {long_ / short:.2f}x |")
+        order = list(times)
+        random.Random(r).shuffle(order)  # drift spreads over every case instead of the last ones
+        for t, c in order:
+            ms = measure(trees[t], artifacts[t], prompts[c], c[2], c[3], args.threads)
+            times[(t, c)].append(ms)
+            print(f"round {r + 1} {t} {c}: {ms:.2f} ms", flush=True)
+    print(f"\n{args.arch} shapes, ONNX Runtime, {args.threads} threads, {args.rounds} rounds "
+          f"(medians of per-run median step times), `--before {args.before}`\n")
+    print("| batch | prompt | new | speedup | " + " | ".join(f"{t} step ms" for t in trees)
+          + (" | after / before |" if "before" in trees else " |"))
+    print("|---|---|---|---|" + "---|" * (len(trees) + ("before" in trees)))
+    for c in cases:
+        med = {t: statistics.median(times[(t, c)]) for t in trees}
+        ratio = f" {med['after'] / med['before']:.2f}x |" if "before" in trees else ""
+        print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]:g}x | " + " | ".join(f"{m:.2f}" for m in med.values())
+              + " |" + ratio)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
