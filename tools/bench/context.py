@@ -106,3 +106,7 @@ def main(argv=None) -> int:
         print(f"| {c[0]} | {c[1]} | {c[2]} | {c[3]:g}x | " + " | ".join(f"{m:.2f}" for m in med.values())
               + " |" + ratio)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
