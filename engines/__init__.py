@@ -5,10 +5,12 @@
 
 Modules: config (limits, workspace), profiles (min/opt/max per input), versions (flags per
 TensorRT version), manifest (engines.json, resume and load-time checks), atomic (file writes),
-device (GPU identity), build (the resumable loop), builder (the TensorRT calls).
+device (GPU identity), build (the resumable loop), builder (the TensorRT calls), backend (the
+runtime's TensorRT backend, registered as the ``skipdecode_edge.backends`` entry point
+``tensorrt``: engines imports runtime, never the reverse).
 
-TensorRT is imported lazily by builder.py and the runtime backend only, so the CPU-only install
-imports this package and tests everything here but the TensorRT calls.
+TensorRT is imported lazily by builder.py and backend.py only, so the CPU-only install imports
+this package and tests everything here but the TensorRT calls.
 """
 
 from .config import EngineBuildConfig, parse_size

@@ -111,7 +111,7 @@ def build_engines(artifact_dir, config: EngineBuildConfig, engine_dir=None, forc
     bar = tqdm(todo, desc="build engines", unit="engine", disable=not progress)
     for spec in bar:
         bar.set_postfix_str(spec.name)
-        profiles = graph_profiles(spec, config)
+        profiles = graph_profiles(spec, config, artifact.page_size)
         started = time.perf_counter()
         data = compiler.compile(spec, artifact_dir / spec.file, profiles)
         view = memoryview(data)

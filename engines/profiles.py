@@ -1,7 +1,13 @@
 """Optimization profiles for the two phases of generation, derived from the manifest's dims.
 
-Profile 0, prefill: the prompt at full depth, sequence 1..max_prompt, no past.
-Profile 1, decode:  one token per step, past 0..max_seq-1 (so total_sequence 1..max_seq).
+Profile 0, prefill: the prompt at full depth, sequence 1..max_prompt, one all-masked past page
+                   (past_pages 1..1: the runtime binds a zero page and masks it).
+Profile 1, decode:  one token per step over past_pages 1..ceil(max_seq / page_size) whole pages.
+
+The layers' attention mask covers the bound pages and the new positions, so for them
+total_sequence = past_pages * page_size + sequence in both profiles. The embedding has no past
+input: it gets the prompt's own mask at prefill (total_sequence = sequence) and, at decode, the
+same mask as the layers (a whole number of pages plus the new token).
 
 Every input of every graph (embed, layers, head) gets min/opt/max from its manifest dims: fixed
 ints stay fixed, names come from the table below. opt sits mid-range, as TensorRT-LLM does for its
@@ -62,22 +68,41 @@ def _mid(hi: int) -> int:
     return max(1, (hi + 1) // 2)
 
 
-def dim_ranges(config: EngineBuildConfig) -> list[dict[str, tuple[int, int, int]]]:
-    """(min, opt, max) of every named dim, per profile (prefill, decode)."""
-    b, s, p = config.max_batch, config.max_seq, config.prompt_limit
-    batch = (1, _mid(b), b)
-    past_opt = _mid(s - 1) if s > 1 else 0
-    prefill = {"batch": batch, "sequence": (1, _mid(p), p), "past_sequence": (0, 0, 0),
-               "total_sequence": (1, _mid(p), p)}
-    decode = {"batch": batch, "sequence": (1, 1, 1), "past_sequence": (0, past_opt, s - 1),
-              "total_sequence": (1, past_opt + 1, s)}  # total = past + 1, kept consistent at opt
+def max_pages(max_seq: int, page_size: int) -> int:
+    """Pages a row of max_seq positions spans: the runtime's KV buffers and the decode past."""
+    return -(-max_seq // page_size)
+
+
+def dim_ranges(config: EngineBuildConfig, page_size: int, paged: bool = True
+               ) -> list[dict[str, tuple[int, int, int]]]:
+    """(min, opt, max) of every named dim, per profile (prefill, decode).
+
+    paged: the graph reads a paged past (a layer), so its prefill mask also covers the one
+    all-masked page; the embedding (paged=False) sees the prompt's mask alone at prefill.
+    """
+    b, p, page = config.max_batch, config.prompt_limit, page_size
+    pages = max_pages(config.max_seq, page)
+    batch, sequence, opt_pages = (1, _mid(b), b), (1, _mid(p), p), _mid(pages)
+    extra = page if paged else 0  # the zero page's columns in front of the prompt's mask
+    prefill = {"batch": batch, "sequence": sequence, "past_pages": (1, 1, 1),
+               "total_sequence": tuple(extra + n for n in sequence)}
+    # total = past_pages * page + 1 at min, opt and max, so opt is a shape that really occurs
+    decode = {"batch": batch, "sequence": (1, 1, 1), "past_pages": (1, opt_pages, pages),
+              "total_sequence": (page + 1, opt_pages * page + 1, pages * page + 1)}
     return [prefill, decode]
 
 
-def graph_profiles(spec: GraphSpec, config: EngineBuildConfig) -> list[Profile]:
-    """The prefill and decode profiles of one graph, one ShapeRange per input."""
+def is_paged(spec: GraphSpec) -> bool:
+    return any("past_pages" in t.dims for t in spec.inputs)
+
+
+def graph_profiles(spec: GraphSpec, config: EngineBuildConfig, page_size: int) -> list[Profile]:
+    """The prefill and decode profiles of one graph, one ShapeRange per input.
+
+    page_size: the artifact's KV page (``Manifest.page_size``).
+    """
     profiles = []
-    for name, ranges in zip(PROFILE_NAMES, dim_ranges(config)):
+    for name, ranges in zip(PROFILE_NAMES, dim_ranges(config, page_size, is_paged(spec))):
         shapes = {}
         for tensor in spec.inputs:
             per_dim = []
@@ -97,14 +122,17 @@ def graph_profiles(spec: GraphSpec, config: EngineBuildConfig) -> list[Profile]:
 
 
 def choose_profile(profiles: list[Profile], shapes: dict, current: int | None = None,
-                   graph: str = "graph") -> int:
-    """Index of a profile that holds every input shape; the current one when it does.
+                   graph: str = "graph", prefer: int | None = None) -> int:
+    """Index of a profile that holds every input shape: ``prefer`` when it does, else the current
+    one when it does, else the first that does.
 
     Staying on the current profile avoids a switch (each switch invalidates the context's input
-    shapes and may enqueue setup copies).
+    shapes and may enqueue setup copies). ``prefer`` is for callers that know the phase: a decode
+    step over one page also fits the prefill profile, whose kernels are tuned for long prompts.
     """
-    if current is not None and 0 <= current < len(profiles) and profiles[current].contains(shapes):
-        return current
+    for index in (prefer, current):
+        if index is not None and 0 <= index < len(profiles) and profiles[index].contains(shapes):
+            return index
     for index, profile in enumerate(profiles):
         if profile.contains(shapes):
             return index

@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
     b.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights beside each graph: auto = graphs over 2 GB (default)")
+    b.add_argument("--page-size", type=int, default=32,
+                   help="KV positions per page of the runtime's cache (default 32): a decode step "
+                        "reads the past in whole pages")
     b.add_argument("--engine", choices=("none", "trt"), default="none",
                    help="trt: then build TensorRT engines here with `python -m engines build`'s "
                         "defaults (on a Jetson, build them on the device instead)")
@@ -79,6 +82,7 @@ def main(argv=None) -> int:
             manifest = build(BuildOptions(
                 model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
                 random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
+                page_size=args.page_size,
                 check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
             if args.engine == "trt":
                 from engines.__main__ import main as engines_main

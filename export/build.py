@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from runtime.errors import ArtifactError
-from runtime.manifest import MANIFEST_NAME, Manifest, ModelInfo, file_entry
+from runtime.manifest import KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
 from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
 from . import checkpoint, parity
-from .modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
 
 TOKENIZER_DIR = "tokenizer"
@@ -39,6 +39,7 @@ class BuildOptions:
     random_weights: bool = False  # build --model's architecture with random weights (no download)
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
     external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
+    page_size: int = 32  # KV positions per page of the runtime's cache (see export.onnx_export)
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
@@ -92,7 +93,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
     remove_leftovers(out)
     _prepare_out(out)
-    config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data)
+    config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
+                          page_size=options.page_size)
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
@@ -117,7 +119,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         from tqdm.auto import tqdm
 
         specs = []
-        for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx", unit="graph",
+        for spec in tqdm(graph_specs(model, options.dtype, config.page_size), desc="export onnx", unit="graph",
                          disable=not options.progress):
             specs.append(export_graph(model, spec, tmp, config))
         tokenizer.padding_side = "left"
@@ -138,6 +140,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         manifest = Manifest(
             model=model_info(hf_model.config), dtype=options.dtype, opset=config.opset,
             graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
+            kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__},
             checks=checks)

@@ -16,8 +16,8 @@ import torch
 from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
-from .modeling import SkipOPT
-from .onnx_export import example_inputs, module_for
+from runtime.modeling import SkipOPT, graph_module
+from .onnx_export import example_inputs
 
 # (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds
 # every matmul to 11 bits of mantissa, so hidden states of magnitude ~10 move by ~1e-2.
@@ -52,7 +52,7 @@ def ort_session(path: Path, threads: int = 1):
 def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str) -> GraphCheck:
     atol, rtol = TOLERANCES[dtype]
     session = ort_session(Path(directory) / spec.file)
-    module = module_for(model, spec.name)
+    module = graph_module(model, spec.name)
     max_diff, worst_excess, worst = 0.0, -np.inf, ""
     for seed, (batch, seq, past) in enumerate(CASES):
         inputs = example_inputs(model, spec, batch, seq, past, seed=seed + 1)

@@ -20,7 +20,7 @@ from runtime.generator import load
 from runtime.manifest import load_manifest
 
 from . import checkpoint, parity
-from .modeling import SkipOPT
+from runtime.modeling import SkipOPT
 
 DEFAULT_PROMPTS = ("Hello, my name is", "The weather today is", "Paris is the capital of")
 # Greedy logits of a whole generation, fp32 artifact vs transformers: errors grow with depth and

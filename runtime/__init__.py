@@ -7,12 +7,13 @@
 
 from .errors import (ArtifactError, InputTooLongError, ModelNotFoundError, PolicyError,
                      SkipDecodeError, VerificationError)
-from .generator import (GenerationResult, GenerationStats, GenerationStream, Generator, TokenEvent,
-                        generate, load)
+from .engine import EngineClosedError, QueueFullError
+from .generator import GenerationStream, Generator, generate, load
+from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 from .policy import SkipPolicy
 
 __all__ = [
     "load", "generate", "Generator", "GenerationResult", "GenerationStats", "GenerationStream",
-    "TokenEvent", "SkipPolicy", "SkipDecodeError", "ArtifactError", "InputTooLongError",
+    "TokenEvent", "StepStats", "SkipPolicy", "EngineClosedError", "QueueFullError", "SkipDecodeError", "ArtifactError", "InputTooLongError",
     "ModelNotFoundError", "PolicyError", "VerificationError",
 ]

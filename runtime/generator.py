@@ -1,127 +1,91 @@
-"""Batched SkipDecode generation: prefill at full depth, then per step embed, the policy's active
-layers, head. The loop talks only to the Backend interface."""
+"""The user-facing generator: ``runtime.load`` / ``runtime.generate`` and ``Generator``.
+
+A Generator is thread-safe: every ``generate``/``stream`` call becomes a request of its engine
+(runtime/engine.py), which batches the calls step by step with per-row SkipDecode budgets."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
 from . import validate
+from .engine import _DONE, Engine, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
-from .sampling import SamplingConfig, select
-
-
-@dataclass
-class StepStats:
-    step: int  # generation step g (its input is the g-th generated token)
-    budget: int  # the policy's layer budget for this step
-    layers: tuple[int, ...]  # layers the backend ran, in order
-    seconds: float  # wall time of embed + layers + head
-    num_layers: int  # L, for the ratios
-
-    @property
-    def theoretical_ratio(self) -> float:
-        """L / budget: the speedup this step would give if time were proportional to layers."""
-        return self.num_layers / self.budget
-
-    @property
-    def achieved_ratio(self) -> float:
-        """L / layers actually run."""
-        return self.num_layers / max(len(self.layers), 1)
-
-
-@dataclass
-class GenerationStats:
-    num_layers: int
-    batch_size: int
-    prompt_tokens: int  # padded prompt length
-    new_tokens: int  # tokens generated per row (until every row finished)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    steps: list[StepStats] = field(default_factory=list)
-
-    @property
-    def layers_per_step(self) -> list[int]:
-        return [len(s.layers) for s in self.steps]
-
-    @property
-    def theoretical_speedup(self) -> float:
-        """L / mean(policy budget) over the decode steps run (1.0 when none ran)."""
-        if not self.steps:
-            return 1.0
-        return self.num_layers * len(self.steps) / sum(s.budget for s in self.steps)
-
-    @property
-    def achieved_layer_ratio(self) -> float:
-        """L / mean(layers the backend actually ran) over the decode steps."""
-        if not self.steps:
-            return 1.0
-        return self.num_layers * len(self.steps) / sum(len(s.layers) for s in self.steps)
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        return self.batch_size * len(self.steps) / self.decode_seconds if self.decode_seconds else 0.0
-
-    def to_dict(self) -> dict:
-        return {"num_layers": self.num_layers, "batch_size": self.batch_size,
-                "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
-                "prefill_seconds": round(self.prefill_seconds, 6),
-                "decode_seconds": round(self.decode_seconds, 6),
-                "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
-                "layers_per_step": self.layers_per_step,
-                "theoretical_speedup": round(self.theoretical_speedup, 4),
-                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4)}
-
-    def __repr__(self) -> str:
-        return f"GenerationStats({self.to_dict()})"
-
-
-@dataclass
-class GenerationResult:
-    texts: list[str]  # generated text per prompt (prompt excluded)
-    token_ids: list[list[int]]  # generated ids per prompt, up to and including EOS / stop
-    stats: GenerationStats
-    policy: SkipPolicy
-
-
-@dataclass
-class TokenEvent:
-    """One generation step, as streamed: the new token of every row still running."""
-
-    step: int
-    token_ids: list[int | None]  # None for rows that had already finished
-    texts: list[str]  # text each row gained at this step ("" for finished rows)
-    finished: list[bool]
-    logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling
+from .sampling import SamplingConfig
+from .stats import GenerationResult, TokenEvent
 
 
 class GenerationStream:
-    """Iterator of TokenEvent; ``.result`` holds the GenerationResult once it is exhausted."""
+    """Iterator of TokenEvent for one request; ``.result`` holds the GenerationResult once it is
+    exhausted. The engine runs the request whether or not the stream is read: a stream paused
+    while another runs loses nothing. ``close()`` (or dropping the stream) cancels the request
+    and frees its slots at the engine's next step."""
 
-    def __init__(self, events: Iterator[TokenEvent]):
-        self._events = events
+    def __init__(self, engine: Engine, request: Request):
+        self._engine, self._request = engine, request
         self.result: GenerationResult | None = None
+        self._done = False
 
-    def __iter__(self) -> Iterator[TokenEvent]:
-        self.result = yield from self._events
+    def __iter__(self) -> "GenerationStream":
+        return self
+
+    def __next__(self) -> TokenEvent:
+        while not self._done:
+            item = self._request.events.get()
+            if item is _DONE:
+                self._done = True
+            elif isinstance(item, GenerationResult):
+                self.result = item
+            elif isinstance(item, BaseException):
+                self._done = True
+                raise item
+            else:
+                return item
+        raise StopIteration
+
+    def close(self) -> None:
+        """Cancel the request if it is still running (its slots go to other requests)."""
+        if not self._done:
+            self._done = True
+            self._engine.cancel(self._request)
+
+    def __enter__(self) -> "GenerationStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self._engine.cancel(self._request)
 
 
 class Generator:
     """An artifact loaded onto a backend, ready to generate. Build with ``runtime.load``."""
 
-    def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer):
+    def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int = 8,
+                 max_length: int | None = None, max_queue: int | None = None):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
         self.tokenizer = tokenizer
+        limit = manifest.model.max_position_embeddings
+        max_length = limit if max_length is None else max_length
+        for name, value, low, high in (("max_batch", max_batch, 1, None), ("max_length", max_length, 2, limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+                bound = f"in [{low}, {high}] (max_position_embeddings)" if high else f">= {low}"
+                raise InvalidArgumentError(f"{name} must be an int {bound}, got {value!r}")
+        if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 0):
+            raise InvalidArgumentError(f"max_queue must be None or an int >= 0, got {max_queue!r}")
+        self.max_batch, self.max_length = max_batch, max_length
+        self.engine = Engine(backend, manifest.model.num_layers, manifest.model.pad_token_id,
+                             max_batch, max_length, max_queue)
 
     @property
     def num_layers(self) -> int:
@@ -166,108 +130,58 @@ class Generator:
         stops = validate.check_stop_strings(stop_strings)
         sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed)
         chosen = self.policy_for(max_new_tokens, policy, speedup)
+        if len(prompts) > self.max_batch:
+            raise InvalidArgumentError(
+                f"{len(prompts)} prompts exceed max_batch {self.max_batch} of this Generator (its KV "
+                f"slots); load with runtime.load(..., max_batch={len(prompts)}) or split the batch")
         enc = self.tokenizer(prompts, padding=True, return_tensors="np")
         input_ids = enc["input_ids"].astype(np.int64)  # (B, T0), left padded
         attention_mask = enc["attention_mask"].astype(np.int64)  # (B, T0)
         validate.check_nonempty_rows(attention_mask, prompts)
-        validate.check_length(int(attention_mask.sum(axis=1).max()), max_new_tokens,
-                              self.manifest.model.max_position_embeddings)
-        return GenerationStream(self._decode(input_ids, attention_mask, max_new_tokens, chosen,
-                                             sampling, eos, stops))
+        # Left padding occupies positions of the row's KV timeline too: the padded length counts.
+        validate.check_length(input_ids.shape[1], max_new_tokens, self.max_length,
+                              limit_name=f"max_length {{limit}} of this Generator (the model's "
+                                         f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
+                              last_resort="load with a larger max_length")
+        request = Request(input_ids, attention_mask, max_new_tokens, chosen, sampling, eos, stops,
+                          [IncrementalDetokenizer(self.tokenizer) for _ in prompts])
+        self.engine.submit(request)
+        return GenerationStream(self.engine, request)
 
     def generate(self, prompts, max_new_tokens: int = 32, *, streamer: Callable[[TokenEvent], None] | None = None,
                  **kwargs) -> GenerationResult:
         """Generate for a batch of prompts. See ``runtime.generate`` for the arguments."""
-        stream = self.stream(prompts, max_new_tokens, **kwargs)
-        for event in stream:
-            if streamer is not None:
-                streamer(event)
+        with self.stream(prompts, max_new_tokens, **kwargs) as stream:
+            for event in stream:
+                if streamer is not None:
+                    streamer(event)
         return stream.result
 
-    def _decode(self, input_ids, attention_mask, max_new_tokens, policy, sampling, eos, stops):
-        backend, L = self.backend, self.num_layers
-        B = input_ids.shape[0]
-        pad = self.manifest.model.pad_token_id
-        rng = np.random.default_rng(sampling.seed)
-        stats = GenerationStats(L, B, input_ids.shape[1], 0)
-        backend.reset(B, input_ids.shape[1] + max_new_tokens)
-
-        start = time.perf_counter()
-        hidden = backend.embed(input_ids, attention_mask)
-        for i in range(L):  # the prompt runs at full depth
-            hidden = backend.layer(i, hidden, attention_mask)
-        logits = backend.head(hidden)  # (B, V)
-        stats.prefill_seconds = time.perf_counter() - start
-
-        texts = [""] * B
-        detok = [IncrementalDetokenizer(self.tokenizer) for _ in range(B)]  # also holds each row's ids
-        finished = np.zeros(B, dtype=bool)
-        running = set(range(L))
-        for g in range(max_new_tokens):
-            tokens = select(logits, sampling, rng)  # (B,)
-            tokens[finished] = pad
-            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits)
-            last = g == max_new_tokens - 1
-            for b in np.flatnonzero(~finished):
-                token = int(tokens[b])
-                delta = detok[b].add(token)
-                if token in eos or last:
-                    delta += detok[b].flush()
-                text = texts[b] + delta
-                hit = _first_stop(text, stops, len(texts[b]))
-                if hit is not None:
-                    text = text[:hit]
-                event.token_ids[b], event.texts[b] = token, text[len(texts[b]):]
-                texts[b] = text
-                if token in eos or hit is not None:
-                    finished[b] = True
-            event.finished = finished.tolist()
-            stats.new_tokens = g + 1
-            yield event
-            if last or finished.all():
-                break
-
-            step_start = time.perf_counter()
-            active = policy.active_layers(g)
-            for i in sorted(running.difference(active)):
-                backend.release(i)  # the budget never grows back: this layer is done for the batch
-            running.intersection_update(active)
-            attention_mask = np.concatenate([attention_mask, np.ones((B, 1), np.int64)], axis=1)
-            hidden = backend.embed(tokens[:, None], attention_mask)
-            for i in active:
-                hidden = backend.layer(i, hidden, attention_mask)
-            logits = backend.head(hidden)
-            seconds = time.perf_counter() - step_start
-            stats.decode_seconds += seconds
-            stats.steps.append(StepStats(g, policy.budget(g), active, seconds, L))
-        return GenerationResult(texts, [d.tokens for d in detok], stats, policy)
-
-    def close(self) -> None:
+    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """End the engine and release the backend. Waits for the running and queued requests to
+        finish; ``cancel=True`` ends them at once instead (their streams raise EngineClosedError)."""
+        self.engine.close(cancel=cancel, timeout=timeout)
         self.backend.close()
 
+    def __enter__(self) -> "Generator":
+        return self
 
-def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:
-    """End index of the earliest stop string in ``text`` (kept in the output, as transformers).
-
-    Only matches that end after ``new_from`` (the text before it was searched at earlier steps)
-    are looked for, so a step searches a bounded tail, not the whole text.
-    """
-    ends = []
-    for s in stops:
-        if s:
-            found = text.find(s, max(new_from - len(s) + 1, 0))
-            if found >= 0:
-                ends.append(found + len(s))
-    return min(ends) if ends else None
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, **backend_options) -> Generator:
+def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int = 8,
+         max_length: int | None = None, max_queue: int | None = None, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
     checks their I/O names against the manifest. ``check_hashes``: True hashes only the files
     changed since they were last verified (runtime.integrity: an untouched artifact loads without
     hashing), "full" hashes every file, False none (see ``runtime.manifest.load_manifest``).
+    max_batch: rows decoded together (KV slots); calls from any thread share them.
+    max_length: positions per row, prompt + new tokens (default: the model's
+        max_position_embeddings); the KV cache is preallocated for max_batch x max_length.
+    max_queue: requests allowed to wait for a slot (None: unbounded); past it, QueueFullError.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """
     validate.check_backend_options(backend_options)
@@ -279,7 +193,7 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token_id = manifest.model.pad_token_id
     return Generator(directory, manifest, create_backend(backend, directory, manifest, **backend_options),
-                     tokenizer)
+                     tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue)
 
 
 def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationResult:
@@ -297,7 +211,8 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
     threads, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
-    load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir"}
+    load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir",
+                 "max_batch", "max_length", "max_queue"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():
             raise InvalidArgumentError(
@@ -305,6 +220,7 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
                 f"to runtime.load instead")
         return model.generate(prompts, max_new_tokens, **kwargs)
     load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in load_keys}
+    load_kwargs.setdefault("max_batch", 1 if isinstance(prompts, str) else max(len(prompts or ()), 1))
     generator = load(model, **load_kwargs)
     try:
         return generator.generate(prompts, max_new_tokens, **kwargs)

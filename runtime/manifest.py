@@ -16,7 +16,8 @@ from .integrity import hash_files, record_hashes, sha256_file, stale_files
 from .paths import confined
 from .swap import recover
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: layers read a paged past in place and return only the new K/V
+KV_LAYOUT = "paged"  # see runtime.modeling.PagedOPTLayer
 MANIFEST_NAME = "manifest.json"
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
@@ -66,6 +67,8 @@ class Manifest:
     files: dict[str, dict]  # relative path -> {"sha256": hex, "bytes": int}; every file named
     tokenizer_dir: str  # relative directory holding the tokenizer files
     policy: dict  # default SkipPolicy fields for this model
+    kv_cache: dict = field(default_factory=lambda: {"layout": KV_LAYOUT, "page_size": 32})  # the
+    # layers' past: page-major pages of page_size positions (runtime.modeling.PagedOPTLayer)
     source: dict = field(default_factory=dict)  # where the weights came from
     checks: dict = field(default_factory=dict)  # parity results recorded at export
     producer: str = "skipdecode-edge"
@@ -79,6 +82,10 @@ class Manifest:
             if g.name == name:
                 return g
         raise ArtifactError(f"manifest has no graph named {name!r}")
+
+    @property
+    def page_size(self) -> int:
+        return int(self.kv_cache["page_size"])
 
     @property
     def embed(self) -> GraphSpec:
@@ -97,7 +104,7 @@ class Manifest:
     def to_dict(self) -> dict:
         d = asdict(self)
         order = ["schema_version", "format", "producer", "dtype", "opset", "model", "policy",
-                 "source", "graphs", "files", "tokenizer_dir", "checks"]
+                 "kv_cache", "source", "graphs", "files", "tokenizer_dir", "checks"]
         return {k: d[k] for k in order}
 
     def save(self, directory: Path) -> None:
@@ -111,7 +118,7 @@ class Manifest:
     def from_dict(cls, d: dict) -> "Manifest":
         return cls(model=ModelInfo(**d["model"]), dtype=d["dtype"], opset=d["opset"],
                    graphs=[GraphSpec.from_dict(g) for g in d["graphs"]], files=d["files"],
-                   tokenizer_dir=d["tokenizer_dir"], policy=d["policy"],
+                   tokenizer_dir=d["tokenizer_dir"], policy=d["policy"], kv_cache=d["kv_cache"],
                    source=d.get("source", {}), checks=d.get("checks", {}),
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
@@ -201,5 +208,9 @@ def _check_structure(m: Manifest, path: Path) -> None:
         for rel in filter(None, (g.file, g.data_file)):
             if rel not in m.files:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")
+    layout, page = m.kv_cache.get("layout"), m.kv_cache.get("page_size")
+    if layout != KV_LAYOUT or isinstance(page, bool) or not isinstance(page, int) or page < 1:
+        raise ArtifactError(f"{path}: kv_cache {m.kv_cache} is not a paged layout with an int "
+                            f"page_size >= 1; {REBUILD_HINT}")
     if m.dtype not in ("float32", "float16"):
         raise ArtifactError(f"{path}: dtype {m.dtype!r} is not float32 or float16; {REBUILD_HINT}")

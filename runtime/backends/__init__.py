@@ -1,27 +1,54 @@
-"""Backends behind one small interface (see base.Backend). Heavy imports happen on first use."""
+"""Backends behind one small interface (see base.Backend). Heavy imports happen on first use.
+
+The ONNX Runtime and torch backends live here. Backends that live in other packages register
+under the ``skipdecode_edge.backends`` entry-point group (pyproject.toml), so ``runtime`` imports
+nothing from them: the TensorRT backend is ``engines.backend:TensorRTBackend``, and ``engines``
+depends on ``runtime``, never the reverse.
+"""
 
 from __future__ import annotations
 
-from ..errors import UnknownBackendError
-from .base import Backend, CacheReleasedError
+from importlib import metadata
+
+from ..errors import SkipDecodeError, UnknownBackendError
+from .base import Backend
 
 BACKENDS = ("onnxruntime", "torch", "tensorrt")
+ENTRY_POINT_GROUP = "skipdecode_edge.backends"
+_ALIASES = {"ort": "onnxruntime", "pytorch": "torch", "trt": "tensorrt"}
+_PROVIDERS = {"tensorrt": "engines"}  # backend -> the package of this project that provides it
+
+
+class BackendNotInstalledError(SkipDecodeError, ImportError):
+    """A backend that registers through an entry point, and none is installed for it."""
+
+
+def entry_point_backend(name: str):
+    """The backend class registered as ``name`` in the ``skipdecode_edge.backends`` group."""
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        package = _PROVIDERS.get(name)
+        origin = f"the {package} package of skipdecode-edge" if package else "a package"
+        raise BackendNotInstalledError(
+            f"backend {name!r} is provided by {origin} through the {ENTRY_POINT_GROUP!r} entry "
+            f"point, and none is registered in this environment; reinstall with pip install -e .")
+    return found[0].load()
 
 
 def create_backend(name: str, directory, manifest, **options) -> Backend:
-    if name in ("onnxruntime", "ort"):
+    name = _ALIASES.get(name, name)
+    if name == "onnxruntime":
         from .onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(directory, manifest, **options)
-    if name in ("torch", "pytorch"):
+    if name == "torch":
         from .torch import TorchBackend
 
         return TorchBackend(directory, manifest, **options)
-    if name in ("tensorrt", "trt"):
-        from .tensorrt import TensorRTBackend
-
-        return TensorRTBackend(directory, manifest, **options)
+    if name in BACKENDS:
+        return entry_point_backend(name)(directory, manifest, **options)
     raise UnknownBackendError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "CacheReleasedError", "BACKENDS", "create_backend"]
+__all__ = ["Backend", "BACKENDS", "BackendNotInstalledError", "ENTRY_POINT_GROUP", "create_backend",
+           "entry_point_backend"]

@@ -1,8 +1,20 @@
 """The interface between the decode loop and whatever executes the graphs.
 
-A backend owns the KV cache (so it can keep it in device memory or in preallocated buffers) and
-knows nothing of policies: the decode loop tells it which layer to run and when a layer's cache
-can be released because the layer will not run again.
+A backend owns the KV cache and knows nothing of policies. The cache is organised in *slots*: a
+slot holds one sequence (one row of a request) with its own timeline of positions [0, capacity),
+so rows that joined at different times sit side by side. The engine (runtime/engine.py) decides
+which slot a row lives in, where its next positions go, and which layers each row runs; the
+backend runs graphs over the rows it is given and writes only the new positions' K/V.
+
+The two kinds of call:
+
+- prefill: ``layer(i, hidden, mask, slots, positions=zeros)`` with a mask of width T (no past):
+  the rows of one request, at any slots; their K/V go to positions [0, T).
+- decode: ``layer(i, hidden, mask, all_slots, positions)`` with hidden (S, 1, D) for every slot
+  (S = ``allocate``'s slots, empty ones included) and a mask of width ``past_width(n) + 1``.
+  Row s's new K/V go to ``positions[s]``. Rows with ``update[s]`` False keep their hidden state
+  and their K/V untouched, exactly as if they had skipped the layer (SkipDecode's per-row
+  budgets); their cost is compute only, since the layer's weights are read once for all rows.
 """
 
 from __future__ import annotations
@@ -16,33 +28,50 @@ class Backend(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def reset(self, batch_size: int, max_length: int) -> None:
-        """Start a new batch: drop every layer's cache; ``max_length`` = prompt + new tokens."""
+    def allocate(self, slots: int, capacity: int) -> None:
+        """Preallocate every layer's K/V for ``slots`` rows of up to ``capacity`` positions each."""
+
+    def past_width(self, length: int) -> int:
+        """Past positions a decode step attends over when the longest row holds ``length``.
+
+        The engine builds the attention mask this wide (0 beyond each row's own length). A paged
+        backend rounds up to whole pages; the default is exact.
+        """
+        return length
 
     @abstractmethod
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray):
         """input_ids (B, T) int64, attention_mask (B, P+T) int64 -> hidden states (B, T, D)."""
 
     @abstractmethod
-    def layer(self, index: int, hidden, attention_mask: np.ndarray):
-        """Run decoder layer ``index`` over hidden (B, T, D), appending its K/V to its cache."""
+    def layer(self, index: int, hidden, attention_mask: np.ndarray, slots: np.ndarray,
+              positions: np.ndarray, update: np.ndarray | None = None):
+        """Run decoder layer ``index`` over hidden (B, T, D) of the rows in ``slots`` (B,).
+
+        attention_mask (B, P+T): the rows' past positions [0, P) (P = 0 for a prefill, else
+        ``past_width``) then the T new ones. The new K/V of row b go to its positions
+        [positions[b], positions[b] + T). ``update`` (B,) bool, None = all: rows that run the layer.
+        Returns the new hidden states (B, T, D); rows not updated keep their input.
+        """
 
     @abstractmethod
-    def head(self, hidden) -> np.ndarray:
-        """hidden (B, T, D) -> fp32 logits (B, V) of the last position."""
-
-    @abstractmethod
-    def release(self, index: int) -> None:
-        """Free layer ``index``'s cache: it will not run again in this batch."""
-
-    @abstractmethod
-    def cache_length(self, index: int) -> int:
-        """Positions held in layer ``index``'s cache (0 when released or never run)."""
+    def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
+        """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
 
     def close(self) -> None:
         """Release sessions and device memory (nothing to do by default)."""
         return None
 
 
-class CacheReleasedError(RuntimeError):
-    """A layer ran after the decode loop released its cache: the policy's active sets were not nested."""
+def check_slots(backend_name: str, slots: np.ndarray, past: int, total_slots: int, positions: np.ndarray,
+                length: int, capacity: int) -> None:
+    """The shared preconditions of ``Backend.layer``: a past is bound for every slot in order,
+    and every new position fits the capacity ``allocate`` gave."""
+    if total_slots == 0:
+        raise RuntimeError(f"{backend_name}: call allocate(slots, capacity) before running layers")
+    if past and (len(slots) != total_slots or not np.array_equal(slots, np.arange(total_slots))):
+        raise ValueError(f"{backend_name}: a decode step (past {past}) runs every slot in order; "
+                         f"got slots {slots.tolist()} of {total_slots}")
+    if len(positions) and int(np.max(positions)) + length > capacity:
+        raise ValueError(f"{backend_name}: positions up to {int(np.max(positions)) + length} exceed "
+                         f"the capacity {capacity} given to allocate()")

@@ -1,4 +1,9 @@
-"""ONNX Runtime backend: one InferenceSession per graph, KV cache as host arrays.
+"""ONNX Runtime backend: one InferenceSession per graph, the KV cache in preallocated host buffers.
+
+Each layer's K and V live in one page-major buffer (max_pages, slots, nh, hd|page, page|hd) for the
+engine's whole life. A decode step binds the buffer's first pages as the graph's past (a
+contiguous view: ONNX Runtime reads the numpy memory in place) and writes the graph's new K/V into
+each row's own position; nothing is concatenated or copied per step.
 
 Providers default to CUDA when onnxruntime-gpu offers it, else CPU. The TensorRT provider is used
 only when asked for (its first run builds engines, which takes minutes).
@@ -12,7 +17,7 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..manifest import GraphSpec, Manifest
-from .base import Backend, CacheReleasedError
+from .base import Backend, check_slots
 
 
 def _import_ort():
@@ -51,12 +56,13 @@ class OnnxRuntimeBackend(Backend):
         self.manifest = manifest
         directory = Path(directory)
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in manifest.graphs}
+        self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
-        self._kv_shape = (m.num_heads, m.head_dim)
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._released: set[int] = set()
-        self._batch = 0
+        self._nh, self._hd, self._page = m.num_heads, m.head_dim, manifest.page_size
+        self.keys: list[np.ndarray] = []  # per layer (max_pages, slots, nh, hd, page)
+        self.values: list[np.ndarray] = []  # per layer (max_pages, slots, nh, page, hd)
+        self.slots = self.capacity = 0
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)
@@ -69,40 +75,51 @@ class OnnxRuntimeBackend(Backend):
                 f"rebuild the artifact with `python -m export build`")
         return session
 
-    def reset(self, batch_size: int, max_length: int) -> None:
-        self._batch = batch_size
-        self._cache.clear()
-        self._released.clear()
+    def allocate(self, slots: int, capacity: int) -> None:
+        pages = -(-capacity // self._page)
+        nh, hd, page = self._nh, self._hd, self._page
+        # np.zeros maps untouched memory lazily (calloc), so only the pages rows write become
+        # resident: a capacity of the model's whole context costs nothing until it is used.
+        self.keys = [np.zeros((pages, slots, nh, hd, page), self._dtype) for _ in self._layer_names]
+        self.values = [np.zeros((pages, slots, nh, page, hd), self._dtype) for _ in self._layer_names]
+        self.slots, self.capacity = slots, pages * page
+
+    def past_width(self, length: int) -> int:
+        return -(-length // self._page) * self._page
 
     def embed(self, input_ids, attention_mask):
         return self._sessions["embed"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
-    def layer(self, index, hidden, attention_mask):
-        if index in self._released:
-            raise CacheReleasedError(f"layer {index} ran after its cache was released")
-        past = self._cache.get(index)
-        if past is None:
-            empty = np.zeros((self._batch, self._kv_shape[0], 0, self._kv_shape[1]), self._dtype)
-            past = (empty, empty)
-        name = self.manifest.layers[index].name
-        hidden, key, value = self._sessions[name].run(None, {
+    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
+        B, T, _ = hidden.shape
+        past = attention_mask.shape[1] - T
+        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
+        key, value = self.keys[index], self.values[index]
+        if past:  # decode: the first pages of the buffers themselves, bound in place
+            pages = past // self._page
+            past_key, past_value = key[:pages], value[:pages]  # contiguous views, no copy
+        else:  # prefill: one all-masked page stands for the empty past
+            past_key = np.zeros((1, B, self._nh, self._hd, self._page), self._dtype)
+            past_value = np.zeros((1, B, self._nh, self._page, self._hd), self._dtype)
+            attention_mask = np.concatenate([np.zeros((B, self._page), np.int64), attention_mask], axis=1)
+        out, new_key, new_value = self._sessions[self._layer_names[index]].run(None, {
             "hidden_states": hidden, "attention_mask": attention_mask,
-            "past_key": past[0], "past_value": past[1]})
-        self._cache[index] = (key, value)  # (B, nh, P+T, hd)
-        return hidden
+            "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)
+        rows = np.arange(B) if update is None else np.flatnonzero(update)
+        for t in range(T):  # write the new positions of the updated rows into their slots
+            pos = positions[rows] + t
+            page, offset = pos // self._page, pos % self._page
+            key[page, slots[rows], :, :, offset] = new_key[rows, :, t, :]  # (rows, nh, hd)
+            value[page, slots[rows], :, offset, :] = new_value[rows, :, t, :]
+        if update is not None and not update.all():
+            out = np.where(update[:, None, None], out, hidden)
+        return out
 
-    def head(self, hidden):
-        last = np.ascontiguousarray(hidden[:, -1:, :])  # (B, 1, D): only the next token's logits
+    def head(self, hidden, rows=None):
+        last = hidden[:, -1:, :] if rows is None else hidden[rows, -1:, :]  # (R, 1, D): next token only
+        last = np.ascontiguousarray(last)
         return self._sessions["head"].run(None, {"hidden_states": last})[0][:, -1, :].astype(np.float32)
-
-    def release(self, index):
-        self._cache.pop(index, None)
-        self._released.add(index)
-
-    def cache_length(self, index):
-        entry = self._cache.get(index)
-        return 0 if entry is None else entry[0].shape[2]
 
     def close(self):
         self._sessions.clear()
-        self._cache.clear()
+        self.keys, self.values = [], []

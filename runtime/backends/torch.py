@@ -1,13 +1,14 @@
-"""PyTorch backend: the skip-aware reference layers (export.modeling) with preallocated KV buffers.
+"""PyTorch backend: the skip-aware reference layers (runtime.modeling) with preallocated KV buffers.
 
 The weights come from the artifact itself, not from a source checkpoint: the graphs were exported
 without constant folding, so their initializers keep the exported modules' state_dict names. They
 are loaded into an ``OPTForCausalLM`` built on the meta device from ``hf_config/`` (no random init,
 whatever the model size) and wrapped with ``SkipOPT``.
 
-Each layer's K/V live in one buffer of shape (B, nh, max_length, hd), allocated at its first run
-after ``reset`` and written in place at the current position (as gpt-fast does): nothing is
-concatenated or copied between steps, and the buffer's address never changes within a batch.
+Each layer's K/V live in one buffer of shape (slots, nh, capacity, hd), allocated once by
+``allocate``; a step writes only the new positions of each row (as gpt-fast does) and attention
+reads a view of the buffer's first positions: nothing is concatenated or copied between steps, and
+the buffers' addresses never change.
 
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
 calls; only the logits of the last position come back to the host. CUDA graph capture
@@ -16,8 +17,6 @@ calls; only the logits of the last position come back to the host. CUDA graph ca
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +24,11 @@ import torch
 
 from ..errors import ArtifactError
 from ..manifest import REBUILD_HINT, Manifest
-from .base import Backend, CacheReleasedError
+from .base import Backend, check_slots
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # under self_attn. in the HF layer
-
-
-@dataclass
-class LayerCache:
-    """One layer's preallocated K/V; positions [:length] hold the batch's past."""
-
-    key: torch.Tensor  # (B, nh, max_length, hd)
-    value: torch.Tensor  # (B, nh, max_length, hd)
-    length: int = 0  # positions written so far
-
-    @property
-    def capacity(self) -> int:
-        return self.key.shape[2]
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -91,8 +77,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     """OPTForCausalLM from ``hf_config/`` with every weight taken from the artifact's graphs."""
     from transformers import OPTConfig, OPTForCausalLM
 
-    from export.modeling import SkipOPT
-    from export.onnx_export import module_for
+    from ..modeling import SkipOPT, graph_module
 
     config_dir = directory / HF_CONFIG_DIR
     if not (config_dir / "config.json").is_file():
@@ -110,7 +95,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     for spec in manifest.graphs:
         found = read_graph_weights(directory / spec.file)
         converted: dict[int, torch.Tensor] = {}  # one tensor per distinct array: aliases share it
-        for name in module_for(skeleton, spec.name).state_dict():
+        for name in graph_module(skeleton, spec.name).state_dict():
             key = hf_key(spec.name, name)
             if name not in found:
                 raise ArtifactError(
@@ -144,39 +129,6 @@ def _share_tied_embeddings(state: dict[str, torch.Tensor]) -> None:
         state["lm_head.weight"] = embed
 
 
-# -- the layer with in-place KV --------------------------------------------------------------
-
-
-@functools.cache
-def in_place_layer_class() -> type:
-    """``InPlaceOPTLayer``, defined on first use so that export.modeling is imported lazily."""
-    from export.modeling import OPTLayer
-
-    class InPlaceOPTLayer(OPTLayer):
-        """OPTLayer whose attention writes the new K/V into a preallocated buffer in place.
-
-        ``forward(hidden, bias, key, value)`` is OPTLayer's (residuals, layer norms, MLP); only the
-        attention differs: ``key`` / ``value`` are (B, nh, S, hd) views of the buffer whose first
-        S - T positions hold the past; the new T positions are written at [S - T, S) and attention
-        reads the view, so nothing is concatenated. ``bias`` is ``attention_bias(mask, T)``
-        (B, 1, T, S), computed once per step for all layers instead of once per layer.
-        """
-
-        def _attention(self, h, bias, key, value):
-            B, T, D = h.shape
-            nh, hd = self.num_heads, self.head_dim
-            S = key.shape[2]
-            q = (self.q_proj(h) * self.scaling).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-            key[:, :, S - T:] = self.k_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-            value[:, :, S - T:] = self.v_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-            scores = torch.matmul(q, key.transpose(2, 3)).float()  # (B, nh, T, S) fp32, as OPTLayer
-            probs = torch.softmax(scores + bias, dim=-1).to(h.dtype)  # (B, nh, T, S)
-            out = torch.matmul(probs, value).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-            return self.out_proj(out), key, value
-
-    return InPlaceOPTLayer
-
-
 # -- the backend -------------------------------------------------------------------------------
 
 
@@ -208,23 +160,18 @@ class TorchBackend(Backend):
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
         self.dtype = _DTYPES[manifest.dtype]
-        from export.modeling import SkipOPT
+        from ..modeling import PagedOPTLayer, SkipOPT
 
         self.hf_model = load_hf_model(Path(directory), manifest, self.device)
         self.model = SkipOPT(self.hf_model)  # embed and head; also the reference to compare with
-        config, cls = self.hf_model.config, in_place_layer_class()
-        decoder_layers = self.hf_model.model.decoder.layers
-        # Same parameters as self.model.layers, only the attention's KV handling differs.
-        self.layers = [cls(layer, config.num_attention_heads, config.do_layer_norm_before).eval()
-                       for layer in decoder_layers]
+        # The exported layer itself: its paged attention reads a strided view of the buffer as
+        # one page, so the torch backend runs exactly the graphs' math.
+        self.layers = [PagedOPTLayer(layer) for layer in self.model.layers]
         m = manifest.model
-        self._kv_shape = (m.num_heads, m.head_dim)
-        self.caches: dict[int, LayerCache] = {}
-        self._released: set[int] = set()
-        self._batch = 0
-        self._max_length = 0
-        self._bias_mask: np.ndarray | None = None  # the mask the cached bias was computed from
-        self._bias: torch.Tensor | None = None  # (B, 1, T, S) fp32
+        self._nh, self._hd = m.num_heads, m.head_dim
+        self.keys: list[torch.Tensor] = []  # per layer (slots, nh, capacity, hd)
+        self.values: list[torch.Tensor] = []
+        self.slots = self.capacity = 0
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -237,85 +184,59 @@ class TorchBackend(Backend):
             hidden = torch.from_numpy(np.ascontiguousarray(hidden))
         return hidden.to(device=self.device, dtype=self.dtype)
 
-    def _attention_bias(self, attention_mask: np.ndarray, query_len: int) -> torch.Tensor:
-        """attention_bias of the step's mask, shared by every layer the step runs."""
-        from export.modeling import attention_bias
-
-        same = (self._bias is not None and self._bias.shape[2] == query_len
-                and self._bias_mask.shape == attention_mask.shape
-                and np.array_equal(self._bias_mask, attention_mask))
-        if not same:
-            self._bias = attention_bias(self._tensor(attention_mask), query_len)  # (B, 1, T, S)
-            self._bias_mask = np.array(attention_mask, copy=True)  # a copy: callers may reuse theirs
-        return self._bias
-
-    def _cache_for(self, index: int) -> LayerCache:
-        cache = self.caches.get(index)
-        if cache is None:
-            if not self._batch:
-                raise RuntimeError("call reset(batch_size, max_length) before running layers")
-            nh, hd = self._kv_shape
-            shape = (self._batch, nh, self._max_length, hd)  # (B, nh, max_length, hd)
-            cache = LayerCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                               torch.zeros(shape, dtype=self.dtype, device=self.device))
-            self.caches[index] = cache
-        return cache
+    def _zeros(self, shape) -> torch.Tensor:
+        if self.device.type == "cpu":  # numpy's zeros are mapped lazily: untouched slots cost nothing
+            return torch.from_numpy(np.zeros(shape, np.dtype(self.manifest.dtype)))
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     # -- Backend -----------------------------------------------------------------------------
 
-    def reset(self, batch_size: int, max_length: int) -> None:
-        self.caches.clear()  # buffers are allocated per layer at its first run
-        self._released.clear()
-        self._batch, self._max_length = batch_size, max_length
-        self._bias_mask = self._bias = None
+    def allocate(self, slots: int, capacity: int) -> None:
+        shape = (slots, self._nh, capacity, self._hd)  # (slots, nh, capacity, hd)
+        self.keys = [self._zeros(shape) for _ in self.layers]
+        self.values = [self._zeros(shape) for _ in self.layers]
+        self.slots, self.capacity = slots, capacity
 
     @torch.inference_mode()
     def embed(self, input_ids, attention_mask):
         return self.model.embed(self._tensor(input_ids), self._tensor(attention_mask))  # (B, T, D)
 
     @torch.inference_mode()
-    def layer(self, index, hidden, attention_mask):
-        if index in self._released:
-            raise CacheReleasedError(f"layer {index} ran after its cache was released")
+    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
         hidden = self._hidden(hidden)  # (B, T, D)
         B, T, _ = hidden.shape
-        cache = self._cache_for(index)
-        total = cache.length + T
-        if B != self._batch:
-            raise ValueError(f"layer {index}: hidden states have batch {B}, but reset() set {self._batch}")
-        if attention_mask.shape != (B, total):
-            raise ValueError(
-                f"layer {index}: attention_mask has shape {tuple(attention_mask.shape)}, expected "
-                f"({B}, {total}) for {cache.length} cached + {T} new positions")
-        if total > cache.capacity:
-            raise ValueError(
-                f"layer {index}: {cache.length} cached + {T} new positions exceed max_length "
-                f"{cache.capacity} given to reset(); reset with a larger max_length")
-        bias = self._attention_bias(attention_mask, T)  # (B, 1, T, S)
-        hidden, _, _ = self.layers[index](hidden, bias, cache.key[:, :, :total], cache.value[:, :, :total])
-        cache.length = total
-        return hidden
+        past = attention_mask.shape[1] - T
+        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
+        key, value = self.keys[index], self.values[index]
+        if past:  # the buffer's first positions as one page: views, nothing copied
+            past_key = key[:, :, :past].transpose(2, 3).unsqueeze(0)  # (1, S, nh, hd, past)
+            past_value = value[:, :, :past].unsqueeze(0)  # (1, S, nh, past, hd)
+            mask = attention_mask
+        else:  # prefill: one all-masked position stands for the empty past
+            past_key = hidden.new_zeros((1, B, self._nh, self._hd, 1))
+            past_value = hidden.new_zeros((1, B, self._nh, 1, self._hd))
+            mask = np.concatenate([np.zeros((B, 1), np.int64), attention_mask], axis=1)
+        out, new_key, new_value = self.layers[index](hidden, self._tensor(mask), past_key, past_value)
+        rows = np.arange(B) if update is None else np.flatnonzero(update)
+        where = self._tensor(positions[rows][:, None] + np.arange(T))  # (R, T)
+        at = self._tensor(slots[rows])[:, None]  # (R, 1)
+        key[at, :, where] = new_key[rows].transpose(1, 2)  # (R, T, nh, hd): only the new positions
+        value[at, :, where] = new_value[rows].transpose(1, 2)
+        if update is not None and not update.all():
+            out = torch.where(self._tensor(update)[:, None, None], out, hidden)
+        return out
 
     @torch.inference_mode()
-    def head(self, hidden):
-        last = self._hidden(hidden)[:, -1:, :]  # (B, 1, D): only the next token's logits
+    def head(self, hidden, rows=None):
+        hidden = self._hidden(hidden)
+        last = hidden[:, -1:, :] if rows is None else hidden[self._tensor(rows), -1:, :]  # (R, 1, D)
         # .cpu() waits for the device, so the loop's timings include the queued GPU work.
-        return self.model.head(last)[:, -1, :].float().cpu().numpy()  # (B, V) fp32
-
-    def release(self, index):
-        self.caches.pop(index, None)  # on CUDA the memory returns to PyTorch's caching allocator
-        self._released.add(index)
-
-    def cache_length(self, index):
-        cache = self.caches.get(index)
-        return 0 if cache is None else cache.length
+        return self.model.head(last)[:, -1, :].float().cpu().numpy()  # (R, V) fp32
 
     def close(self):
-        self.caches.clear()
-        self._bias_mask = self._bias = None
+        self.keys, self.values = [], []
         self.layers = []
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
-__all__ = ["TorchBackend", "LayerCache", "in_place_layer_class", "read_graph_weights", "hf_key",
-           "load_hf_model"]
+__all__ = ["TorchBackend", "read_graph_weights", "hf_key", "load_hf_model"]

@@ -4,7 +4,8 @@ FakeToolchain replaces the builder: its "plan" is JSON naming the source ONNX, t
 the profiles. FakeTensorRT replaces the runtime: it deserializes those plans into engines that run
 the ONNX with ONNX Runtime on *host* pointers, so the backend's real buffer, profile and KV logic
 runs end to end on torch CPU tensors. It checks what TensorRT would refuse (shapes outside the
-active profile, unset addresses, outputs overlapping inputs) and records profile switches.
+active profile, unset addresses, outputs overlapping inputs) and records profile switches and the
+address and shape bound to every input of every execution (to check the past is bound in place).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class FakeTensorRT:
         self.executions: list[tuple[str, int]] = []  # (graph, active profile) per execute_async_v3
         self.context_apis: set[str] = set()  # how contexts were created
         self.scratch: list = []  # (ptr, size) given to each context
+        self.bound: list = []  # (graph, profile, {input: (address, shape)}) per execute_async_v3
 
     def Runtime(self, logger):
         return SimpleNamespace(deserialize_cuda_engine=lambda data: FakeEngine(self, bytes(data)))
@@ -219,6 +221,8 @@ class FakeContext:
             assert tuple(value.shape) == self.get_tensor_shape(t.name)
             np.copyto(_array_at(ptr, value.shape, NUMPY[engine.get_tensor_dtype(t.name).name]), value)
         engine.trt.executions.append((engine.spec.name, self.active))
+        engine.trt.bound.append((engine.spec.name, self.active,
+                                 {t.name: (self.addresses[t.name], self.shapes[t.name]) for t in engine.spec.inputs}))
         return True
 
 

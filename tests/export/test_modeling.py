@@ -2,7 +2,7 @@ import copy
 
 import torch
 
-from export.modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 

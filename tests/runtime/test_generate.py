@@ -5,8 +5,7 @@ import pytest
 import torch
 
 import runtime
-from export.modeling import SkipOPT
-from runtime.backends import CacheReleasedError
+from runtime.modeling import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
@@ -54,7 +53,7 @@ class SpyBackend:
     """Records what the decode loop asks of the real backend."""
 
     def __init__(self, inner):
-        self.inner, self.calls, self.released = inner, [], []
+        self.inner, self.calls, self.updates = inner, [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -63,28 +62,25 @@ class SpyBackend:
         self.calls.append("embed")
         return self.inner.embed(ids, mask)
 
-    def layer(self, index, hidden, mask):
+    def layer(self, index, hidden, mask, slots, positions, update=None):
         self.calls.append(index)
-        return self.inner.layer(index, hidden, mask)
+        self.updates.append((index, None if update is None else update.copy()))
+        return self.inner.layer(index, hidden, mask, slots, positions, update)
 
-    def head(self, hidden):
+    def head(self, hidden, rows=None):
         self.calls.append("head")
-        return self.inner.head(hidden)
-
-    def release(self, index):
-        self.released.append(index)
-        self.inner.release(index)
+        return self.inner.head(hidden, rows)
 
 
 @contextlib.contextmanager
 def spying(generator):
     """Put a SpyBackend between ``generator`` and its backend for the duration."""
-    real = generator.backend
-    generator.backend = SpyBackend(real)
+    real = generator.engine.backend
+    generator.engine.backend = SpyBackend(real)
     try:
-        yield generator.backend
+        yield generator.engine.backend
     finally:
-        generator.backend = real
+        generator.engine.backend = real
 
 
 @pytest.fixture
@@ -109,11 +105,6 @@ def test_skip_policy_matches_reference_and_runs_only_active_layers(generator, hf
         want += ["embed", *policy.active_layers(g), "head"]
     assert spy.calls == want
     assert [s.layers for s in result.stats.steps] == [policy.active_layers(g) for g in range(len(result.stats.steps))]
-    # A layer's cache is released once, when it leaves the active set, and never recomputed.
-    assert sorted(spy.released) == sorted(set(range(L)) - set(policy.active_layers(len(result.stats.steps) - 1)))
-    prompt_len = enc["input_ids"].shape[1]
-    for i in policy.active_layers(len(result.stats.steps) - 1):
-        assert spy.inner.cache_length(i) == prompt_len + len(result.stats.steps)
 
 
 def test_stats_report_budgets_and_speedup(generator):
@@ -127,14 +118,6 @@ def test_stats_report_budgets_and_speedup(generator):
     assert stats.steps[0].theoretical_ratio == generator.num_layers / policy.max_layers
     assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
     assert stats.to_dict()["layers_per_step"] == stats.layers_per_step
-
-
-def test_released_cache_cannot_be_used(generator):
-    backend = generator.backend
-    backend.reset(1, 4)
-    backend.release(0)
-    with pytest.raises(CacheReleasedError, match="layer 0 ran after its cache was released"):
-        backend.layer(0, np.zeros((1, 1, 32), np.float32), np.ones((1, 1), np.int64))
 
 
 def test_streaming_yields_every_token(generator):
@@ -184,8 +167,8 @@ def test_prompt_over_the_limit(generator):
     with pytest.raises(InputTooLongError) as info:
         generator.generate(prompt, 64)
     assert str(info.value) == (
-        f"prompt of {n} tokens + max_new_tokens 64 = {n + 64} exceeds max_position_embeddings 64 of "
-        f"this model; lower max_new_tokens to at most {64 - n}")  # never "at most 0 tokens"
+        f"prompt of {n} tokens + max_new_tokens 64 = {n + 64} exceeds max_length 64 of this "
+        f"Generator (the model's max_position_embeddings is 64); lower max_new_tokens to at most {64 - n}")
     assert generator.generate(prompt, 64 - n).stats.new_tokens <= 64 - n
 
 

@@ -52,11 +52,17 @@ def test_missing_file(copy):
 
 
 def test_other_schema_version(copy):
-    edit_manifest(copy, lambda d: d.update(schema_version=2))
+    edit_manifest(copy, lambda d: d.update(schema_version=1))
     with pytest.raises(ArtifactError) as info:
         runtime.load(copy)
-    assert "has schema_version 2, but this runtime reads schema_version 1" in str(info.value)
+    assert "has schema_version 1, but this runtime reads schema_version 2" in str(info.value)
     assert "re-export the model" in str(info.value)
+
+
+def test_kv_layout_is_checked(copy):
+    edit_manifest(copy, lambda d: d.update(kv_cache={"layout": "contiguous", "page_size": 32}))
+    with pytest.raises(ArtifactError, match="kv_cache .* is not a paged layout with an int page_size >= 1"):
+        runtime.load(copy)
 
 
 def test_corrupt_manifest(copy):

@@ -10,9 +10,8 @@ import torch
 
 import runtime
 from export.build import BuildOptions, build
-from export.modeling import OPTLayer, SkipOPT
-from runtime.backends import CacheReleasedError
-from runtime.backends.torch import TorchBackend, in_place_layer_class
+from runtime.backends.torch import TorchBackend
+from runtime.modeling import OPTLayer, PagedOPTLayer, SkipOPT
 from runtime.errors import ArtifactError
 from runtime.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.policy import SkipPolicy
@@ -98,32 +97,37 @@ def test_external_data(checkpoint_dir, artifact_dir, tmp_path, torch_generator):
     assert gen.generate(PROMPTS, 6).token_ids == torch_generator.generate(PROMPTS, 6).token_ids
 
 
-# -- the in-place layer ----------------------------------------------------------------------------
+# -- the paged layer (the exported graph's math) -------------------------------------------------
 
 
-@pytest.mark.parametrize("past, new", [(0, 5), (4, 3), (7, 1)])
-def test_in_place_layer_equals_opt_layer(hf_model, past, new):
+@pytest.mark.parametrize("past, new, page", [(0, 5, 4), (4, 3, 4), (7, 1, 2), (7, 1, 16)])
+def test_paged_layer_equals_opt_layer(hf_model, past, new, page):
+    """PagedOPTLayer over a paged past, unused positions masked, equals OPTLayer over the plain past."""
     config = hf_model.config
     hf_layer = hf_model.model.decoder.layers[1]
     reference = OPTLayer(hf_layer, config.num_attention_heads, config.do_layer_norm_before)
-    ours = in_place_layer_class()(hf_layer, config.num_attention_heads, config.do_layer_norm_before)
+    ours = PagedOPTLayer(reference)
     g = torch.Generator().manual_seed(past)
-    B, nh, hd, capacity = 2, config.num_attention_heads, config.hidden_size // config.num_attention_heads, 16
+    B, nh, hd = 2, config.num_attention_heads, config.hidden_size // config.num_attention_heads
     hidden = torch.randn(B, new, config.hidden_size, generator=g)  # (B, T, D)
     mask = torch.ones(B, past + new, dtype=torch.int64)
     mask[0, :2] = 0  # left padding in row 0
     past_key, past_value = torch.randn(2, B, nh, past, hd, generator=g)  # (B, nh, P, hd) each
-    key_buf = torch.full((B, nh, capacity, hd), float("nan"))  # unwritten positions must never be read
-    value_buf = key_buf.clone()
-    key_buf[:, :, :past], value_buf[:, :, :past] = past_key, past_value
-    from export.modeling import attention_bias
-
+    pages = max(1, -(-past // page))
+    # unused positions hold stale values (as a slot's earlier row leaves them): masked, they must not count
+    paged_key = torch.randn(pages * page, B, nh, hd, generator=g) * 3
+    paged_value = torch.randn(pages * page, B, nh, hd, generator=g) * 3
+    paged_key[:past], paged_value[:past] = past_key.permute(2, 0, 1, 3), past_value.permute(2, 0, 1, 3)
+    paged_key = paged_key.view(pages, page, B, nh, hd).permute(0, 2, 3, 4, 1)  # (n, B, nh, hd, page)
+    paged_value = paged_value.view(pages, page, B, nh, hd).permute(0, 2, 3, 1, 4)  # (n, B, nh, page, hd)
+    paged_mask = torch.cat([torch.zeros(B, pages * page, dtype=torch.int64), mask[:, past:]], dim=1)
+    paged_mask[:, :past] = mask[:, :past]
     with torch.no_grad():
         want, want_k, want_v = reference(hidden, mask, past_key, past_value)
-        got, _, _ = ours(hidden, attention_bias(mask, new), key_buf[:, :, :past + new], value_buf[:, :, :past + new])
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    assert torch.equal(key_buf[:, :, :past + new], want_k) and torch.equal(value_buf[:, :, :past + new], want_v)
-    assert key_buf[:, :, past + new:].isnan().all(), "nothing written past the current position"
+        got, new_k, new_v = ours(hidden, paged_mask, paged_key, paged_value)
+    real = mask[:, past:].bool()  # padded queries attend to nothing real: their output is never used
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(new_k, want_k[:, :, past:]) and torch.equal(new_v, want_v[:, :, past:])  # new only
 
 
 # -- generation ------------------------------------------------------------------------------------
@@ -173,66 +177,52 @@ def test_speedup_argument_equals_onnxruntime(torch_generator, generator):
 # -- the KV cache ----------------------------------------------------------------------------------
 
 
-def test_cache_released_when_a_layer_leaves_the_active_set(torch_generator, torch_spy, tokenizer):
-    L = torch_generator.num_layers
-    policy = SkipPolicy(L, 5, 2, warmup_layers=1, horizon=NEW - 1)
-    result = torch_generator.generate(PROMPTS, NEW, policy=policy, ignore_eos=True)
+def test_kv_buffers_are_preallocated_and_written_in_place(torch_generator, torch_spy):
+    """Addresses never change, a step writes exactly its new position, and the past is never copied."""
     backend = torch_spy.inner
-    last = policy.active_layers(len(result.stats.steps) - 1)
-    assert sorted(torch_spy.released) == sorted(set(range(L)) - set(last))
-    prompt_len = tokenizer(PROMPTS, padding=True, return_tensors="np")["input_ids"].shape[1]
-    for i in range(L):
-        if i in last:
-            assert backend.cache_length(i) == prompt_len + len(result.stats.steps)
-        else:  # its buffer is gone, and it cannot run again in this batch
-            assert backend.cache_length(i) == 0 and i not in backend.caches
-            with pytest.raises(CacheReleasedError, match=f"layer {i} ran after its cache was released"):
-                backend.layer(i, np.zeros((len(PROMPTS), 1, 32), np.float32), np.ones((len(PROMPTS), 1), np.int64))
+    m = torch_generator.manifest.model
+    pointers = {(k.data_ptr(), v.data_ptr()) for k, v in zip(backend.keys, backend.values)}
+    assert backend.keys[0].shape == (torch_generator.max_batch, m.num_heads, torch_generator.max_length, m.head_dim)
+    seen = []
+    for k in backend.keys:  # earlier tests left these very K/V behind: start from a known state
+        k.fill_(float("nan"))
 
-
-def test_kv_buffer_is_preallocated_and_never_reallocated(torch_generator, torch_spy):
-    backend = torch_spy.inner
-    pointers: dict[int, set[int]] = {}
-    shapes: dict[int, set[tuple]] = {}
-
-    def layer(index, hidden, mask):
-        torch_spy.calls.append(index)
-        out = backend.layer(index, hidden, mask)
-        cache = backend.caches[index]
-        pointers.setdefault(index, set()).update({cache.key.data_ptr(), cache.value.data_ptr()})
-        shapes.setdefault(index, set()).add(tuple(cache.key.shape))
+    def layer(index, hidden, mask, slots, positions, update=None):
+        before = backend.keys[index].clone()
+        out = backend.layer(index, hidden, mask, slots, positions, update)
+        after = backend.keys[index]
+        changed = ((after != before) & ~after.isnan()).any(dim=3).any(dim=1).nonzero().tolist()  # [slot, pos]
+        seen.append((index, mask.shape[1] - hidden.shape[1], changed, positions.copy(), update))
         return out
 
     torch_spy.layer = layer
     result = torch_generator.generate(PROMPTS, NEW, speedup=2, ignore_eos=True)
-    prompt_len = result.stats.prompt_tokens
-    for i in range(torch_generator.num_layers):
-        assert len(pointers[i]) == 2, f"layer {i}: K/V buffers were reallocated"
-        m = torch_generator.manifest.model
-        assert shapes[i] == {(len(PROMPTS), m.num_heads, prompt_len + NEW, m.head_dim)}  # (B, nh, max_length, hd)
+    assert {(k.data_ptr(), v.data_ptr()) for k, v in zip(backend.keys, backend.values)} == pointers
+    T0 = result.stats.prompt_tokens
+    for index, past, changed, positions, update in seen:
+        if past == 0:  # prefill: the prompt's positions of the request's rows
+            assert {p for _, p in changed} <= set(range(T0))
+        else:  # decode: one position per updated row, at that row's length
+            rows = np.flatnonzero(update)
+            assert sorted(changed) == sorted([int(s), int(positions[s])] for s in rows)
 
 
 def test_layer_checks_its_inputs(torch_generator):
     backend = torch_generator.backend
-    backend.reset(1, 3)
-    hidden = np.zeros((1, 2, 32), np.float32)
-    backend.layer(0, hidden, np.ones((1, 2), np.int64))
-    assert backend.cache_length(0) == 2
-    with pytest.raises(ValueError, match="attention_mask has shape \\(1, 3\\), expected \\(1, 4\\)"):
-        backend.layer(0, hidden, np.ones((1, 3), np.int64))
-    with pytest.raises(ValueError, match="2 cached \\+ 2 new positions exceed max_length 3 given to reset"):
-        backend.layer(0, hidden, np.ones((1, 4), np.int64))
-    backend.release(0)
-    with pytest.raises(CacheReleasedError, match="layer 0 ran after its cache was released"):
-        backend.layer(0, hidden[:, :1], np.ones((1, 3), np.int64))
+    S = backend.slots
+    hidden = np.zeros((S, 1, 32), np.float32)
+    with pytest.raises(ValueError, match=r"a decode step \(past 4\) runs every slot in order; got slots \[0\]"):
+        backend.layer(0, hidden[:1], np.ones((1, 5), np.int64), np.array([0]), np.array([4]))
+    with pytest.raises(ValueError, match=f"positions up to {backend.capacity + 1} exceed the capacity "
+                                         f"{backend.capacity} given to allocate"):
+        backend.layer(0, hidden, np.ones((S, 5), np.int64), np.arange(S), np.full(S, backend.capacity))
 
 
 def test_hidden_states_stay_on_the_device(torch_generator):
     backend = torch_generator.backend
-    backend.reset(1, 4)
     hidden = backend.embed(np.array([[5, 6]], np.int64), np.ones((1, 2), np.int64))
     assert isinstance(hidden, torch.Tensor) and hidden.device == backend.device and hidden.shape == (1, 2, 32)
-    hidden = backend.layer(0, hidden, np.ones((1, 2), np.int64))
+    hidden = backend.layer(0, hidden, np.ones((1, 2), np.int64), np.array([0]), np.array([0]))
     assert isinstance(hidden, torch.Tensor)
     logits = backend.head(hidden)
     assert isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.shape == (1, 512)
@@ -274,7 +264,7 @@ def test_cuda_equals_cpu(artifact_dir, torch_generator, policy):
         chosen = skip_policies(gen.num_layers)[policy]
         ours = list(gen.stream(PROMPTS, NEW, policy=chosen, ignore_eos=True))
         cpu = list(torch_generator.stream(PROMPTS, NEW, policy=chosen, ignore_eos=True))
-        assert all(c.device.type == "cuda" for c in gen.backend.caches.values())
+        assert all(k.device.type == "cuda" for k in gen.backend.keys)
         for step, (a, b) in enumerate(zip(ours, cpu)):
             np.testing.assert_allclose(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
             assert a.token_ids == b.token_ids
@@ -313,10 +303,11 @@ def test_fp16_cuda_matches_onnxruntime_fp16(fp16_artifact):
     try:
         ids = theirs.tokenizer(PROMPTS, padding=True, return_tensors="np")
         ids, mask = ids["input_ids"].astype(np.int64), ids["attention_mask"].astype(np.int64)
-        ours.reset(len(PROMPTS), ids.shape[1] + 1)
+        ours.allocate(len(PROMPTS), ids.shape[1] + 1)
         hidden = ours.embed(ids, mask)
+        slots, zeros = np.arange(len(PROMPTS)), np.zeros(len(PROMPTS), np.int64)
         for i in range(len(ours.layers)):
-            hidden = ours.layer(i, hidden, mask)
+            hidden = ours.layer(i, hidden, mask, slots, zeros)
         a = ours.head(hidden)
         b = next(iter(theirs.stream(PROMPTS, 1))).logits
         assert np.isfinite(a).all()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.manifest import load_manifest
 from tools.trtexec import (Limits, PrecisionError, ProfileLimitError, TrtexecError, TrtexecNotFoundError,
                            TrtexecOutputError, TrtVersion, detect_version, parse_banner, parse_size_mib,
                            precision_flags, read_profile, read_times, resolve_profile, workspace_flag)
@@ -24,6 +25,7 @@ from tools.trtexec import run as run_mod
 from tools.trtexec import version as version_mod
 from tools.trtexec.cli import main
 from tools.trtexec.report import GraphResult, latency_table, markdown_report, percentile
+from tools.trtexec.shapes import shape_spec
 
 DATA = Path(__file__).parent / "data"
 V = TrtVersion.parse
@@ -158,24 +160,28 @@ def test_parse_size_mib_rejects(text):
 # -- profiles (pure) ----------------------------------------------------------------------------------
 
 
-def _dims(b, s, p):
-    return {"batch": b, "sequence": s, "past_sequence": p, "total_sequence": p + s}
+def _dims(b, s, p, pages, mask_past):
+    """A profile point, pages of 32: past in positions, the pages a layer binds, the embedding's
+    mask columns before the new positions."""
+    return {"batch": b, "sequence": s, "past_sequence": p, "past_pages": pages, "page_size": 32,
+            "mask_past": mask_past}
 
 
 def test_decode_profile():
-    prof = resolve_profile(Limits(batch=4, past=256, max_batch=8, max_seq=1024), 2048)
+    prof = resolve_profile(Limits(batch=4, past=256, max_batch=8, max_seq=1024), 2048, 32)
     assert prof.phase == "decode"
-    assert prof.min == _dims(1, 1, 0)
-    assert prof.opt == prof.run == _dims(4, 1, 256)
-    assert prof.max == _dims(8, 1, 1023)
-    assert resolve_profile(Limits(batch=2, past=5), 64).max == _dims(2, 1, 63)  # max_seq: the model's
+    assert prof.min == _dims(1, 1, 0, 1, 32)  # a decode step binds at least one page
+    assert prof.opt == prof.run == _dims(4, 1, 256, 8, 256)
+    assert prof.max == _dims(8, 1, 1023, 32, 1024)
+    assert resolve_profile(Limits(batch=2, past=5), 64, 32).max == _dims(2, 1, 63, 2, 64)  # max_seq: the model's
+    assert resolve_profile(Limits(past=33), 64, 32).run == _dims(1, 1, 33, 2, 64)  # a partial page is bound whole
 
 
 def test_prefill_profile():
-    prof = resolve_profile(Limits(batch=2, sequence=100, max_seq=1024, max_prompt=512), 2048)
+    prof = resolve_profile(Limits(batch=2, sequence=100, max_seq=1024, max_prompt=512), 2048, 32)
     assert prof.phase == "prefill"
-    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0), _dims(2, 100, 0), _dims(2, 512, 0))
-    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64).max == _dims(1, 64, 0)
+    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0, 1, 0), _dims(2, 100, 0, 1, 0), _dims(2, 512, 0, 1, 0))
+    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64, 32).max == _dims(1, 64, 0, 1, 0)
 
 
 @pytest.mark.parametrize("limits, message", [
@@ -189,7 +195,7 @@ def test_prefill_profile():
 ])
 def test_profile_limits_state_limit_and_fix(limits, message):
     with pytest.raises(ProfileLimitError, match=message):
-        resolve_profile(limits, 64)
+        resolve_profile(limits, 64, 32)
 
 
 # -- command lines from a real export ------------------------------------------------------------------
@@ -217,12 +223,13 @@ def test_layer_command(artifact_dir, no_trtexec, capsys):
     assert code == 0, err
     assert out.splitlines() == [_expected(
         artifact_dir, "layer_03",
-        "hidden_states:1x1x32,attention_mask:1x1,past_key:1x4x0x8,past_value:1x4x0x8",
-        "hidden_states:4x1x32,attention_mask:4x33,past_key:4x4x32x8,past_value:4x4x32x8",
-        "hidden_states:4x1x32,attention_mask:4x64,past_key:4x4x63x8,past_value:4x4x63x8",
+        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x1x4x8x32,past_value:1x1x4x32x8",
+        "hidden_states:4x1x32,attention_mask:4x33,past_key:1x4x4x8x32,past_value:1x4x4x32x8",
+        "hidden_states:4x1x32,attention_mask:4x65,past_key:2x4x4x8x32,past_value:2x4x4x32x8",
         "--memPoolSize=workspace:2048", _cache(artifact_dir), transfers=False)]
     assert "# TensorRT 10.3.0 (--trt-version)" in err
-    assert "decode profile: batch 1..4 (run 4), sequence 1..1 (run 1), past 0..63 (run 32)" in err
+    assert ("decode profile: batch 1..4 (run 4), sequence 1..1 (run 1), past 0..63 (run 32), layers bind "
+            "past pages 1..2 of 32 (run 1)") in err
 
 
 def test_embed_and_head_commands(artifact_dir, no_trtexec, capsys, tmp_path):
@@ -231,8 +238,8 @@ def test_embed_and_head_commands(artifact_dir, no_trtexec, capsys, tmp_path):
     code, out, err = _run_cli(capsys, artifact_dir, "--graph", "embed", *common)
     assert code == 0, err
     assert out.splitlines() == [_expected(
-        artifact_dir, "embed", "input_ids:1x1,attention_mask:1x1", "input_ids:4x1,attention_mask:4x33",
-        "input_ids:8x1,attention_mask:8x64", "--fp16", "--memPoolSize=workspace:1024", _cache(artifact_dir),
+        artifact_dir, "embed", "input_ids:1x1,attention_mask:1x33", "input_ids:4x1,attention_mask:4x33",
+        "input_ids:8x1,attention_mask:8x65", "--fp16", "--memPoolSize=workspace:1024", _cache(artifact_dir),
         f"--saveEngine={tmp_path / 'engines' / 'embed.plan'}")]
     code, out, err = _run_cli(capsys, artifact_dir, "--graph", "head", *common)
     assert out.splitlines() == [_expected(
@@ -247,9 +254,9 @@ def test_prefill_layer_command(artifact_dir, no_trtexec, capsys, tmp_path):
     assert code == 0, err
     assert out.splitlines() == [_expected(
         artifact_dir, "layer_00",
-        "hidden_states:1x1x32,attention_mask:1x1,past_key:1x4x0x8,past_value:1x4x0x8",
-        "hidden_states:2x16x32,attention_mask:2x16,past_key:2x4x0x8,past_value:2x4x0x8",
-        "hidden_states:2x48x32,attention_mask:2x48,past_key:2x4x0x8,past_value:2x4x0x8",
+        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x1x4x8x32,past_value:1x1x4x32x8",
+        "hidden_states:2x16x32,attention_mask:2x48,past_key:1x2x4x8x32,past_value:1x2x4x32x8",
+        "hidden_states:2x48x32,attention_mask:2x80,past_key:1x2x4x8x32,past_value:1x2x4x32x8",
         "--memPoolSize=workspace:2048", f"--timingCacheFile={tmp_path / 'o' / 'timing.cache'}",
         transfers=False, out=tmp_path / "o")]
 
@@ -433,3 +440,16 @@ def test_run_failure_quotes_the_log(artifact_dir, fake_trtexec, capsys, tmp_path
     assert code == 2 and out == ""
     assert "trtexec exited with status 1" in err
     assert "Error Code 4: Internal Error" in err and str(tmp_path / "out" / "head.log") in err
+
+
+def test_shape_spec_embed_mask_follows_the_runtime(artifact_dir):
+    """The embedding gets the prompt's own mask at prefill (no zero page: it has no past) and the
+    layers' whole-page mask at decode, as the runtime passes them."""
+    manifest = load_manifest(artifact_dir, check_hashes=False)
+    prefill = resolve_profile(Limits(batch=2, sequence=16), 64, manifest.page_size)
+    decode = resolve_profile(Limits(batch=2, past=40), 64, manifest.page_size)
+    assert shape_spec(manifest.embed, prefill.run) == "input_ids:2x16,attention_mask:2x16"
+    assert shape_spec(manifest.layers[0], prefill.run).startswith("hidden_states:2x16x32,attention_mask:2x48,")
+    assert shape_spec(manifest.embed, decode.run) == "input_ids:2x1,attention_mask:2x65"
+    assert shape_spec(manifest.layers[0], decode.run) == (
+        "hidden_states:2x1x32,attention_mask:2x65,past_key:2x2x4x8x32,past_value:2x2x4x32x8")

@@ -46,7 +46,8 @@ def measure_runtime(spec: dict) -> dict:
     backend = {"ort": "onnxruntime", "ort-nospin": "onnxruntime", "torch": "torch"}[spec["kind"]]
     loaded = time.perf_counter()
     # Hashes were checked when the artifact was prepared; hashing GBs per process is not the subject.
-    gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False)
+    gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,
+                       max_batch=len(spec["prompts"]))  # KV slots for exactly this batch
     load_s = time.perf_counter() - loaded
     policy = spec["policy"]
     gen.generate(spec["prompts"], spec["warmup_tokens"], policy=dict(policy), ignore_eos=True)

@@ -63,6 +63,7 @@ def run_model(spec: ModelSpec, prompts: list[str], settings: RunSettings) -> dic
     options = dict(settings.load_options)
     if settings.threads is not None:
         options["threads"] = settings.threads
+    options.setdefault("max_batch", settings.batch_size)  # KV slots for one evaluation batch
     generator = runtime.load(spec.directory, backend=settings.backend, **options)
     try:
         kwargs = {s: generation_kwargs(generator, s, settings.max_new_tokens) for s in settings.speedups}

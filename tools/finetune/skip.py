@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from export.modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from runtime.policy import SkipPolicy
 
 

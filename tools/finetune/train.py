@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from export.build import swap_into_place
 from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
-from export.modeling import SkipOPT
+from runtime.modeling import SkipOPT
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs

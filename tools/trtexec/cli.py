@@ -92,7 +92,8 @@ def _describe(profile: Profile) -> str:
     lo, opt, hi = profile.min, profile.opt, profile.max
     return (f"{profile.phase} profile: batch {lo['batch']}..{hi['batch']} (run {opt['batch']}), sequence "
             f"{lo['sequence']}..{hi['sequence']} (run {opt['sequence']}), past {lo['past_sequence']}.."
-            f"{hi['past_sequence']} (run {opt['past_sequence']})")
+            f"{hi['past_sequence']} (run {opt['past_sequence']}), layers bind past pages "
+            f"{lo['past_pages']}..{hi['past_pages']} of {opt['page_size']} (run {opt['past_pages']})")
 
 
 def _result(job: Job, profile: Profile, paths: OutputPaths, settings: RunSettings) -> GraphResult:
@@ -112,7 +113,7 @@ def _main(args) -> int:
     artifact_dir = Path(args.artifact_dir)
     manifest = load_manifest(artifact_dir, check_hashes=False)  # sizes are checked; hashing GBs is not needed
     graphs = select_graphs(manifest, args.graph, artifact_dir)
-    profile = resolve_profile(_limits(args), manifest.model.max_position_embeddings)
+    profile = resolve_profile(_limits(args), manifest.model.max_position_embeddings, manifest.page_size)
     settings = _settings(args)
     trtexec = require_trtexec(args.trtexec) if args.run else find_trtexec(args.trtexec)
     detected = detect_version(args.trt_version, trtexec)

@@ -3,7 +3,10 @@
 Two phases, as the engines use them (issue 3):
   decode:  sequence 1, past 0 .. max_seq-1       (one new token per step over a growing KV cache)
   prefill: sequence 1 .. max_prompt, past 0      (the prompt at full depth from an empty cache)
-total_sequence = past_sequence + sequence, so the attention mask of embed and of each layer follows.
+The layers read their past in whole pages (manifest kv_cache.page_size): a decode step at past p
+binds past_pages = ceil(p / page) (at least 1) and a prefill one all-masked page, so a layer's
+total_sequence = past_pages * page + sequence. The embedding has no past input: its mask is the
+prompt's at prefill and the layers' (whole pages + 1) at decode, as the runtime passes them.
 The opt point is the run point: the kernels are tuned for the shape being measured.
 """
 
@@ -15,7 +18,7 @@ from runtime.manifest import GraphSpec
 
 from .errors import ProfileLimitError
 
-DIM_NAMES = ("batch", "sequence", "past_sequence", "total_sequence")  # every dynamic dim the export writes
+DIM_NAMES = ("batch", "sequence", "past_pages", "total_sequence")  # every dynamic dim the export writes
 PHASES = ("decode", "prefill")
 
 
@@ -33,18 +36,32 @@ class Limits:
 @dataclass(frozen=True)
 class Profile:
     phase: str  # "decode" or "prefill"
-    min: dict  # dim name -> size, for --minShapes
+    min: dict  # a point (see _point), for --minShapes
     opt: dict  # for --optShapes
     max: dict  # for --maxShapes
     run: dict  # for --shapes: the point that is timed
 
 
-def _point(batch: int, sequence: int, past: int) -> dict:
-    return {"batch": batch, "sequence": sequence, "past_sequence": past, "total_sequence": past + sequence}
+def _point(batch: int, sequence: int, past: int, page: int, decode: bool) -> dict:
+    """One point of a profile: past is in positions; the graph's own sizes come from shape_spec."""
+    pages = max(1, -(-past // page)) if decode else 1  # a prefill binds the one zero page
+    return {"batch": batch, "sequence": sequence, "past_sequence": past, "past_pages": pages,
+            "page_size": page, "mask_past": pages * page if decode else 0}
 
 
-def resolve_profile(limits: Limits, max_position_embeddings: int) -> Profile:
-    """Check the limits against each other and the model, then place the profile's points."""
+def graph_sizes(graph: GraphSpec, point: dict) -> dict:
+    """The point's dim sizes for ``graph``: a layer's mask covers its bound pages, the
+    embedding's only the decode past (it sees the prompt's own mask at prefill)."""
+    paged = any("past_pages" in t.dims for t in graph.inputs)
+    past = point["past_pages"] * point["page_size"] if paged else point["mask_past"]
+    return {"batch": point["batch"], "sequence": point["sequence"], "past_pages": point["past_pages"],
+            "total_sequence": past + point["sequence"]}
+
+
+def resolve_profile(limits: Limits, max_position_embeddings: int, page_size: int) -> Profile:
+    """Check the limits against each other and the model, then place the profile's points.
+
+    page_size: the artifact's KV page (``Manifest.page_size``)."""
     b, s, p = limits.batch, limits.sequence, limits.past
     if b < 1 or s < 1 or p < 0:
         raise ProfileLimitError(
@@ -59,13 +76,13 @@ def resolve_profile(limits: Limits, max_position_embeddings: int) -> Profile:
             f"max_position_embeddings); use --max-seq {max_position_embeddings} or less")
     phase = limits.phase or ("decode" if s == 1 else "prefill")
     if phase == "decode":
-        return _decode_profile(b, s, p, max_batch, max_seq)
+        return _decode_profile(b, s, p, max_batch, max_seq, page_size)
     if phase == "prefill":
-        return _prefill_profile(b, s, p, max_batch, max_seq, limits.max_prompt)
+        return _prefill_profile(b, s, p, max_batch, max_seq, limits.max_prompt, page_size)
     raise ProfileLimitError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
 
 
-def _decode_profile(b: int, s: int, p: int, max_batch: int, max_seq: int) -> Profile:
+def _decode_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, page: int) -> Profile:
     if s != 1:
         raise ProfileLimitError(
             f"the decode profile runs 1 token per step, got --seq {s}; use --seq 1, or --phase prefill "
@@ -74,11 +91,13 @@ def _decode_profile(b: int, s: int, p: int, max_batch: int, max_seq: int) -> Pro
         raise ProfileLimitError(
             f"past {p} + sequence {s} = {p + s} positions exceed max_seq {max_seq}; use --past {max_seq - s} "
             f"or less, or raise --max-seq (at most max_position_embeddings)")
-    run = _point(b, 1, p)
-    return Profile("decode", _point(1, 1, 0), run, _point(max_batch, 1, max_seq - 1), run)
+    run = _point(b, 1, p, page, decode=True)
+    return Profile("decode", _point(1, 1, 0, page, decode=True), run,
+                   _point(max_batch, 1, max_seq - 1, page, decode=True), run)
 
 
-def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_prompt: int | None) -> Profile:
+def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_prompt: int | None,
+                     page: int) -> Profile:
     if p != 0:
         raise ProfileLimitError(
             f"the prefill profile starts from an empty KV cache (past 0), got --past {p}; use --past 0, "
@@ -90,12 +109,14 @@ def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_p
     if s > max_prompt:
         raise ProfileLimitError(f"--seq {s} exceeds --max-prompt {max_prompt}; use --seq {max_prompt} or less, "
                                 f"or raise --max-prompt")
-    run = _point(b, s, 0)
-    return Profile("prefill", _point(1, 1, 0), run, _point(max_batch, max_prompt, 0), run)
+    run = _point(b, s, 0, page, decode=False)
+    return Profile("prefill", _point(1, 1, 0, page, decode=False), run,
+                   _point(max_batch, max_prompt, 0, page, decode=False), run)
 
 
-def shape_spec(graph: GraphSpec, sizes: dict) -> str:
+def shape_spec(graph: GraphSpec, point: dict) -> str:
     """trtexec's shape spec, ``name:d0xd1x...`` per input, comma-separated, in the graph's input order."""
+    sizes = graph_sizes(graph, point)
     return ",".join(f"{t.name}:" + "x".join(str(_size(graph, t.name, d, sizes)) for d in t.dims)
                     for t in graph.inputs)
 

@@ -2,8 +2,12 @@
 
 The decoder math is reimplemented on the Hugging Face modules' own weights, so it is independent of
 transformers' changing cache API and is exactly what gets traced into the per-layer ONNX graphs:
-``OPTEmbed``, ``OPTLayer`` and ``OPTHead`` each become one graph, with the KV cache as explicit
-inputs and outputs. ``SkipOPT`` strings them together under a ``SkipPolicy``.
+``OPTEmbed``, ``PagedOPTLayer`` (an ``OPTLayer`` reading its past from a paged KV buffer) and
+``OPTHead`` each become one graph, with the KV cache as explicit inputs and outputs. ``SkipOPT``
+strings them together under a ``SkipPolicy`` and is the reference every backend is checked against.
+
+It lives in ``runtime`` (imported only by the torch backend, so only with torch) because the
+runtime's torch backend runs these layers; ``export`` traces them.
 
 Numerics that matter for fp16 (DESIGN.md section 2): softmax and layer norm run in fp32, and masked
 attention scores get ``MASK_VALUE``, which is finite in fp16, so fully masked (padding) rows give a
@@ -18,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.policy import SkipPolicy
+from .policy import SkipPolicy
 
 MASK_VALUE = -65504.0  # torch.finfo(torch.float16).min: finite in fp16 and fp32
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
@@ -135,6 +139,55 @@ class OPTLayer(nn.Module):
         return hidden, key, value
 
 
+class PagedOPTLayer(OPTLayer):
+    """OPTLayer whose past K/V is a prefix of a paged, page-major buffer: the exported graph contract.
+
+    hidden (B, T, D), attention_mask (B, n * page + T),
+    past_key (n, B, nh, hd, page), past_value (n, B, nh, page, hd)
+    -> hidden (B, T, D), new_key / new_value (B, nh, T, hd): only the T new positions.
+
+    Why this layout: a runtime keeps one buffer of (max_pages, slots, ...) per layer and binds its
+    first n pages, which are contiguous because the page axis is outermost, so nothing is copied or
+    concatenated per step. Each row's past fills its own positions [0, length) of the n * page
+    (position p in page p // page, at p % page); the mask is 0 wherever a row has no valid K/V (padding, or
+    positions past its length). K is stored transposed (hd, page) so that q @ K needs no transpose.
+    The new K/V are not concatenated to the past either: scores and weighted values are computed for
+    the past and the new positions separately; only the scores (1/hd the size of K) are joined.
+    A prefill passes one all-masked page (n = 1): masked scores get MASK_VALUE, whose exp is 0.
+    """
+
+    def __init__(self, layer: OPTLayer):
+        nn.Module.__init__(self)
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj", "self_attn_layer_norm", "fc1", "fc2",
+                     "final_layer_norm"):
+            setattr(self, name, getattr(layer, name))  # shared modules: same weights, same names
+        for name in ("activation_fn", "num_heads", "head_dim", "scaling", "pre_layer_norm", "dropout"):
+            setattr(self, name, getattr(layer, name))
+
+    def _attention(self, h, attention_mask, past_key, past_value):
+        B, T, D = h.shape
+        nh, hd = self.num_heads, self.head_dim
+        n, page = past_key.shape[0], past_key.shape[4]
+        q = (self.q_proj(h) * self.scaling).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        v = self.v_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        past = torch.matmul(q.unsqueeze(0), past_key)  # (n, B, nh, T, page)
+        past = past.permute(1, 2, 3, 0, 4).reshape(B, nh, T, n * page)  # (B, nh, T, n * page)
+        new = torch.matmul(q, k.transpose(2, 3))  # (B, nh, T, T)
+        scores = torch.cat([past, new], dim=-1).float()  # (B, nh, T, n * page + T) fp32
+        probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
+        # Split by gathering index ranges, not slicing: the TorchScript exporter writes a slice of
+        # a computed length with computed axes, which TensorRT 8.x cannot parse (as in OPTEmbed).
+        past_at = torch.arange(n * page, device=h.device)  # (n * page,)
+        new_at = torch.arange(n * page, n * page + T, device=h.device)  # (T,)
+        past_probs = probs.index_select(3, past_at)  # (B, nh, T, n * page)
+        past_probs = past_probs.reshape(B, nh, T, n, page).permute(3, 0, 1, 2, 4)  # (n, B, nh, T, page)
+        out = torch.matmul(past_probs, past_value).sum(0)  # (B, nh, T, hd): sum over pages
+        out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nh, T, hd)
+        out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return self.out_proj(out), k, v
+
+
 class OPTHead(nn.Module):
     """hidden (B, T, D) -> logits (B, T, V): final layer norm (pre-LN models) or project_out (350m)."""
 
@@ -230,3 +283,12 @@ class SkipOPT(nn.Module):
             out.step_layers.append(active)
             logits, past = self(token[:, None], attention_mask, past, active)
         return out
+
+
+def graph_module(model: SkipOPT, name: str) -> nn.Module:
+    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from."""
+    if name == "embed":
+        return model.embed
+    if name == "head":
+        return model.head
+    return PagedOPTLayer(model.layers[int(name.split("_")[1])])

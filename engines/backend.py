@@ -1,31 +1,38 @@
 """TensorRT backend: one engine and one execution context per graph, everything in device memory.
 
 Build the engines first, on the device: ``python -m engines build ARTIFACT_DIR`` (see engines/).
+The runtime finds this backend through the ``skipdecode_edge.backends`` entry point (pyproject.toml),
+so ``runtime`` imports nothing from ``engines``: the arrows point from engines to runtime only.
 
 Device memory is PyTorch's CUDA allocator (torch is a dependency already, and Jetson images bring a
 CUDA build): buffers are torch tensors whose ``data_ptr()`` goes to ``set_tensor_address``, and
 all work runs on one private CUDA stream, so TensorRT launches and torch copies stay ordered
-without host synchronisation. Only the input ids and the attention mask go host -> device (once
-per step, shared by the embedding and every layer) and only the last position's logits come back.
+without host synchronisation. Only the input ids, the attention mask and a few small index arrays
+go host -> device per step, and only the requested rows' last-position logits come back.
 
-Buffers are preallocated from the limits the engines were built for (engines.json):
+Buffers are preallocated: the KV cache in ``allocate(slots, capacity)`` (the Generator's max_batch
+and max_length, checked against the engines' max_batch and max_seq), the rest from the engines'
+limits (engines.json):
 
-- KV cache: for each of the L layers a K and a V buffer of max_batch x heads x max_seq x head_dim,
-  plus ONE spare pair. The graph contract returns present = concat(past, new) as a new tensor, so
-  a layer reads its past from its own pair and writes present into the spare pair; then the two
-  swap owners. No copy beyond the concat the graph itself performs, and (L + 1) pairs instead of
-  2L for naive double buffering. (Removing the in-graph concat needs a KV-in-place graph: past as a
-  fixed-capacity buffer plus a write position; that is a change of the export contract.)
-- hidden states: two buffers of max_batch x max_prompt x hidden, ping-ponged between layers.
+- KV cache, in the layer graph contract's layout (export/onnx_export.py): per layer one K buffer
+  (pages, slots, nh, hd, page) and one V buffer (pages, slots, nh, page, hd). Page-major, so the
+  first n pages of every slot are one contiguous prefix: a decode step binds it as
+  past_key/past_value in place (no copy). The graph returns only the new K/V, into two small
+  scratch buffers, and torch indexing on the stream writes them to each updated row's own
+  positions. A prefill binds one zeroed page (all masked) instead of a past.
+- hidden states: two buffers of max_batch x max_prompt x hidden, ping-ponged between layers. Rows
+  a layer does not update (per-row SkipDecode budgets) get their input hidden state copied back.
 - one scratch block for TensorRT's activations, shared by all contexts: they run one after the
   other on one stream, so the largest engine's need is enough (instead of one block per context,
   which for 26 contexts at prefill shapes does not fit an 8 GB Jetson).
 
-Profiles: 0 = prefill (sequence 1..max_prompt, past 0), 1 = decode (sequence 1, past
-0..max_seq-1). Each call picks the profile that holds its shapes, staying on the current one when
-it can; a switch goes through ``set_optimization_profile_async`` and resets the context's input
-shapes. With the tensor-name API (TensorRT 8.5.1+, the only API in 10.x) names are the same in
-every profile; the per-profile binding indices of the old binding API are not used.
+Profiles (engines/profiles.py): 0 = prefill (sequence 1..max_prompt, one past page), 1 = decode
+(sequence 1, past 1..ceil(max_seq / page) pages). A layer call asks for its phase's profile (a
+decode step over one page fits both); the embedding and the head stay on the current profile
+while it holds their shapes. A switch goes through ``set_optimization_profile_async`` and resets
+the context's input shapes, so a request joining a running batch costs each layer two switches
+(its prefill, then decode again). With the tensor-name API (TensorRT 8.5.1+, the only API in
+10.x) names are the same in every profile; the old per-profile binding indices are not used.
 
 CUDA graph capture per active-layer set is not implemented: ``cuda_graphs=True`` raises.
 """
@@ -38,14 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
-from engines.manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate
-from engines.profiles import Profile, ShapeRange, choose_profile
-from engines.versions import parse_version
+from runtime.backends.base import Backend, check_slots
+from runtime.errors import ArtifactError, SkipDecodeError
+from runtime.manifest import GraphSpec, Manifest
 
-from ..errors import ArtifactError, SkipDecodeError
-from ..manifest import GraphSpec, Manifest
-from .base import Backend, CacheReleasedError
+from .errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
+from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate
+from .profiles import DECODE, PREFILL, Profile, ShapeRange, choose_profile, max_pages
+from .versions import parse_version
 
 
 class CudaGraphsNotImplementedError(SkipDecodeError, NotImplementedError):
@@ -55,13 +62,13 @@ class CudaGraphsNotImplementedError(SkipDecodeError, NotImplementedError):
 # -- seams: the GPU-free tests replace these with a fake tensorrt, a fake GPU and host memory --
 
 def _import_tensorrt():
-    from engines.builder import import_tensorrt
+    from .builder import import_tensorrt
 
     return import_tensorrt()
 
 
 def _current_device():
-    from engines.device import current_device
+    from .device import current_device
 
     return current_device()
 
@@ -184,11 +191,12 @@ class GraphRunner:
     def dtype(self, name: str) -> str:
         return self.io[name][1]
 
-    def run(self, inputs: dict, outputs: dict, stream: int) -> None:
-        """inputs/outputs: {name: contiguous torch tensor of the exact logical shape}."""
+    def run(self, inputs: dict, outputs: dict, stream: int, prefer: int | None = None) -> None:
+        """inputs/outputs: {name: contiguous torch tensor of the exact logical shape}.
+        prefer: the profile of the caller's phase, taken when it holds the shapes."""
         ctx = self.context
         shapes = {n: tuple(t.shape) for n, t in inputs.items()}
-        index = choose_profile(self.profiles, shapes, self.active, graph=self.spec.name)
+        index = choose_profile(self.profiles, shapes, self.active, graph=self.spec.name, prefer=prefer)
         if index != self.active:
             if not ctx.set_optimization_profile_async(index, stream):
                 raise EngineRuntimeError(f"{self.spec.name}: TensorRT refused optimization profile {index}")
@@ -256,31 +264,39 @@ class TensorRTBackend(Backend):
                         f"{rebuild_hint(self.directory)}")
         m = manifest.model
         self._nh, self._hd, self._d, self._v = m.num_heads, m.head_dim, m.hidden_size, m.vocab_size
+        self._page = manifest.page_size
         dev, B = self._device.device, self.max_batch
         empty = lambda n, dtype: torch.empty(n, dtype=dtype, device=dev)  # noqa: E731
 
-        kv = B * self._nh * self.max_seq * self._hd  # elements of one K (or V) buffer at the limits
-        self._kv = [(empty(kv, self._act_dtype), empty(kv, self._act_dtype)) for _ in self._layer_names]
-        self._spare = (empty(kv, self._act_dtype), empty(kv, self._act_dtype))
         self._hidden = [empty(B * self.max_prompt * self._d, self._act_dtype) for _ in range(2)]
+        # The graph's new K/V land here, then go to the rows' positions: writing them straight
+        # into the cache would need one graph output per row position (TensorRT binds one address).
+        new = B * self._nh * self.max_prompt * self._hd  # (B, nh, T, hd) at the prefill limit
+        self._new = (empty(new, self._act_dtype), empty(new, self._act_dtype))
+        # The empty past of a prefill: one page, all masked. K and V share it (both read-only, and
+        # a zero V keeps the masked columns' contribution exactly 0).
+        self._zero_page = torch.zeros(B * self._nh * self._hd * self._page, dtype=self._act_dtype, device=dev)
         self._head_in = empty(B * self._d, self._act_dtype)
         head = manifest.head
         logits_dtype = torch_dtype(torch, self._runners["head"].dtype(head.outputs[0].name))
         self._logits = empty(B * self._v, logits_dtype)
         ids_name = manifest.embed.inputs[0].name
         self._ids = empty(B * self.max_prompt, torch_dtype(torch, self._runners["embed"].dtype(ids_name)))
-        self._mask_buffers: dict = {}  # torch dtype -> flat buffer of max_batch x max_seq
-        self._mask_source = None  # the host mask last uploaded; the loop builds a new one per step
-        self._mask_views: dict = {}  # torch dtype -> (B, S) view of the upload
+        # Widest mask: a decode step over every page (+1), or a prefill behind the zero page.
+        self._mask_width = max(max_pages(self.max_seq, self._page) * self._page + 1,
+                               self._page + self.max_prompt)
+        self._mask_buffers: dict = {}  # (torch dtype, zero columns) -> flat buffer of max_batch x _mask_width
+        self._mask_source = None  # the host mask last uploaded; the engine builds a new one per step
+        self._mask_views: dict = {}  # (torch dtype, zero columns) -> (B, zeros + S) view of the upload
 
         scratch = max((r.scratch_bytes for r in self._runners.values()), default=0)
         self._scratch = empty(max(scratch, 1), torch.uint8)  # torch blocks are 512-byte aligned
         for runner in self._runners.values():
             runner.set_scratch(self._scratch.data_ptr(), scratch)
 
-        self._lengths = [0] * len(self._layer_names)
-        self._released: set[int] = set()
-        self._batch = 0
+        self.keys: list = []  # per layer (pages, slots, nh, hd, page), from allocate()
+        self.values: list = []  # per layer (pages, slots, nh, page, hd)
+        self.slots = self.capacity = 0
 
     def _load(self, trt, spec: GraphSpec, entry) -> GraphRunner:
         path = self.engine_dir / entry.plan
@@ -299,42 +315,66 @@ class TensorRTBackend(Backend):
         self._engines.append(engine)
         return GraphRunner(trt, engine, spec, path, self.directory)
 
-    # -- limits ------------------------------------------------------------------------------
+    # -- KV cache ----------------------------------------------------------------------------
 
-    def reset(self, batch_size: int, max_length: int) -> None:
+    def allocate(self, slots: int, capacity: int) -> None:
         hint = f"rebuild the engines with `python -m engines build {self.directory}"
-        if batch_size > self.max_batch:
+        if slots > self.max_batch:
             raise EngineLimitError(
-                f"batch of {batch_size} exceeds max_batch {self.max_batch} of the engines in "
-                f"{self.engine_dir}; split the batch, or {hint} --max-batch {batch_size}`")
-        if max_length > self.max_seq:
+                f"max_batch {slots} (KV slots) exceeds max_batch {self.max_batch} of the engines in "
+                f"{self.engine_dir}; load with runtime.load(..., max_batch={self.max_batch}), or "
+                f"{hint} --max-batch {slots}`")
+        if capacity > self.max_seq:
             raise EngineLimitError(
-                f"prompt + max_new_tokens = {max_length} exceeds max_seq {self.max_seq} of the "
-                f"engines in {self.engine_dir}; shorten the prompt or lower max_new_tokens by "
-                f"{max_length - self.max_seq}, or {hint} --max-seq {max_length}`")
-        self._batch = batch_size
-        self._lengths = [0] * len(self._layer_names)
-        self._released.clear()
+                f"max_length {capacity} (prompt + new tokens per row) exceeds max_seq {self.max_seq} "
+                f"of the engines in {self.engine_dir}; load with runtime.load(..., "
+                f"max_length={self.max_seq}), or {hint} --max-seq {capacity}`")
+        torch, dev = self._device.torch, self._device.device
+        pages = -(-capacity // self._page)
+        nh, hd, page = self._nh, self._hd, self._page
+        self.keys, self.values = [], []  # free the old cache before the new one is allocated
+        # Zeros, not empty: positions no row wrote yet are bound (masked) with every decode step,
+        # and uninitialised memory may hold NaN, which a mask does not cancel in probs @ V.
+        zeros = lambda shape: torch.zeros(shape, dtype=self._act_dtype, device=dev)  # noqa: E731
+        self.keys = [zeros((pages, slots, nh, hd, page)) for _ in self._layer_names]
+        self.values = [zeros((pages, slots, nh, page, hd)) for _ in self._layer_names]
+        self.slots, self.capacity = slots, pages * page
         self._mask_source, self._mask_views = None, {}
+
+    def past_width(self, length: int) -> int:
+        return -(-length // self._page) * self._page  # whole pages: the graph reads pages
 
     # -- uploads -----------------------------------------------------------------------------
 
-    def _mask(self, attention_mask: np.ndarray, dtype_name: str):
-        """(B, S) device copy of the host mask, uploaded once per step and dtype."""
+    def _upload(self, array: np.ndarray):
+        """A small int64 host array as a device tensor (ordered on the stream)."""
+        torch = self._device.torch
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self._device.device)
+
+    def _mask(self, attention_mask: np.ndarray, dtype_name: str, zeros: int = 0):
+        """(B, zeros + S) device copy of the host mask behind ``zeros`` masked columns (the zero
+        page of a prefill), uploaded once per step, dtype and padding."""
         torch = self._device.torch
         dtype = torch_dtype(torch, dtype_name)
         if self._mask_source is not attention_mask:
             self._mask_source, self._mask_views = attention_mask, {}
-        view = self._mask_views.get(dtype)
+        key = (dtype, zeros)
+        view = self._mask_views.get(key)
         if view is None:
             B, S = attention_mask.shape
-            buf = self._mask_buffers.get(dtype)
-            if buf is None:
-                buf = self._mask_buffers[dtype] = torch.empty(self.max_batch * self.max_seq,
-                                                              dtype=dtype, device=self._device.device)
-            view = buf[: B * S].view(B, S)
-            view.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask)).to(dtype))
-            self._mask_views[dtype] = view
+            width = zeros + S
+            if width > self._mask_width or B > self.max_batch:
+                raise EngineLimitError(
+                    f"attention mask of {B} x {width} exceeds the engines' limits ({self.max_batch} x "
+                    f"{self._mask_width}); rebuild with larger --max-batch / --max-seq / --max-prompt")
+            buf = self._mask_buffers.get(key)
+            if buf is None:  # one buffer per key: a prefill's embed and layer masks coexist
+                buf = self._mask_buffers[key] = torch.empty(self.max_batch * self._mask_width,
+                                                            dtype=dtype, device=self._device.device)
+            view = buf[: B * width].view(B, width)
+            view[:, :zeros].zero_()
+            view[:, zeros:].copy_(torch.from_numpy(np.ascontiguousarray(attention_mask)).to(dtype))
+            self._mask_views[key] = view
         return view
 
     def _as_device(self, hidden):
@@ -353,7 +393,7 @@ class TensorRTBackend(Backend):
     # -- Backend -----------------------------------------------------------------------------
 
     def embed(self, input_ids, attention_mask):
-        B, T = input_ids.shape  # (B, T) int64 from the loop
+        B, T = input_ids.shape  # (B, T) int64 from the engine
         if T > self.max_prompt:  # the prefill profile and the hidden buffers end there
             raise EngineLimitError(
                 f"prompt of {T} tokens (padded) exceeds max_prompt {self.max_prompt} of the engines "
@@ -371,62 +411,79 @@ class TensorRTBackend(Backend):
                        {spec.outputs[0].name: out}, self._device.handle)
         return out  # (B, T, D) on the device
 
-    def layer(self, index, hidden, attention_mask):
-        if index in self._released:
-            raise CacheReleasedError(f"layer {index} ran after its cache was released")
+    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
         spec = self.manifest.layers[index]
         runner = self._runners[spec.name]
         h_in, m_in, k_in, v_in = (t.name for t in spec.inputs)
         h_out, k_out, v_out = (t.name for t in spec.outputs)
+        nh, hd, page = self._nh, self._hd, self._page
         with self._device.scope():
             x = self._as_device(hidden)  # (B, T, D)
             B, T, _ = x.shape
-            P = self._lengths[index]
-            S = P + T
-            if S > self.max_seq:
-                raise EngineLimitError(
-                    f"layer {index} would hold {S} positions, over max_seq {self.max_seq} of the "
-                    f"engines; rebuild with `python -m engines build {self.directory} --max-seq {S}`")
-            mask = self._mask(attention_mask, runner.dtype(m_in))  # (B, S)
-            past, present = (B, self._nh, P, self._hd), (B, self._nh, S, self._hd)
-            (pk, pv), (nk, nv) = self._kv[index], self._spare
+            past = attention_mask.shape[1] - T
+            check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
+            if past % page:
+                raise ValueError(f"{self.name}: a decode mask covers whole pages (past_width); got a "
+                                 f"past of {past} positions with pages of {page}")
+            if past:  # decode: the cache's first pages of every slot, bound in place (no copy)
+                pages = past // page
+                past_key = self.keys[index][:pages]  # (pages, S, nh, hd, page), a contiguous prefix
+                past_value = self.values[index][:pages]  # (pages, S, nh, page, hd)
+                mask = self._mask(attention_mask, runner.dtype(m_in))  # (S, past + 1)
+            else:  # prefill: one all-masked zero page stands for the empty past
+                zero = self._zero_page[: B * nh * hd * page]
+                past_key, past_value = zero.view(1, B, nh, hd, page), zero.view(1, B, nh, page, hd)
+                mask = self._mask(attention_mask, runner.dtype(m_in), zeros=page)  # (B, page + T)
             out = self._out_hidden(x, (B, T, self._d))
-            runner.run(
-                {h_in: x, m_in: mask, k_in: pk[: _volume(past)].view(past),
-                 v_in: pv[: _volume(past)].view(past)},
-                {h_out: out, k_out: nk[: _volume(present)].view(present),
-                 v_out: nv[: _volume(present)].view(present)},
-                self._device.handle)
-        # present (past + new) now lives in the spare pair: it becomes the layer's cache and the
-        # layer's old pair becomes the spare. Nothing is copied.
-        self._kv[index], self._spare = (nk, nv), (pk, pv)
-        self._lengths[index] = S
+            shape = (B, nh, T, hd)
+            new_key = self._new[0][: _volume(shape)].view(shape)  # (B, nh, T, hd)
+            new_value = self._new[1][: _volume(shape)].view(shape)
+            runner.run({h_in: x, m_in: mask, k_in: past_key, v_in: past_value},
+                       {h_out: out, k_out: new_key, v_out: new_value},
+                       self._device.handle, prefer=DECODE if past else PREFILL)
+            rows = np.arange(B) if update is None else np.flatnonzero(update)
+            self._write(index, new_key, new_value, np.asarray(slots)[rows], np.asarray(positions)[rows],
+                        rows)
+            if update is not None and len(rows) < B:  # skipped rows keep their hidden state
+                keep = self._upload(np.flatnonzero(~np.asarray(update, dtype=bool)))
+                out.index_copy_(0, keep, x.index_select(0, keep))  # (K, T, D)
         return out
 
-    def head(self, hidden):
+    def _write(self, index, new_key, new_value, slots, positions, rows) -> None:
+        """Copy the new K/V of ``rows`` (new_*: (B, nh, T, hd)) to positions
+        [positions[r], positions[r] + T) of their slots: only the new positions are written."""
+        if not len(rows):
+            return
+        T = new_key.shape[2]
+        pos = positions[:, None] + np.arange(T)  # (R, T)
+        where = self._upload(np.stack([pos // self._page, np.broadcast_to(slots[:, None], pos.shape),
+                                       pos % self._page, np.broadcast_to(rows[:, None], pos.shape)]))
+        page, slot, offset, row = where  # (R, T) each
+        # Advanced indices on dims 0, 1 and 4 (K) or 3 (V) around slices put the index dims first:
+        # both targets are (R, T, nh, hd), as is the source once its T and nh dims swap.
+        self.keys[index][page, slot, :, :, offset] = new_key[row[:, 0]].transpose(1, 2)
+        self.values[index][page, slot, :, offset, :] = new_value[row[:, 0]].transpose(1, 2)
+
+    def head(self, hidden, rows=None):
         spec = self.manifest.head
         runner = self._runners["head"]
         torch = self._device.torch
         with self._device.scope():
             x = self._as_device(hidden)  # (B, T, D)
-            B = x.shape[0]
-            last = self._head_in[: B * self._d].view(B, 1, self._d)
-            last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
-            logits = self._logits[: B * self._v].view(B, 1, self._v)
+            R = x.shape[0] if rows is None else len(rows)
+            last = self._head_in[: R * self._d].view(R, 1, self._d)
+            if rows is None:
+                last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
+            else:  # the rows' last positions, gathered on the device: (R, 1, D)
+                torch.index_select(x[:, -1:, :], 0, self._upload(np.asarray(rows)), out=last)
+            logits = self._logits[: R * self._v].view(R, 1, self._v)
             runner.run({spec.inputs[0].name: last}, {spec.outputs[0].name: logits}, self._device.handle)
-            # (B, V) fp32 in fresh host memory (the caller keeps it; the buffer is reused next step)
+            # (R, V) fp32 in fresh host memory (the caller keeps it; the buffer is reused next step)
             result = logits[:, 0, :].to("cpu", torch.float32, copy=True).numpy()
         return result
-
-    def release(self, index):
-        self._lengths[index] = 0  # the buffers stay allocated: the next batch reuses them
-        self._released.add(index)
-
-    def cache_length(self, index):
-        return 0 if index in self._released else self._lengths[index]
 
     def close(self):
         self._runners.clear()
         self._engines.clear()
-        self._kv, self._spare, self._hidden, self._mask_buffers = [], (), [], {}
-        self._scratch = None
+        self.keys, self.values, self._hidden, self._mask_buffers = [], [], [], {}
+        self._new = self._zero_page = self._scratch = None

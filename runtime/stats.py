@@ -1,0 +1,101 @@
+"""What a generation returns and streams: results, per-step events and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .policy import SkipPolicy
+
+
+@dataclass
+class StepStats:
+    step: int  # generation step g (its input is the g-th generated token)
+    budget: int  # the policy's layer budget for this step
+    layers: tuple[int, ...]  # layers this request's rows ran (their active set), ascending
+    seconds: float  # wall time of the engine's step (embed + layers + head, all rows together)
+    num_layers: int  # L, for the ratios
+    rows: tuple[int, ...] = ()  # the request's rows that ran this step (the unfinished ones)
+    engine_layers: tuple[int, ...] = ()  # layers the engine ran for all its rows: the union of
+    # the running rows' active sets, a superset of ``layers`` when other requests shared the step
+
+    @property
+    def theoretical_ratio(self) -> float:
+        """L / budget: the speedup this step would give if time were proportional to layers."""
+        return self.num_layers / self.budget
+
+    @property
+    def achieved_ratio(self) -> float:
+        """L / layers actually run."""
+        return self.num_layers / max(len(self.layers), 1)
+
+
+@dataclass
+class GenerationStats:
+    num_layers: int
+    batch_size: int
+    prompt_tokens: int  # padded prompt length
+    new_tokens: int  # tokens generated per row (until every row finished)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    steps: list[StepStats] = field(default_factory=list)
+
+    @property
+    def layers_per_step(self) -> list[int]:
+        return [len(s.layers) for s in self.steps]
+
+    @property
+    def theoretical_speedup(self) -> float:
+        """L / mean(policy budget) over the decode steps run (1.0 when none ran)."""
+        if not self.steps:
+            return 1.0
+        return self.num_layers * len(self.steps) / sum(s.budget for s in self.steps)
+
+    @property
+    def achieved_layer_ratio(self) -> float:
+        """L / mean(layers the backend actually ran) over the decode steps."""
+        if not self.steps:
+            return 1.0
+        return self.num_layers * len(self.steps) / sum(len(s.layers) for s in self.steps)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.batch_size * len(self.steps) / self.decode_seconds if self.decode_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {"num_layers": self.num_layers, "batch_size": self.batch_size,
+                "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+                "prefill_seconds": round(self.prefill_seconds, 6),
+                "decode_seconds": round(self.decode_seconds, 6),
+                "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
+                "layers_per_step": self.layers_per_step,
+                "theoretical_speedup": round(self.theoretical_speedup, 4),
+                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4)}
+
+    def __repr__(self) -> str:
+        return f"GenerationStats({self.to_dict()})"
+
+
+@dataclass
+class GenerationResult:
+    texts: list[str]  # generated text per prompt (prompt excluded)
+    token_ids: list[list[int]]  # generated ids per prompt, up to and including EOS / stop
+    stats: GenerationStats
+    policy: SkipPolicy
+    finish_reasons: list[str] = field(default_factory=list)  # per row: "eos", "stop" or "length"
+
+    def layers_of_row(self, row: int) -> list[tuple[int, ...]]:
+        """The layers row ``row`` ran at each of its decode steps."""
+        return [s.layers for s in self.stats.steps if row in s.rows]
+
+
+@dataclass
+class TokenEvent:
+    """One generation step, as streamed: the new token of every row still running."""
+
+    step: int
+    token_ids: list[int | None]  # None for rows that had already finished
+    texts: list[str]  # text each row gained at this step ("" for finished rows)
+    finished: list[bool]
+    logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling

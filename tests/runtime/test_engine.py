@@ -1,0 +1,246 @@
+"""The continuous-batching engine: concurrent calls, per-row budgets, cancellation, faults, no KV copies."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime.engine import EngineClosedError, QueueFullError
+from runtime.errors import PolicyError
+from runtime.policy import SkipPolicy
+from tests.conftest import PROMPTS
+from tests.runtime.test_generate import SpyBackend, spying
+
+BACKENDS = ["onnxruntime", "torch"]
+# (prompts, max_new_tokens, options): different prompts, lengths, budgets and finishing times
+REQUESTS = [
+    (PROMPTS[0], 12, dict(speedup=2)),
+    ([PROMPTS[1], PROMPTS[2]], 9, dict(speedup=3)),
+    (PROMPTS[2], 14, {}),
+    ("A short one", 5, dict(policy={"max_layers": 5, "min_layers": 2, "warmup_layers": 1, "horizon": 4})),
+    ("The quick brown fox", 11, dict(speedup=1.5, stop_strings=["zz"])),
+    (PROMPTS[1], 7, dict(do_sample=True, seed=3, top_k=20)),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def engine_gen(request, artifact_dir):
+    gen = runtime.load(artifact_dir, backend=request.param, max_batch=4, threads=1)
+    yield gen
+    gen.close()
+
+
+def wait_for(condition, seconds=10.0):
+    deadline = time.time() + seconds
+    while not condition() and time.time() < deadline:
+        time.sleep(0.005)
+
+
+def alone(gen, prompts, new, options):
+    return gen.generate(prompts, new, ignore_eos=True, **options)
+
+
+def check_layers(result):
+    """Every row ran exactly its own policy's active set at each of its own steps."""
+    for b in range(len(result.token_ids)):
+        layers = result.layers_of_row(b)
+        assert layers == [result.policy.active_layers(g) for g in range(len(layers))]
+        assert len(layers) == len(result.token_ids[b]) - 1  # one decode step per token after the first
+
+
+def test_concurrent_requests_from_threads_equal_each_alone(engine_gen):
+    expected = [alone(engine_gen, *r).token_ids for r in REQUESTS]
+    results = [None] * len(REQUESTS)
+
+    def worker(k):
+        time.sleep(0.003 * k)  # staggered starts: later ones join a running batch
+        results[k] = alone(engine_gen, *REQUESTS[k])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(REQUESTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [r.token_ids for r in results] == expected
+    for r in results:
+        check_layers(r)
+    shared = [s for r in results for s in r.stats.steps if s.engine_layers != s.layers]
+    assert shared, "no step ran another request's layers beside this one's: nothing was batched"
+    assert engine_gen.engine.owner == [None] * engine_gen.max_batch  # every slot is free again
+
+
+class Gate(SpyBackend):
+    """Holds the engine in ``head`` until the test lets a step through."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.permits = threading.Semaphore(0)
+
+    def head(self, hidden, rows=None):
+        self.permits.acquire()
+        return super().head(hidden, rows)
+
+    def step(self, n=1):
+        for _ in range(n):
+            self.permits.release()
+
+
+@pytest.mark.parametrize("join_at", [0, 3, 9])  # at step 0, mid-decay, past the horizon (4)
+def test_a_request_joins_a_decayed_batch(engine_gen, join_at):
+    L = engine_gen.num_layers
+    early = SkipPolicy(L, L, 2, warmup_layers=1, horizon=5)
+    late = SkipPolicy(L, L - 1, 3, warmup_layers=1, horizon=6)
+    want_a = alone(engine_gen, PROMPTS[1], 14, dict(policy=early)).token_ids
+    want_b = alone(engine_gen, PROMPTS[0], 8, dict(policy=late)).token_ids
+    real = engine_gen.engine.backend
+    gate = Gate(real)
+    engine_gen.engine.backend = gate
+    try:
+        a = engine_gen.stream(PROMPTS[1], 14, policy=early, ignore_eos=True)
+        gate.step(1 + join_at)  # a's prefill, then join_at decode steps
+        events = [next(a) for _ in range(1 + join_at)]
+        b = engine_gen.stream(PROMPTS[0], 8, policy=late, ignore_eos=True)
+        gate.step(100)
+        rest_a, rest_b = list(a), list(b)
+    finally:
+        engine_gen.engine.backend = real
+    assert [e.token_ids[0] for e in events + rest_a] == want_a[0]
+    assert [e.token_ids[0] for e in rest_b] == want_b[0]
+    check_layers(a.result)
+    check_layers(b.result)
+    # b's first decode step ran its full budget beside a's decayed one, on the same engine step
+    first = b.result.stats.steps[0]
+    assert set(first.engine_layers) >= set(first.layers) | set(early.active_layers(join_at + 1))
+
+
+def test_two_streams_consumed_in_turn_give_the_right_tokens(engine_gen):
+    """The bug report: two streams read alternately used to overwrite each other's KV cache."""
+    want = [alone(engine_gen, p, 10, {}).token_ids[0] for p in PROMPTS[:2]]
+    s1, s2 = (engine_gen.stream(p, 10, ignore_eos=True) for p in PROMPTS[:2])
+    got = [[], []]
+    for _ in range(10):
+        got[0].append(next(s1).token_ids[0])
+        got[1].append(next(s2).token_ids[0])
+    assert got == want
+
+
+def test_cancelling_a_stream_frees_its_slot_and_spares_the_others(engine_gen):
+    want = alone(engine_gen, PROMPTS[2], 12, {}).token_ids
+    keep = engine_gen.stream(PROMPTS[2], 12, ignore_eos=True)
+    drop = engine_gen.stream(PROMPTS[0], 40, ignore_eos=True)
+    next(drop)
+    next(drop)
+    drop.close()
+    with pytest.raises(StopIteration):
+        next(drop)
+    assert [e.token_ids[0] for e in keep] == want[0]
+    wait_for(lambda: not any(engine_gen.engine.owner))
+    assert engine_gen.engine.owner == [None] * engine_gen.max_batch
+
+
+def test_abandoned_stream_is_cancelled(engine_gen):
+    stream = engine_gen.stream(PROMPTS[0], 50, ignore_eos=True)
+    request = stream._request
+    del stream  # never read: the request must not hold its slot until it runs out
+    assert request.cancelled
+
+
+def test_invalid_request_fails_alone_before_joining(engine_gen):
+    good = engine_gen.stream(PROMPTS[0], 6, ignore_eos=True)
+    with pytest.raises(PolicyError, match="min_layers \\(3\\) must be <= max_layers \\(2\\)"):
+        engine_gen.stream(PROMPTS[1], 6, policy={"max_layers": 2, "min_layers": 3})
+    assert len(list(good)) == 6
+
+
+def test_a_failing_request_does_not_disturb_the_others(engine_gen):
+    """A backend error in one request's prefill reaches that caller only."""
+    want = alone(engine_gen, PROMPTS[0], 8, {}).token_ids
+
+    class Faulty(SpyBackend):
+        def embed(self, ids, mask):
+            if ids.shape[1] > 1 and (ids == 0).any():  # the poisoned request's prompt
+                raise RuntimeError("simulated device fault")
+            return super().embed(ids, mask)
+
+    with spying(engine_gen) as spy:
+        engine_gen.engine.backend = Faulty(spy.inner)
+        good = engine_gen.stream(PROMPTS[0], 8, ignore_eos=True)
+        poisoned = engine_gen.tokenizer.decode([0, 5, 6])
+        with pytest.raises(RuntimeError, match="simulated device fault"):
+            engine_gen.generate(poisoned, 4)
+        assert [e.token_ids[0] for e in good] == want[0]
+
+
+def test_more_prompts_than_slots(engine_gen):
+    with pytest.raises(ValueError, match="5 prompts exceed max_batch 4 of this Generator .* max_batch=5"):
+        engine_gen.generate(["a", "b", "c", "d", "e"], 2)
+
+
+def test_requests_beyond_the_slots_wait_their_turn(engine_gen):
+    """Eight one-row requests on four slots: all complete, each equal to its solo run."""
+    prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(8)]
+    want = [alone(engine_gen, p, 6, {}).token_ids for p in prompts]
+    streams = [engine_gen.stream(p, 6, ignore_eos=True) for p in prompts]
+    for s in streams:
+        list(s)
+    assert [s.result.token_ids for s in streams] == want
+
+
+def test_queue_limit_and_close(artifact_dir):
+    gen = runtime.load(artifact_dir, max_batch=1, max_queue=1, threads=1)
+    with spying(gen) as spy:
+        gate = Gate(spy.inner)
+        gen.engine.backend = gate
+        running = gen.stream(PROMPTS[0], 20, ignore_eos=True)
+        wait_for(lambda: gen.engine.running)  # seated: the worker now blocks in its prefill's head
+        waiting = gen.stream(PROMPTS[1], 20, ignore_eos=True)
+        with pytest.raises(QueueFullError, match="1 requests are already waiting \\(max_queue 1\\)"):
+            gen.stream(PROMPTS[2], 4)
+        gen.engine.close(cancel=True, timeout=0)
+        gate.step(100)
+        gen.engine.thread.join(10)
+    for stream in (running, waiting):
+        with pytest.raises(EngineClosedError, match="the Generator was closed while this request ran"):
+            list(stream)
+    with pytest.raises(EngineClosedError, match="this Generator is closed"):
+        gen.stream(PROMPTS[0], 2)
+    gen.close()
+
+
+def test_context_manager_waits_for_running_requests(artifact_dir):
+    with runtime.load(artifact_dir, max_batch=2, threads=1) as gen:
+        stream = gen.stream(PROMPTS[0], 6, ignore_eos=True)
+    assert len(list(stream)) == 6 and stream.result.finish_reasons == ["length"]
+
+
+def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
+    """The past given to every decode graph is a view of the layer's buffer, whose address never
+    changes; the graphs return only the new position's K/V: nothing copies or concatenates the past."""
+    gen = runtime.load(artifact_dir, max_batch=2, threads=1)
+    backend = gen.engine.backend
+    addresses = [(k.ctypes.data, v.ctypes.data) for k, v in zip(backend.keys, backend.values)]
+    seen = []
+    for index, name in enumerate(backend._layer_names):
+        session = backend._sessions[name]
+
+        class Spy:
+            def __init__(self, inner, index):
+                self.inner, self.index = inner, index
+
+            def run(self, outputs, feeds):
+                result = self.inner.run(outputs, feeds)
+                seen.append((self.index, feeds["past_key"], feeds["past_value"], result[1].shape))
+                return result
+
+        backend._sessions[name] = Spy(session, index)
+    result = gen.generate(PROMPTS[:2], 10, speedup=2, ignore_eos=True)
+    decode = [s for s in seen if s[3][2] == 1]
+    assert len(decode) == sum(len(s.layers) for s in result.stats.steps)
+    for index, past_key, past_value, new_shape in decode:
+        assert np.shares_memory(past_key, backend.keys[index]) and np.shares_memory(past_value, backend.values[index])
+        assert past_key.base is backend.keys[index] or past_key.base is backend.keys[index].base
+        assert new_shape == (2, gen.manifest.model.num_heads, 1, gen.manifest.model.head_dim)
+    assert [(k.ctypes.data, v.ctypes.data) for k, v in zip(backend.keys, backend.values)] == addresses
+    gen.close()

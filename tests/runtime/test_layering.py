@@ -1,0 +1,75 @@
+"""Layering (issue 9 part 4): ``runtime`` stands alone. It imports nothing from ``export`` or
+``engines`` (they import runtime, so the arrows point one way), finds the TensorRT backend through
+an entry point, and imports without TensorRT."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import runtime.backends as backends
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = ("export", "engines")
+# Imports still to move, with where that is tracked. main's torch backend (the paged contract)
+# already dropped this one: delete the entry once that is merged here; nothing else may be added.
+def imported_modules(source: str, package: str) -> set[str]:
+    """Absolute names of every module ``source`` (a module of ``package``) imports, at any depth
+    (lazy imports included)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                names.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                names.add(node.module)
+    return names
+
+
+def test_runtime_imports_neither_export_nor_engines():
+    found = {}
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        package = ".".join(path.relative_to(ROOT).parts[:-1])
+        for name in imported_modules(path.read_text(), package):
+            if name.split(".")[0] in FORBIDDEN:
+                found[(rel, name)] = True
+    assert ROOT.joinpath("runtime/backends/onnxruntime.py").is_file()  # the walk saw the backends
+    assert not found, f"runtime must not import export or engines: {sorted(found)}"
+
+
+def test_imported_modules_sees_lazy_and_relative_imports():
+    source = "from ..manifest import Manifest\nfrom . import base\n\ndef f():\n    import export.build\n"
+    assert imported_modules(source, "runtime.backends") == {"runtime.manifest", "runtime.backends",
+                                                            "export.build"}
+
+
+def test_import_runtime_needs_neither_tensorrt_nor_engines():
+    code = ("import sys, runtime, runtime.backends, runtime.generator; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'engines', 'export')); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_tensorrt_backend_comes_from_the_entry_point():
+    from engines.backend import TensorRTBackend
+
+    assert backends.entry_point_backend("tensorrt") is TensorRTBackend
+
+
+def test_missing_entry_point_says_how_to_fix(monkeypatch, artifact_dir):
+    import runtime
+
+    monkeypatch.setattr(backends.metadata, "entry_points", lambda group: [])
+    with pytest.raises(backends.BackendNotInstalledError) as info:
+        runtime.load(artifact_dir, backend="trt")
+    assert str(info.value) == (
+        "backend 'tensorrt' is provided by the engines package of skipdecode-edge through the "
+        "'skipdecode_edge.backends' entry point, and none is registered in this environment; "
+        "reinstall with pip install -e .")
