@@ -19,7 +19,7 @@ from runtime.version import __version__
     (["--max-layers", "3"], "error: --max-layers and --min-layers go together"),
     (["--max-layers", "3", "--min-layers", "4"], "error: min_layers (4) must be <= max_layers (3)"),
     (["--speedup", "2", "--max-layers", "3", "--min-layers", "2"], "error: pass --speedup or --max-layers"),
-    (["--max-new-tokens", "100"], "exceeds max_position_embeddings 64 of this model; lower max_new_tokens to at most"),
+    (["--max-new-tokens", "100"], "exceeds max_length 64 of this Generator (the model's max_position_embeddings is 64); lower max_new_tokens to at most"),
     (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (["--device", "cuda:1"], "error: --device for the onnxruntime backend is cpu or cuda, got 'cuda:1'")])
 def test_user_errors_exit_2_with_one_line(artifact_dir, capsys, argv, message):
