@@ -1,4 +1,5 @@
-"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream]``."""
+"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream]``, and
+``python -m runtime serve DIR [--port 8000] ...`` (runtime/serve/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from .generator import load
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # an artifact directory named "serve": pass it as ./serve
+        from .serve.cli import main as serve
+
+        return serve(argv[1:])
     p = argparse.ArgumentParser(prog="python -m runtime",
-                                description="Generate text from an exported artifact with SkipDecode.")
+                                description="Generate text from an exported artifact with SkipDecode.",
+                                epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
     p.add_argument("--max-new-tokens", type=int, default=32)
