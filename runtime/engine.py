@@ -44,7 +44,8 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 _DONE = object()  # the last item of a request's event queue, after its result or error
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler finds requests in lists (`in`, remove), and a
+# field-wise == would compare numpy arrays and raise once two requests run at once
 class Request:
     """One generate/stream call: its rows are admitted together and step in lockstep."""
 
