@@ -175,7 +175,9 @@ class CompletionServer:
         except PolicyError as exc:
             raise RequestError(str(exc), policy_error_param(str(exc), req), code="invalid_policy") from exc
         except InputTooLongError as exc:
-            raise RequestError(str(exc), "max_tokens", code="context_length_exceeded") from exc
+            # the runtime's argument is max_new_tokens; say it in the request's terms
+            raise RequestError(str(exc).replace("max_new_tokens", "max_tokens"), "max_tokens",
+                               code="context_length_exceeded") from exc
         except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
             raise RequestError(str(exc)) from exc
 

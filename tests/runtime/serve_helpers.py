@@ -72,10 +72,11 @@ class LiveServer:
         self.sock.close()
 
 
-def read_sse(response) -> tuple[list[dict], bool]:
-    """The JSON chunks of an SSE response, and whether it ended with ``data: [DONE]``."""
+def read_sse(lines) -> tuple[list[dict], bool]:
+    """The JSON chunks of an SSE response's lines (``response.iter_lines()``, maybe partly read),
+    and whether they ended with ``data: [DONE]``."""
     chunks, done = [], False
-    for line in response.iter_lines():
+    for line in lines:
         if not line.startswith("data: "):
             assert line == "", f"unexpected SSE line {line!r}"
             continue

@@ -64,7 +64,7 @@ def complete_streaming(client, **body):
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
-        chunks, done = read_sse(r)
+        chunks, done = read_sse(r.iter_lines())
     assert done, "the stream did not end with data: [DONE]"
     return chunks
 
@@ -330,7 +330,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(artifact_dir, generato
                 lines = r.iter_lines()
                 first = next(lines)
                 started.wait()
-                chunks, done = read_sse(r)
+                chunks, done = read_sse(lines)
             chunks.insert(0, json.loads(first[len("data: "):]))
             return chunks, done
 
