@@ -44,8 +44,7 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 _DONE = object()  # the last item of a request's event queue, after its result or error
 
 
-@dataclass(eq=False)  # identity: the scheduler finds requests in lists (`in`, remove), and a
-# field-wise == would compare numpy arrays and raise once two requests run at once
+@dataclass(eq=False)  # identity: a request is found in the engine's lists by what it is
 class Request:
     """One generate/stream call: its rows are admitted together and step in lockstep."""
 

@@ -151,7 +151,10 @@ class CompletionServer:
             stream = self._submit(req)
         except RequestError as exc:
             return _error_response(exc)
-        prompt_tokens = sum(len(ids) for ids in self.gen.tokenizer(req.prompts)["input_ids"])
+        # the Generator's own tokenizer call (same padding settings): switching a fast tokenizer's
+        # padding mutates it, which another thread's tokenizer call may be borrowing
+        enc = self.gen.tokenizer(req.prompts, padding=True, return_tensors="np")
+        prompt_tokens = int(enc["attention_mask"].sum())
         completion = Completion(self.model_id)
         if req.stream:
             return _EventStream(self._events(stream, req, completion, prompt_tokens), stream.close)

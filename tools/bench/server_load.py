@@ -1,4 +1,4 @@
-"""``python -m tools.bench.serve ARTIFACT``: load-test ``python -m runtime serve`` over HTTP.
+"""``python -m tools.bench.server_load ARTIFACT``: load-test ``python -m runtime serve`` over HTTP.
 
 Starts the server in a subprocess on 127.0.0.1, then for each SkipDecode speedup and each number
 of concurrent clients sends streaming /v1/completions requests (each client sends its next one when
@@ -117,7 +117,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.server_load", description=__doc__.splitlines()[0])
     p.add_argument("artifact", help="artifact directory (python -m export build)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32], help="concurrency levels (default 1 4 16 32)")
     p.add_argument("--requests-per-client", type=int, default=4,
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     try:
         import httpx  # noqa: F401
     except ImportError:
-        print('error: python -m tools.bench.serve needs httpx: pip install -e ".[serve]"', file=sys.stderr)
+        print('error: python -m tools.bench.server_load needs httpx: pip install -e ".[serve]"', file=sys.stderr)
         return 2
     prompts = load_prompts(args.prompts, args.prompt_column)
     port = free_port()

@@ -1,11 +1,11 @@
-"""python -m tools.bench.serve on a tiny artifact: the server starts, every level runs, one table."""
+"""python -m tools.bench.server_load on a tiny artifact: the server starts, every level runs, one table."""
 
 import pytest
 
 pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from tools.bench.serve import main  # noqa: E402
+from tools.bench.server_load import main  # noqa: E402
 
 pytestmark = pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True, scope="session")
 
