@@ -361,21 +361,3 @@ def test_cli_explains_bad_speedup(artifact_dir, capsys):
     assert main([str(artifact_dir), "--speedup", "99", "--port", "1"]) == 2
     assert "--speedup" in capsys.readouterr().err
 
-
-def test_stop_holdback_never_streams_part_of_a_stop():
-    from runtime.serve.protocol import StopHoldback
-
-    h = StopHoldback(["\n\n", "END"])
-    assert h.push("ab\n") == "ab"  # "\n" may start "\n\n"
-    assert h.push("c") == "\nc"  # it did not
-    assert h.push("EN") == ""
-    assert h.finish("D", "stop") == ""  # the stop string is never sent
-    assert h.text == "ab\ncEND"
-    h = StopHoldback(["END"])
-    assert h.push("xE") == "x" and h.finish("N", "length") == "EN"  # max_tokens: the text stays
-
-
-def test_import_runtime_stays_light():
-    code = ("import sys, runtime; heavy = [m for m in ('starlette', 'uvicorn', 'httpx', 'anyio') "
-            "if m in sys.modules]; assert not heavy, heavy")
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
