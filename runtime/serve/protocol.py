@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import SkipDecodeError
-from ..policy import SkipPolicy
 from ..stats import GenerationResult
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
@@ -313,6 +312,3 @@ def completion_response(completion: Completion, result: GenerationResult, stops:
     return {**completion.envelope(choices), "usage": usage(prompt_tokens, result),
             "skipdecode": skipdecode_info(result)}
 
-
-def policy_summary(policy: SkipPolicy) -> dict:
-    return {**policy.to_dict(), "theoretical_speedup": round(policy.theoretical_speedup(), 4)}
