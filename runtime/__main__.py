@@ -1,4 +1,5 @@
-"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream] [--json]``.
+"""Command line: ``python -m runtime DIR "prompt" ... [--speedup 2] [--stream] [--json]``, and
+``python -m runtime serve DIR [--port 8000] ...`` (an OpenAI-compatible server: runtime/serve/cli.py).
 
 It mirrors ``runtime.load`` + ``Generator.generate``: every option is the API argument of the same
 name. User errors (bad arguments, a broken artifact) print one line and exit 2.
@@ -18,7 +19,8 @@ ORT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvide
 
 
 def _parser():
-    p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.")
+    p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.",
+                   epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
@@ -120,6 +122,11 @@ def _print_json(prompts, result) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # an artifact directory named "serve": pass it as ./serve
+        from .serve.cli import main as serve
+
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
     return cli.run(lambda: _run(args))
 

@@ -225,7 +225,7 @@ class Engine:
         g, last = r.step, r.step == r.max_new_tokens - 1
         tokens = select(r.logits, r.sampling, r.rng)  # (B,)
         tokens[r.finished] = self.pad
-        event = TokenEvent(g, [None] * r.rows, [""] * r.rows, [False] * r.rows, r.logits)
+        event = TokenEvent(g, [None] * r.rows, [""] * r.rows, [False] * r.rows, r.logits, [None] * r.rows)
         for b in np.flatnonzero(~r.finished):
             token = int(tokens[b])
             detok, before = r.detok[b], r.texts[b]
@@ -241,6 +241,7 @@ class Engine:
             reason = "eos" if token in r.eos else "stop" if hit is not None else "length" if last else None
             if reason is not None:
                 r.finished[b], r.reasons[b] = True, reason
+                event.finish_reasons[b] = reason
                 self._free(r, b)
         event.finished = r.finished.tolist()
         r.stats.new_tokens = g + 1

@@ -99,3 +99,5 @@ class TokenEvent:
     texts: list[str]  # text each row gained at this step ("" for finished rows)
     finished: list[bool]
     logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling
+    finish_reasons: list[str | None] = field(default_factory=list)  # per row: "eos", "stop" or
+    # "length" at the step the row ended, else None (a streaming server needs it before the result)

@@ -1,0 +1,281 @@
+"""The HTTP layer: a Starlette app over one Generator (its continuous-batching engine).
+
+The engine decodes on its own thread and hands each request's events through a blocking queue.
+A handler never blocks the event loop on it: every blocking ``next(stream)`` runs in a worker
+thread (``anyio.to_thread.run_sync``), abandoned at once if the client goes away, and the stream
+is closed then, so the request's KV slots go to the next request at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine import EngineClosedError, QueueFullError
+from ..errors import InputTooLongError, PolicyError
+from ..generator import GenerationStream, Generator
+from .protocol import (Completion, CompletionRequest, RequestError, StopHoldback, choice,
+                       completion_response, error_body, openai_finish_reason, parse_completion,
+                       policy_error_param, skipdecode_info, usage)
+
+log = logging.getLogger("runtime.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Server settings beyond the Generator's own (max_batch, max_queue are the Generator's)."""
+
+    model_name: str | None = None  # id in /v1/models and responses; None: the artifact directory's name
+    speedup: float | None = None  # for requests with neither speedup nor policy; None: the artifact's policy
+    default_max_tokens: int = 16  # OpenAI's default when a request has no max_tokens
+    retry_after: int = 1  # seconds a 503 (queue full) asks the client to wait before retrying
+    shutdown_timeout: float = 30.0  # seconds SIGTERM waits for requests in flight before cancelling them
+    close_generator: bool = True  # close the Generator at shutdown; False when the caller owns it
+    waiter_threads: int = 64  # worker threads blocked on engine streams at once; more requests wait
+    # for one without holding a thread (the engine runs them regardless, so nothing deadlocks)
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events that end the engine request however the response ends: finished,
+    client gone (noticed while waiting too, not only when a send fails), or cancelled."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content, on_close):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def respond() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away mid-send
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(respond)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
+            with contextlib.suppress(RuntimeError):
+                await self.body_iterator.aclose()
+
+
+def _next_event(stream: GenerationStream):
+    return next(stream, None)
+
+
+def _drain(stream: GenerationStream):
+    for _ in stream:
+        pass
+    return stream.result
+
+
+def _error_response(exc: RequestError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=headers)
+
+
+def _internal_error(exc: BaseException) -> dict:
+    return error_body(f"internal error while generating: {type(exc).__name__}: {exc}", "server_error",
+                      code="internal_error")
+
+
+class CompletionServer:
+    """Routes and state of one served Generator."""
+
+    def __init__(self, generator: Generator, config: ServeConfig):
+        self.gen, self.config = generator, config
+        self.model_id = config.model_name or Path(generator.directory).resolve().name
+        self.limiter = anyio.CapacityLimiter(config.waiter_threads)
+
+    async def _wait(self, fn, stream):
+        return await anyio.to_thread.run_sync(fn, stream, abandon_on_cancel=True, limiter=self.limiter)
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        engine = self.gen.engine
+        with engine.lock:
+            running, waiting, closing = len(engine.running), len(engine.waiting), engine.closing
+        body = {"status": "shutting_down" if closing else "ok", "model": self.model_id,
+                "running": running, "waiting": waiting, "max_batch": self.gen.max_batch,
+                "max_queue": engine.max_queue}
+        return JSONResponse(body, status_code=503 if closing else 200)
+
+    def _model_card(self) -> dict:
+        m = self.gen.manifest
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "skipdecode-edge",
+                "skipdecode": {"num_layers": m.model.num_layers, "default_policy": m.policy,
+                               "default_speedup": self.config.speedup,
+                               "max_length": self.gen.max_length, "max_batch": self.gen.max_batch}}
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> JSONResponse:
+        if request.path_params["model"] != self.model_id:
+            err = RequestError(f"model {request.path_params['model']!r} is not served here; this "
+                               f"server serves {self.model_id!r}", "model", 404, "model_not_found")
+            return _error_response(err)
+        return JSONResponse(self._model_card())
+
+    async def chat(self, request: Request) -> JSONResponse:
+        return _error_response(RequestError(
+            "no chat endpoint: OPT has no chat template; use /v1/completions with a text prompt",
+            None, 404, "not_found"))
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object "
+                                   f"with Content-Type: application/json", None, code="invalid_json")
+            req = parse_completion(body, self.model_id, self.gen.max_batch, self.config.default_max_tokens,
+                                   self.config.speedup)
+            stream = self._submit(req)
+        except RequestError as exc:
+            return _error_response(exc)
+        # the Generator's own tokenizer call (same padding settings): switching a fast tokenizer's
+        # padding mutates it, which another thread's tokenizer call may be borrowing
+        enc = self.gen.tokenizer(req.prompts, padding=True, return_tensors="np")
+        prompt_tokens = int(enc["attention_mask"].sum())
+        completion = Completion(self.model_id)
+        if req.stream:
+            return _EventStream(self._events(stream, req, completion, prompt_tokens), stream.close)
+        try:
+            return await self._complete(request, stream, req, completion, prompt_tokens)
+        finally:
+            stream.close()
+
+    # -- the work ----------------------------------------------------------------------------
+
+    def _submit(self, req: CompletionRequest) -> GenerationStream:
+        """Submit to the engine at once; its refusals become the HTTP errors they mean."""
+        try:
+            return self.gen.stream(req.prompts, req.max_tokens, **req.generate_kwargs())
+        except QueueFullError as exc:
+            raise RequestError(f"the server is at capacity: {exc}", None, 503, "queue_full", "server_error",
+                               retry_after=self.config.retry_after) from exc
+        except EngineClosedError as exc:
+            raise RequestError("the server is shutting down; retry on another instance", None, 503,
+                               "shutting_down", "server_error") from exc
+        except PolicyError as exc:
+            raise RequestError(str(exc), policy_error_param(str(exc), req), code="invalid_policy") from exc
+        except InputTooLongError as exc:
+            # the runtime's argument is max_new_tokens; say it in the request's terms
+            raise RequestError(str(exc).replace("max_new_tokens", "max_tokens"), "max_tokens",
+                               code="context_length_exceeded") from exc
+        except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
+            raise RequestError(str(exc)) from exc
+
+    async def _complete(self, request: Request, stream: GenerationStream, req: CompletionRequest,
+                        completion: Completion, prompt_tokens: int) -> Response:
+        """Wait for the whole result, giving up (and freeing the slots) if the client leaves."""
+        outcome: dict = {}
+
+        async with anyio.create_task_group() as tg:
+            async def wait() -> None:
+                try:
+                    outcome["result"] = await self._wait(_drain, stream)
+                except Exception as exc:  # noqa: BLE001 - this request's failure, answered below
+                    outcome["error"] = exc
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                stream.close()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait)
+            tg.start_soon(watch)
+        if "result" in outcome:
+            return JSONResponse(completion_response(completion, outcome["result"], req.stop, prompt_tokens))
+        if "error" in outcome:
+            exc = outcome["error"]
+            if isinstance(exc, EngineClosedError):
+                return _error_response(RequestError(str(exc), None, 503, "shutting_down", "server_error"))
+            log.error("request %s failed", completion.id, exc_info=exc)
+            return JSONResponse(_internal_error(exc), status_code=500)
+        return Response(status_code=499)  # the client left; nobody reads this
+
+    async def _events(self, stream: GenerationStream, req: CompletionRequest, completion: Completion,
+                      prompt_tokens: int):
+        """OpenAI's stream: one chunk per choice per step that adds text or ends the choice, then
+        (with stream_options.include_usage) a chunk with no choices and the usage, then [DONE]."""
+        holds = [StopHoldback(req.stop) for _ in req.prompts]
+
+        def chunk(payload: dict) -> str:
+            return f"data: {json.dumps(payload)}\n\n"
+
+        try:
+            while (event := await self._wait(_next_event, stream)) is not None:
+                for b, delta in enumerate(event.texts):
+                    if event.token_ids[b] is None:  # this choice had already finished
+                        continue
+                    reason = event.finish_reasons[b]
+                    text = holds[b].push(delta) if reason is None else holds[b].finish(delta, reason)
+                    if text or reason is not None:
+                        yield chunk(completion.envelope([choice(b, text, openai_finish_reason(reason))]))
+            if req.include_usage and stream.result is not None:
+                yield chunk({**completion.envelope([]), "usage": usage(prompt_tokens, stream.result),
+                             "skipdecode": skipdecode_info(stream.result)})
+        except EngineClosedError as exc:
+            yield chunk(error_body(str(exc), "server_error", code="shutting_down"))
+        except Exception as exc:  # noqa: BLE001 - the headers are out: report in the stream
+            log.error("request %s failed mid-stream", completion.id, exc_info=exc)
+            yield chunk(_internal_error(exc))
+        yield "data: [DONE]\n\n"
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Unknown paths and methods in OpenAI's error shape, not Starlette's plain text."""
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}",
+                                   "invalid_request_error", code=str(exc.status_code)),
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(_internal_error(exc), status_code=500)
+
+
+def create_app(generator: Generator, config: ServeConfig | None = None) -> Starlette:
+    """The ASGI app serving ``generator``: /v1/completions, /v1/models, /health."""
+    config = config or ServeConfig()
+    server = CompletionServer(generator, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has stopped accepting and waited for the requests in flight (up to its graceful
+        # timeout, then cancelled them, which closed their streams): nothing is left to finish.
+        if config.close_generator:
+            await anyio.to_thread.run_sync(lambda: generator.close(cancel=True, timeout=config.shutdown_timeout))
+
+    routes = [
+        Route("/health", server.health, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.model, methods=["GET"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.server = server
+    return app

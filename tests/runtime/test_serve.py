@@ -1,0 +1,363 @@
+"""python -m runtime serve: a live server on 127.0.0.1 queried over real HTTP with httpx."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+import runtime  # noqa: E402
+from runtime.serve import ServeConfig, create_app  # noqa: E402
+from tests.conftest import PROMPTS  # noqa: E402
+from tests.runtime.serve_helpers import LiveServer, read_sse, slowed, stream_texts  # noqa: E402
+
+# One model variant is enough here: the HTTP layer does not depend on it (test_generate covers both).
+pytestmark = pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True, scope="session")
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 60  # seconds for any one HTTP exchange; a hang fails instead of stalling CI
+
+
+@pytest.fixture(scope="module")
+def server(generator):
+    """The shared test Generator (max_batch 8) served; the fixture, not the server, closes it."""
+    with LiveServer(create_app(generator, ServeConfig(close_generator=False))) as live:
+        with httpx.Client(base_url=live.url, timeout=TIMEOUT) as client:
+            yield client
+
+
+@pytest.fixture(scope="module")
+def slow(artifact_dir):
+    """One KV slot, one waiting request, 30 ms per step: requests stay in flight long enough to
+    disconnect from, and the queue fills on demand. Yields (client, SlowBackend, generator)."""
+    gen = runtime.load(artifact_dir, threads=1, max_batch=1, max_queue=1)
+    backend = slowed(gen, delay=0.03)
+    try:
+        with LiveServer(create_app(gen, ServeConfig(close_generator=False))) as live:
+            with httpx.Client(base_url=live.url, timeout=TIMEOUT) as client:
+                yield client, backend, gen
+    finally:
+        backend.gate.set()
+        gen.close(cancel=True)
+
+
+def complete(client, **body):
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def complete_streaming(client, **body):
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks, done = read_sse(r.iter_lines())
+    assert done, "the stream did not end with data: [DONE]"
+    return chunks
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+# -- equal to runtime.generate ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", [
+    dict(temperature=0),
+    dict(temperature=0.8, top_p=0.9, seed=7),
+], ids=["greedy", "sampled"])
+def test_responses_equal_generate(server, generator, sampling):
+    kwargs = dict(do_sample=False) if sampling["temperature"] == 0 else dict(
+        do_sample=True, temperature=0.8, top_p=0.9, top_k=0, seed=7)
+    for prompt in PROMPTS:
+        expected = generator.generate(prompt, 10, speedup=2, **kwargs)
+        body = complete(server, prompt=prompt, max_tokens=10, speedup=2, **sampling)
+        (ch,) = body["choices"]
+        assert ch["text"] == expected.texts[0]
+        assert ch["finish_reason"] == ("length" if expected.finish_reasons[0] == "length" else "stop")
+        prompt_tokens = len(generator.tokenizer(prompt)["input_ids"])
+        assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": len(expected.token_ids[0]),
+                                 "total_tokens": prompt_tokens + len(expected.token_ids[0])}
+        assert body["skipdecode"]["layers_per_token"] == expected.stats.layers_per_step
+        assert body["skipdecode"]["theoretical_speedup"] == pytest.approx(expected.stats.theoretical_speedup, abs=1e-3)
+        assert body["skipdecode"]["policy"] == expected.policy.to_dict()
+        assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+
+        chunks = complete_streaming(server, prompt=prompt, max_tokens=10, speedup=2,
+                                    stream_options={"include_usage": True}, **sampling)
+        texts, reasons = stream_texts(chunks)
+        assert texts == {0: expected.texts[0]} and reasons == {0: ch["finish_reason"]}
+        assert len({c["id"] for c in chunks}) == 1
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body["usage"]
+        assert chunks[-1]["skipdecode"] == body["skipdecode"]
+
+
+def test_prompt_list_is_one_batch(server, generator):
+    """A list of prompts is one engine request: as runtime.generate with the same list."""
+    expected = generator.generate(PROMPTS, 6, policy={"max_layers": 5, "min_layers": 3})
+    body = complete(server, prompt=PROMPTS, max_tokens=6, temperature=0,
+                    policy={"max_layers": 5, "min_layers": 3})
+    assert [c["text"] for c in body["choices"]] == expected.texts
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    texts, reasons = stream_texts(complete_streaming(server, prompt=PROMPTS, max_tokens=6, temperature=0,
+                                                     policy={"max_layers": 5, "min_layers": 3}))
+    assert [texts[i] for i in range(3)] == expected.texts and set(reasons) == {0, 1, 2}
+
+
+def test_stop_sequence_is_left_out_as_openai(server, generator):
+    """The runtime keeps the stop string (as transformers); the server cuts it, streamed or not,
+    and never streams a piece of it."""
+    full = generator.generate(PROMPTS[0], 12).texts[0]
+    stop = full[3:5]
+    assert len(stop) == 2, f"greedy text too short to pick a stop string from: {full!r}"
+    kept = generator.generate(PROMPTS[0], 12, stop_strings=[stop]).texts[0]
+    assert kept.endswith(stop)
+    body = complete(server, prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=stop)
+    assert body["choices"][0]["text"] == kept[: -len(stop)]
+    assert body["choices"][0]["finish_reason"] == "stop"
+    chunks = complete_streaming(server, prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=[stop, "zzz"])
+    assert stream_texts(chunks) == ({0: kept[: -len(stop)]}, {0: "stop"})
+
+
+# -- under load ----------------------------------------------------------------------------------------
+
+
+def test_32_concurrent_clients_half_streaming(server, generator):
+    cases = [(PROMPTS[i % 3], 4 + i % 5, [1, 2, 3][i % 3]) for i in range(32)]
+    expected = {c: generator.generate(c[0], c[1], speedup=c[2]).texts[0] for c in set(cases)}
+
+    def client(i):
+        prompt, max_tokens, speedup = cases[i]
+        body = dict(prompt=prompt, max_tokens=max_tokens, speedup=speedup, temperature=0)
+        with httpx.Client(base_url=str(server.base_url), timeout=TIMEOUT) as c:
+            if i % 2:
+                texts, reasons = stream_texts(complete_streaming(c, **body))
+                return texts.get(0), reasons.get(0)
+            ch = complete(c, **body)["choices"][0]
+            return ch["text"], ch["finish_reason"]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(client, range(32)))
+    for case, (text, reason) in zip(cases, results):
+        assert text == expected[case], case
+        assert reason in ("stop", "length")
+    health = server.get("/health").json()
+    assert health["running"] == 0 and health["waiting"] == 0
+
+
+def test_internal_error_fails_only_its_request(server, generator):
+    """A backend failure in one request's prefill answers that request 500 (or an error event
+    in its stream) and leaves the concurrent ones and the server intact."""
+    poison = "Paris Paris"
+    backend = slowed(generator)
+    backend.fail_token = generator.tokenizer(poison)["input_ids"][-1]
+    good = PROMPTS[1]
+    assert backend.fail_token not in generator.tokenizer(good)["input_ids"]
+    try:
+        expected = None
+        with ThreadPoolExecutor(4) as pool:
+            bad = pool.submit(server.post, "/v1/completions", json=dict(prompt=poison, max_tokens=4))
+            bad_stream = pool.submit(complete_streaming, server, prompt=poison, max_tokens=4)
+            goods = [pool.submit(complete, server, prompt=good, max_tokens=6, temperature=0) for _ in range(2)]
+            r = bad.result()
+            assert r.status_code == 500
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and "injected backend failure" in err["message"]
+            chunks = bad_stream.result()
+            assert "injected backend failure" in chunks[-1]["error"]["message"]
+            texts = [g.result()["choices"][0]["text"] for g in goods]
+    finally:
+        generator.engine.backend = backend.inner
+    expected = generator.generate(good, 6).texts[0]
+    assert texts == [expected, expected]
+    assert server.get("/health").json()["status"] == "ok"
+
+
+def test_disconnect_mid_stream_frees_the_slot(slow):
+    client, backend, gen = slow
+    start = backend.heads
+    with client.stream("POST", "/v1/completions",
+                       json=dict(prompt="Hello", max_tokens=40, ignore_eos=True, stream=True)) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # the first token arrived: the request runs
+    # 40 steps take >= 1.2 s; the slot (there is one) must be free long before that
+    t0 = time.monotonic()
+    wait_for(lambda: client.get("/health").json()["running"] == 0, what="the engine to drop the request")
+    body = complete(client, prompt="Paris", max_tokens=2, temperature=0)
+    assert body["usage"]["completion_tokens"] == 2
+    assert time.monotonic() - t0 < 1.0
+    assert backend.heads - start < 30, "the disconnected request kept decoding"
+
+
+def test_disconnect_while_waiting_for_a_whole_response(slow):
+    client, backend, _ = slow
+    start = backend.heads
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/completions", json=dict(prompt="Hello", max_tokens=40, ignore_eos=True), timeout=0.3)
+    wait_for(lambda: client.get("/health").json()["running"] == 0, timeout=2,
+             what="the engine to drop the abandoned request")
+    assert backend.heads - start < 30
+
+
+def test_queue_full_answers_503_with_retry_after(slow):
+    client, backend, _ = slow
+    backend.gate.clear()  # prefills wait: the first request holds the one slot, the next waits
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(complete, client, prompt="Hello", max_tokens=3, temperature=0)
+            wait_for(lambda: client.get("/health").json()["running"] == 1, what="the first request to run")
+            second = pool.submit(complete_streaming, client, prompt="Paris", max_tokens=3, temperature=0)
+            wait_for(lambda: client.get("/health").json()["waiting"] == 1, what="the second to wait")
+            r = client.post("/v1/completions", json=dict(prompt="third", max_tokens=3))
+            assert r.status_code == 503
+            assert int(r.headers["Retry-After"]) >= 1
+            assert r.json()["error"]["code"] == "queue_full" and "max_queue 1" in r.json()["error"]["message"]
+            backend.gate.set()
+            assert first.result()["usage"]["completion_tokens"] == 3
+            assert stream_texts(second.result())[1] == {0: "length"}
+    finally:
+        backend.gate.set()
+    assert complete(client, prompt="again", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+# -- bad requests ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"max_tokens": 4}, 400, "prompt"),
+    ({"prompt": 5}, 400, "prompt"),
+    ({"prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"prompt": ["a"] * 9}, 400, "prompt"),  # more than max_batch 8
+    ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "a", "max_tokens": "8"}, 400, "max_tokens"),
+    ({"prompt": "a", "max_tokens": 100}, 400, "max_tokens"),  # beyond max_position_embeddings 64
+    ({"prompt": "a", "temperature": 2.5}, 400, "temperature"),
+    ({"prompt": "a", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "a", "top_k": -1}, 400, "top_k"),
+    ({"prompt": "a", "seed": 1.5}, 400, "seed"),
+    ({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, 400, "stop"),
+    ({"prompt": "a", "stop": [""]}, 400, "stop"),
+    ({"prompt": "a", "n": 2}, 400, "n"),
+    ({"prompt": "a", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "a", "echo": True}, 400, "echo"),
+    ({"prompt": "a", "stream": "yes"}, 400, "stream"),
+    ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"prompt": "a", "speedup": 0.5}, 400, "speedup"),
+    ({"prompt": "a", "speedup": 99}, 400, "speedup"),
+    ({"prompt": "a", "speedup": 2, "policy": {"max_layers": 4, "min_layers": 2}}, 400, "speedup"),
+    ({"prompt": "a", "policy": {"max_layers": 99, "min_layers": 2}}, 400, "policy.max_layers"),
+    ({"prompt": "a", "policy": {"max_layers": 4, "min_layers": 5}}, 400, "policy.min_layers"),
+    ({"prompt": "a", "policy": {"max_layers": 4}}, 400, "policy.min_layers"),
+    ({"prompt": "a", "policy": {"max_layers": 4, "min_layers": 2, "depth": 1}}, 400, "policy.depth"),
+    ({"prompt": "a", "max_token": 4}, 400, "max_token"),
+    ({"prompt": "a", "model": "gpt-4"}, 404, "model"),
+])
+def test_bad_request_names_the_field(server, body, status, param):
+    if isinstance(body, bytes):
+        r = server.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = server.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["message"]
+    if param:
+        assert param.split(".")[-1] in err["message"]
+
+
+def test_models_health_and_no_chat(server, generator):
+    models = server.get("/v1/models").json()
+    (card,) = models["data"]
+    assert card["object"] == "model" and card["skipdecode"]["num_layers"] == generator.num_layers
+    assert server.get(f"/v1/models/{card['id']}").status_code == 200
+    assert complete(server, prompt="Hi", max_tokens=1, model=card["id"])["model"] == card["id"]
+    assert server.get("/health").json()["status"] == "ok"
+    r = server.post("/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 404 and "chat template" in r.json()["error"]["message"]
+    assert server.get("/v1/nothing").json()["error"]["type"] == "invalid_request_error"
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits_0(artifact_dir, generator):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.runtime.serve_helpers", "--delay", "0.05", str(artifact_dir),
+         "--port", str(port), "--threads", "1", "--max-batch", "4", "--no-access-log"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        def up():
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(f"{url}/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, timeout=90, what="the server to start")
+        started = threading.Barrier(4 + 1, timeout=TIMEOUT)
+
+        def client(i):
+            body = dict(prompt=PROMPTS[i % 3], max_tokens=20, ignore_eos=True, temperature=0, stream=True)
+            with httpx.Client(timeout=TIMEOUT) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                first = next(lines)
+                started.wait()
+                chunks, done = read_sse(lines)
+            chunks.insert(0, json.loads(first[len("data: "):]))
+            return chunks, done
+
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client, i) for i in range(4)]
+            started.wait()  # every request has its first token: 19 steps of 50 ms each remain
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            with pytest.raises(httpx.TransportError):  # no longer accepting
+                httpx.get(f"{url}/health", timeout=2)
+            for i, f in enumerate(futures):
+                chunks, done = f.result()
+                assert done
+                expected = generator.generate(PROMPTS[i % 3], 20, ignore_eos=True).texts[0]
+                assert stream_texts(chunks) == ({0: expected}, {0: "length"})  # every token arrived
+        assert proc.wait(timeout=60) == 0
+        out = proc.stdout.read()
+        assert "Shutting down" in out and "Traceback" not in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_explains_bad_speedup(artifact_dir, capsys):
+    from runtime.serve.cli import main
+
+    assert main([str(artifact_dir), "--speedup", "99", "--port", "1"]) == 2
+    assert "--speedup" in capsys.readouterr().err
+

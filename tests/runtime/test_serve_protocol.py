@@ -1,0 +1,42 @@
+"""runtime.serve without a live server: the protocol's pieces and the package's import cost."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.serve.protocol import RequestError, StopHoldback, parse_completion
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_stop_holdback_never_streams_part_of_a_stop():
+    h = StopHoldback(["\n\n", "END"])
+    assert h.push("ab\n") == "ab"  # "\n" may start "\n\n"
+    assert h.push("c") == "\nc"  # it did not
+    assert h.push("EN") == ""
+    assert h.finish("D", "stop") == ""  # the stop string is never sent
+    assert h.text == "ab\ncEND"
+    h = StopHoldback(["END"])
+    assert h.push("xE") == "x" and h.finish("N", "length") == "EN"  # max_tokens: the text stays
+
+
+def test_import_runtime_stays_light():
+    code = ("import sys, runtime; heavy = [m for m in ('starlette', 'uvicorn', 'httpx', 'anyio') "
+            "if m in sys.modules]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_defaults_are_openai_and_greedy_is_temperature_0():
+    req = parse_completion({"prompt": "hi"}, "m", max_batch=8)
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.stream) == (16, 1.0, 1.0, 0, False)
+    assert req.generate_kwargs()["do_sample"] is True
+    greedy = parse_completion({"prompt": "hi", "temperature": 0}, "m", max_batch=8, default_speedup=2)
+    assert greedy.generate_kwargs()["do_sample"] is False and greedy.speedup == 2.0
+
+
+def test_bool_is_not_a_number():
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "hi", "max_tokens": True}, "m", max_batch=8)
+    assert info.value.param == "max_tokens" and info.value.status == 400
