@@ -279,12 +279,12 @@ class Engine:
         seconds = time.perf_counter() - start
         self.valid[live, self.length[live]] = 1
         self.length[live] += 1
-        requests = {id(self.owner[s]): self.owner[s] for s in live}
-        for r in requests.values():
-            r.logits = r.logits if r.logits is not None else np.zeros((r.rows, logits.shape[1]), np.float32)
+        requests = dict.fromkeys(self.owner[s] for s in live)  # each once, in slot order
+        for r in requests:
+            r.logits = np.zeros((r.rows, logits.shape[1]), np.float32)  # finished rows stay 0
         for k, s in enumerate(live):
             self.owner[s].logits[self.row_of[s]] = logits[k]
-        for r in requests.values():
+        for r in requests:
             rows = tuple(int(self.row_of[s]) for s in live if self.owner[s] is r)
             r.stats.decode_seconds += seconds
             r.stats.steps.append(StepStats(r.step, r.policy.budget(r.step), sets[r.slots[rows[0]]],
