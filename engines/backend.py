@@ -317,6 +317,9 @@ class TensorRTBackend(Backend):
 
     # -- KV cache ----------------------------------------------------------------------------
 
+    def limits(self) -> tuple[int, int]:
+        return self.max_batch, self.max_seq  # what the engines' profiles were built for
+
     def allocate(self, slots: int, capacity: int) -> None:
         hint = f"rebuild the engines with `python -m engines build {self.directory}"
         if slots > self.max_batch:

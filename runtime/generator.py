@@ -20,6 +20,8 @@ from .policy import SkipPolicy
 from .sampling import SamplingConfig
 from .stats import GenerationResult, TokenEvent
 
+DEFAULT_MAX_BATCH = 8  # KV slots when load() is not told; a TensorRT build may allow fewer
+
 
 class GenerationStream:
     """Iterator of TokenEvent for one request; ``.result`` holds the GenerationResult once it is
@@ -69,14 +71,18 @@ class GenerationStream:
 class Generator:
     """An artifact loaded onto a backend, ready to generate. Build with ``runtime.load``."""
 
-    def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int = 8,
+    def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int | None = None,
                  max_length: int | None = None, max_queue: int | None = None):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
         self.tokenizer = tokenizer
         limit = manifest.model.max_position_embeddings
-        max_length = limit if max_length is None else max_length
+        slots_limit, length_limit = backend.limits()  # e.g. what TensorRT engines were built for
+        if max_batch is None:
+            max_batch = min(DEFAULT_MAX_BATCH, slots_limit or DEFAULT_MAX_BATCH)
+        if max_length is None:
+            max_length = min(limit, length_limit or limit)
         for name, value, low, high in (("max_batch", max_batch, 1, None), ("max_length", max_length, 2, limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
                 bound = f"in [{low}, {high}] (max_position_embeddings)" if high else f">= {low}"
@@ -170,7 +176,7 @@ class Generator:
         self.close()
 
 
-def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int = 8,
+def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,
          max_length: int | None = None, max_queue: int | None = None, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
@@ -178,9 +184,11 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     checks their I/O names against the manifest. ``check_hashes``: True hashes only the files
     changed since they were last verified (runtime.integrity: an untouched artifact loads without
     hashing), "full" hashes every file, False none (see ``runtime.manifest.load_manifest``).
-    max_batch: rows decoded together (KV slots); calls from any thread share them.
+    max_batch: rows decoded together (KV slots); calls from any thread share them (default 8, or
+        the backend's limit if lower, e.g. TensorRT engines built for fewer).
     max_length: positions per row, prompt + new tokens (default: the model's
-        max_position_embeddings); the KV cache is preallocated for max_batch x max_length.
+        max_position_embeddings, or the backend's limit if lower, e.g. the engines' max_seq); the
+        KV cache is preallocated for max_batch x max_length.
     max_queue: requests allowed to wait for a slot (None: unbounded); past it, QueueFullError.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """

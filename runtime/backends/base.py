@@ -31,6 +31,10 @@ class Backend(ABC):
     def allocate(self, slots: int, capacity: int) -> None:
         """Preallocate every layer's K/V for ``slots`` rows of up to ``capacity`` positions each."""
 
+    def limits(self) -> tuple[int | None, int | None]:
+        """(most slots, most positions per slot) this backend can allocate; None = no limit of its own."""
+        return None, None
+
     def past_width(self, length: int) -> int:
         """Past positions a decode step attends over when the longest row holds ``length``.
 

@@ -228,6 +228,15 @@ def test_limits(artifact_dir, tmp_path, fake_gpu):
     gen.close()
 
 
+def test_load_defaults_to_the_engines_limits(artifact_dir, tmp_path, fake_gpu):
+    """Without max_batch / max_length, a Generator takes what the engines were built for."""
+    fake_gpu()
+    gen = runtime.load(artifact_dir, backend="tensorrt", engine_dir=build(artifact_dir, tmp_path))
+    assert (gen.max_batch, gen.max_length) == (LIMITS["max_batch"], LIMITS["max_seq"])
+    assert gen.generate(PROMPTS, 2).token_ids
+    gen.close()
+
+
 def test_past_width_and_layer_preconditions(artifact_dir, tmp_path, fake_gpu):
     fake_gpu()
     gen = load(artifact_dir, build(artifact_dir, tmp_path), max_batch=2)
