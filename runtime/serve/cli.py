@@ -23,7 +23,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-batch", type=int, default=8, help="rows decoded together: KV slots (default 8)")
+    p.add_argument("--max-batch", type=int,
+                   help="rows decoded together: KV slots (default 8, or the backend's limit if lower)")
     p.add_argument("--max-queue", type=int,
                    help="requests allowed to wait for a slot; past it the server answers 503 with "
                         "Retry-After (default: unbounded)")
