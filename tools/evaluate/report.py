@@ -15,7 +15,8 @@ from .targets import Target
 
 PROG = "python -m tools.evaluate"
 COLUMNS = ("speedup target", "policy max→min over H steps", "layers/token", "theor.", "BLEU",
-           "ROUGE-L", "ΔBLEU", "decode ms/step", "measured speedup")
+           "ROUGE-L", "ΔBLEU", "slot errors", "MRs with an error", "decode ms/step",
+           "measured speedup (min–max over rounds)")
 # Del Corro et al. 2023 (arXiv 2307.02628), OPT-1.3B (24 layers) fine-tuned on E2E per policy.
 PAPER_ROWS = ((1, 24.0, 65.8, 67.6), (2, 14.7, 66.3, 67.9), (5, 5.8, 64.2, 66.3))
 SAMPLES = 3
@@ -61,11 +62,19 @@ def policy_label(policy: dict | None) -> str:
     return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}"
 
 
+def speedup_cell(r: Row) -> str:
+    low, high = r.speedup_spread
+    spread = f" ({_f(low, '.2f')}–{_f(high, '.2f')})" if len(r.round_speedups) > 1 else ""
+    return _f(r.measured_speedup, ".2f", "x") + spread
+
+
 def table_cells(r: Row) -> list[str]:
+    se = r.slot_errors
     return [speedup_label(r.speedup), policy_label(r.policy), _f(r.avg_layers, ".1f"),
             _f(r.theoretical, ".2f", "x"), _f(r.bleu, ".1f"), _f(r.rouge_l, ".1f"),
-            _f(r.delta_bleu, "+.1f"),
-            _f(r.ms_per_step, ".2f"), _f(r.measured_speedup, ".2f", "x")]
+            _f(r.delta_bleu, "+.1f"), _f(se.rate if se else None, ".1f", "%"),
+            _f(se.texts_with_errors_pct if se else None, ".1f", "%"),
+            _f(r.ms_per_step, ".2f"), speedup_cell(r)]
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -129,7 +138,20 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"- BLEU: sacrebleu corpus BLEU, all references of a prompt at once (signature "
         f"`{summary.bleu_signature}`). ROUGE-L: rouge_score F1 with Porter stemming, the best "
         f"reference per prompt, averaged over prompts, x100.",
+        _slots_line(summary),
     ]
+
+
+def _slots_line(summary: Summary) -> str:
+    ref = summary.reference_slot_errors
+    if ref is None:
+        return "- Slot errors: not computed (the prompts are not E2E meaning representations)."
+    return (f"- Slot errors (`tools/evaluate/slots.py`, whose docstring gives the realisation rule of "
+            f"every slot): (values of the MR the text does not realise + values of other MRs it "
+            f"asserts: another venue name, cuisine, area or venue type) / slots in the MRs. The human "
+            f"references of this data, each scored against its MR by the same rules: "
+            f"**{ref.rate:.1f}%** ({ref.missing} missing + {ref.wrong} wrong of {ref.slots} slots; "
+            f"{ref.texts_with_errors_pct:.1f}% of the {ref.texts} references have an error).")
 
 
 COLUMN_NOTES = (
@@ -137,9 +159,12 @@ COLUMN_NOTES = (
     "(1 warm-up layer, then the top layers), as `generate(speedup=s)` chose it; *layers/token* = "
     "mean decoder layers run per decode step (every generated token after the first; the first "
     "comes from the full-depth prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
-    "the first model's full-depth BLEU; *decode ms/step* = decode time / decode steps, over all "
-    "batches and rounds (one step = one token for every row of a batch); *measured speedup* = the "
-    "same model's full-depth ms/step / this ms/step.")
+    "the first model's full-depth BLEU; *slot errors* = the slot error rate of the texts (below); "
+    "*MRs with an error* = share of the MRs whose text has at least one slot error; *decode "
+    "ms/step* = decode time / decode steps, over all batches and rounds (one step = one token for "
+    "every row of a batch); *measured speedup* = the same model's full-depth ms/step / this "
+    "ms/step over all rounds, with in brackets the lowest and highest of the same ratio within each "
+    "round (the speedups run interleaved per batch in every round).")
 
 
 def render(data: dict, summary: Summary, targets: list[Target], previous: str | None = None) -> str:
