@@ -182,6 +182,26 @@ def test_notes_survive_re_rendering_from_json(tmp_path, capsys):
     assert "targets:" in stdout and "held: tuned: BLEU at 2x" in stdout and "**" not in stdout
 
 
+def test_render_merges_runs_on_the_same_data(tmp_path):
+    data = fabricated()
+    tuned, base = dict(data, models=data["models"][:1]), dict(data, models=data["models"][1:])
+    base["argv"] = ["--data", "val.csv", "--model", "base=artifacts/base", "--timing-rounds", "1"]
+    tuned["settings"] = dict(data["settings"], timing_rounds=3)
+    paths = [tmp_path / "tuned.json", tmp_path / "base.json"]
+    for path, part in zip(paths, (tuned, base)):
+        path.write_text(json.dumps(part))
+    out = tmp_path / "q.md"
+    assert main(["--render", *map(str, paths), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "Produced by these 2 commands" in page
+    assert "python -m tools.evaluate --data val.csv --model base=artifacts/base --timing-rounds 1" in page
+    assert "From command 1, 3 timing round(s)." in page and "From command 2, 1 timing round(s)." in page
+    assert "- **missed**: tuned beats base at 5x (BLEU)." in page  # targets span both files
+    other = dict(base, prompts=["another prompt?", "a dog?", "a bird?"])
+    paths[1].write_text(json.dumps(other))
+    assert main(["--render", *map(str, paths), "--out", str(out)]) == 2
+
+
 def test_sample_text_with_backticks_and_empty_text():
     assert report._code("a `b` c") == "``a `b` c``"
     assert report._code("") == "_(empty)_"

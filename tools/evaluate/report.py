@@ -113,6 +113,12 @@ def samples_block(data: dict, summary: Summary, count: int = SAMPLES) -> list[st
     return lines
 
 
+def _rounds(data: dict) -> str:
+    if len(data.get("commands") or []) > 1:
+        return "as many rounds as each model's section says"
+    return f"{data['settings']['timing_rounds']} round(s)"
+
+
 def _settings_lines(data: dict, summary: Summary) -> list[str]:
     m, s = data["machine"], data["settings"]
     v = m.get("versions", {})
@@ -133,7 +139,7 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"generated once per model and speedup and scored against all of its references; the text is "
         f"stripped of surrounding whitespace.",
         f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
-        f"{s['seed']}), after one untimed warm-up call; {s['timing_rounds']} round(s) (round 1 also "
+        f"{s['seed']}), after one untimed warm-up call; {_rounds(data)} (round 1 also "
         f"gives the text, later rounds rerun the batches for timing only).",
         f"- BLEU: sacrebleu corpus BLEU, all references of a prompt at once (signature "
         f"`{summary.bleu_signature}`). ROUGE-L: rouge_score F1 with Porter stemming, the best "
@@ -167,16 +173,27 @@ COLUMN_NOTES = (
     "round (the speedups run interleaved per batch in every round).")
 
 
+def _commands_block(data: dict) -> list[str]:
+    commands = data.get("commands") or [data["argv"]]
+    if len(commands) == 1:
+        return ["Produced by this command:", "", "```", command_line(commands[0]), "```", ""]
+    lines = [f"Produced by these {len(commands)} commands (run one after the other on the same data), "
+             f"then `{PROG} --render` of their JSON files into this page:", "", "```"]
+    lines += [f"{command_line(c)}" for c in commands]
+    return lines + ["```", ""]
+
+
+def _model_origin(model: dict) -> str:
+    if "command" not in model:
+        return ""
+    return f" From command {model['command']}, {model['timing_rounds']} timing round(s)."
+
+
 def render(data: dict, summary: Summary, targets: list[Target], previous: str | None = None) -> str:
     lines = [
         "# Text quality under SkipDecode policies",
         "",
-        "Produced by this command:",
-        "",
-        "```",
-        command_line(data["argv"]),
-        "```",
-        "",
+        *_commands_block(data),
         *_settings_lines(data, summary),
         "",
         COLUMN_NOTES,
@@ -185,7 +202,7 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
     for model in data["models"]:
         rows = summary.for_model(model["name"])
         lines += [f"## {_cell(model['name'])}", "",
-                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.", "",
+                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)}", "",
                   markdown_table(rows), ""]
     lines += [
         "## The paper's rows",
