@@ -7,6 +7,7 @@ import json
 import runtime
 from export.build import BuildOptions, build
 from export.checkpoint import DEMO_MODEL_DIR
+from tools.evaluate.slots import slot_errors
 
 MR = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
 
@@ -26,5 +27,6 @@ def test_default_build_exports_the_demo_model_and_it_describes_the_restaurant(tm
     gen = runtime.load(tmp_path / "demo", threads=1)
     for speedup in (1, 2, 5):
         result = gen.generate(MR, max_new_tokens=48, speedup=speedup)
-        assert result.texts[0].startswith(" The Eagle is a coffee shop"), (speedup, result.texts[0])
+        errors = slot_errors(MR, result.texts[0])  # README's example must be described faithfully
+        assert errors.errors == 0, (speedup, result.texts[0], errors)
         assert result.token_ids[0][-1] == manifest.model.eos_token_id, "a finished description"

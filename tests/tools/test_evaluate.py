@@ -84,7 +84,7 @@ def test_package_imports_without_the_metric_packages(monkeypatch):
 
 # -- the page from fabricated results -----------------------------------------------------------
 
-PROMPTS = ["name[A], food[Thai]", "name[B], area[city]", "name[C]"]
+PROMPTS = ["a cat?", "a dog?", "a bird?"]  # not E2E MRs: no slot errors (test_evaluate_slots.py)
 REFS = [[CAT, "a cat was on the mat"], ["dogs bark at night"], ["birds sing in the morning light"]]
 GOOD = [CAT, "dogs bark at night", "birds sing in the morning light"]
 POOR = ["the cat", "dogs", "birds sing"]
@@ -127,10 +127,13 @@ def test_summary_rows_and_targets():
     assert s.find("base", 5.0).measured_speedup == pytest.approx(4)  # against base's own full depth
     assert s.find("base", 2.0).delta_bleu < -10  # against the FIRST model's full depth
     got = {(t.name, t.status) for t in targets_mod.evaluate(s)}
-    assert got == {("tuned: BLEU at 2x within 1 point(s) of full depth", "held"),
-                   ("tuned: BLEU at 5x within 3 point(s) of full depth", "missed"),
+    assert got == {("tuned: BLEU at full depth >= 65", "held"),
+                   ("tuned: BLEU at 2x within 0.5 point(s) of full depth", "held"),
+                   ("tuned: BLEU at 5x within 2 point(s) of full depth", "missed"),
+                   ("tuned beats base at 1x (BLEU)", "missed"),  # 100 vs 100: not beaten
                    ("tuned beats base at 2x (BLEU)", "held"),
                    ("tuned beats base at 5x (BLEU)", "missed")}
+    assert s.reference_slot_errors is None and tuned2.slot_errors is None
 
 
 def test_targets_only_for_the_speedups_that_ran():
@@ -138,8 +141,8 @@ def test_targets_only_for_the_speedups_that_ran():
     data["models"] = data["models"][:1]
     data["models"][0]["runs"] = data["models"][0]["runs"][:2]  # 1x, 2x
     names = [t.name for t in targets_mod.evaluate(summary_mod.summarize(data))]
-    assert names == ["tuned: BLEU at 2x within 1 point(s) of full depth"]
-    data["models"][0]["runs"] = data["models"][0]["runs"][:1]
+    assert names == ["tuned: BLEU at full depth >= 65", "tuned: BLEU at 2x within 0.5 point(s) of full depth"]
+    data["models"][0]["runs"] = data["models"][0]["runs"][1:2]  # 2x alone: no full depth to compare
     assert "No target evaluated" in report.targets_block(targets_mod.evaluate(summary_mod.summarize(data)))
 
 
@@ -150,16 +153,17 @@ def test_page_tables_paper_rows_targets_samples():
     assert "python -m tools.evaluate --data val.csv --model tuned=artifacts/e2e" in page
     assert "Test CPU, 2 cores" in page and "Backend: onnxruntime, threads: 2" in page
     assert "## tuned" in page and "## base" in page
-    assert "| 1x (full depth) | 6→6 (all layers) | 6.0 | 1.00x | 100.0 | 100.0 | +0.0 | 100.00 | 1.00x |" in page
-    assert "| 2x | 4→2 over 63 | 3.0 | 2.00x | 100.0 | 100.0 | +0.0 | 50.00 | 2.00x |" in page
+    assert "| 1x (full depth) | 6→6 (all layers) | 6.0 | 1.00x | 100.0 | 100.0 | +0.0 | – | – | 100.00 | 1.00x |" in page
+    assert "| 2x | 4→2 over 63 | 3.0 | 2.00x | 100.0 | 100.0 | +0.0 | – | – | 50.00 | 2.00x |" in page
+    assert "Slot errors: not computed" in page
     for row in ("| 1x (full depth) | 24.0 | 65.8 | 67.6 |", "| 2x | 14.7 | 66.3 | 67.9 |",
                 "| 5x | 5.8 | 64.2 | 66.3 |"):
         assert row in page
-    assert "- **held**: tuned: BLEU at 2x within 1 point(s) of full depth. BLEU 100.0 at 2x vs 100.0" in page
-    assert "- **missed**: tuned: BLEU at 5x within 3 point(s) of full depth." in page
+    assert "- **held**: tuned: BLEU at 2x within 0.5 point(s) of full depth. BLEU 100.0 at 2x vs 100.0" in page
+    assert "- **missed**: tuned: BLEU at 5x within 2 point(s) of full depth." in page
     assert "- **missed**: tuned beats base at 5x (BLEU)." in page
     samples = page.split("## Sample outputs", 1)[1]
-    assert "**Prompt 3**: `name[C]`" in samples and "- tuned, 5x: `birds sing`" in samples
+    assert "**Prompt 3**: `a bird?`" in samples and "- tuned, 5x: `birds sing`" in samples
     assert "- base, 5x: `birds sing in the morning light`" in samples and "base, 2x" not in samples
     assert report.NOTES_BEGIN in page and "_No analysis written yet._" in page
 
@@ -176,6 +180,26 @@ def test_notes_survive_re_rendering_from_json(tmp_path, capsys):
     assert again == first.replace("_No analysis written yet._", "The 5x drop is the horizon's fault.")
     stdout = capsys.readouterr().out
     assert "targets:" in stdout and "held: tuned: BLEU at 2x" in stdout and "**" not in stdout
+
+
+def test_render_merges_runs_on_the_same_data(tmp_path):
+    data = fabricated()
+    tuned, base = dict(data, models=data["models"][:1]), dict(data, models=data["models"][1:])
+    base["argv"] = ["--data", "val.csv", "--model", "base=artifacts/base", "--timing-rounds", "1"]
+    tuned["settings"] = dict(data["settings"], timing_rounds=3)
+    paths = [tmp_path / "tuned.json", tmp_path / "base.json"]
+    for path, part in zip(paths, (tuned, base)):
+        path.write_text(json.dumps(part))
+    out = tmp_path / "q.md"
+    assert main(["--render", *map(str, paths), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "Produced by these 2 commands" in page
+    assert "python -m tools.evaluate --data val.csv --model base=artifacts/base --timing-rounds 1" in page
+    assert "From command 1, 3 timing round(s)." in page and "From command 2, 1 timing round(s)." in page
+    assert "- **missed**: tuned beats base at 5x (BLEU)." in page  # targets span both files
+    other = dict(base, prompts=["another prompt?", "a dog?", "a bird?"])
+    paths[1].write_text(json.dumps(other))
+    assert main(["--render", *map(str, paths), "--out", str(out)]) == 2
 
 
 def test_sample_text_with_backticks_and_empty_text():
@@ -240,7 +264,8 @@ def test_end_to_end_on_the_tiny_model(artifact_dir, tmp_path, capsys):
     out, raw = tmp_path / "quality.md", tmp_path / "quality.json"
     rc = main(["--data", str(data), "--prompt-column", "mr", "--target-column", "ref",
                "--model", f"tiny={artifact_dir}", "--model", str(artifact_dir), "--speedups", "1", "2",
-               "--max-new-tokens", "4", "--threads", "1", "-q", "--out", str(out), "--json", str(raw)])
+               "--max-new-tokens", "4", "--threads", "1", "--timing-rounds", "2", "-q", "--out", str(out),
+               "--json", str(raw)])
     assert rc == 0, capsys.readouterr().err
     page = out.read_text()
     assert "## tiny" in page and "## model" in page
@@ -264,6 +289,11 @@ def test_end_to_end_on_the_tiny_model(artifact_dir, tmp_path, capsys):
         assert runs[1.0]["layers_run"] == 6 * runs[1.0]["decode_steps"] > 0
         assert runs[2.0]["policy"] == policy2.to_dict()
         assert runs[2.0]["layers_run"] < 6 * runs[2.0]["decode_steps"]
+        for run in runs.values():  # each round's time is kept apart for the speedup's spread
+            t = run["timing"]
+            assert len(t["round_decode_seconds"]) == len(t["round_decode_steps"]) == t["rounds"] == 2
+            assert sum(t["round_decode_steps"]) == t["decode_steps"] == 2 * run["decode_steps"]
+            assert sum(t["round_decode_seconds"]) == pytest.approx(t["decode_seconds"])
     # --render reproduces the page from the raw results without generating
     assert main(["--render", str(raw), "--out", str(out)]) == 0
     assert out.read_text() == page

@@ -101,6 +101,13 @@ def test_read_pairs_csv_jsonl_and_missing_columns(tmp_path):
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"prompt": e.prompt, "target": e.target})
                                                 for e in PAIRS[:2]) + "\n")
     assert read_pairs(tmp_path / "d.jsonl") == PAIRS[:2]
+    import gzip
+    with gzip.open(tmp_path / "d.csv.gz", "wb") as f:
+        f.write((tmp_path / "d.csv").read_bytes())
+    assert read_pairs(tmp_path / "d.csv.gz", "mr", "ref") == PAIRS[:2]
+    with pytest.raises(DataError, match=r"expected a \.csv or \.jsonl file \(optionally \.gz\), got '\.txt\.gz'"):
+        (tmp_path / "d.txt.gz").write_bytes((tmp_path / "d.csv.gz").read_bytes())
+        read_pairs(tmp_path / "d.txt.gz")
     with pytest.raises(DataError, match=r"lacks the column\(s\) 'prompt', 'target'; its columns are 'mr', 'ref'"):
         read_pairs(tmp_path / "d.csv")
     with pytest.raises(DataError, match="does not exist"):
@@ -145,6 +152,36 @@ def test_training_lowers_the_loss_and_resume_replays_it_exactly(tiny_dir, tmp_pa
     a, b = _weights(out), _weights(resumed)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_the_lowest_validation_loss_is_shipped_not_the_last_step(tiny_dir, tmp_path, monkeypatch):
+    import tools.finetune.train as train_mod
+
+    scripted = iter([3.0, 1.0, 2.0, 2.5, 2.7, 2.9])  # mean over the policies: lowest at step 4
+
+    def fake_val(model, items, sampler, *args):
+        value = next(scripted)
+        return {f"{s:g}x": value + i * 0.1 for i, s in enumerate(sampler.speedups)}
+    monkeypatch.setattr(train_mod, "evaluate_loss", fake_val)
+    out = train(_config(tiny_dir, tmp_path, epochs=2, val_every=2, checkpoint_every=1))  # 6 steps
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "val_loss" in r] == [2, 4, 6]  # every 2 steps and the last
+    assert [r["best_step"] for r in log if "val_loss" in r] == [2, 4, 4]
+    meta = json.loads((out / "skipdecode.json").read_text())
+    assert meta["trained_from"][-1]["selected_step"] == 4
+    assert meta["trained_from"][-1]["val_loss"] == {"1x": 1.0, "2x": 1.1, "3x": 1.2}
+    shipped, at_4, last = _weights(out), _weights(out / "checkpoint-4"), _weights(out / "checkpoint-6")
+    for name in shipped:
+        torch.testing.assert_close(shipped[name], at_4[name], atol=0, rtol=0, msg=name)
+    assert any(not torch.equal(shipped[n], last[n]) for n in shipped)
+
+
+def test_no_select_best_ships_the_last_step(tiny_dir, tmp_path):
+    out = train(_config(tiny_dir, tmp_path, epochs=1, select_best=False, checkpoint_every=1))
+    shipped, last = _weights(out), _weights(out / "checkpoint-3")
+    for name in shipped:
+        torch.testing.assert_close(shipped[name], last[name], atol=0, rtol=0, msg=name)
+    assert not (out / "best").exists()
 
 
 def test_resume_without_a_checkpoint_says_so(tiny_dir, tmp_path):

@@ -64,8 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="order of the speedups within a batch (default 0)")
     p.add_argument("--out", default="docs/quality.md", help="Markdown page (default docs/quality.md)")
     p.add_argument("--json", metavar="PATH", help="write the raw results (every hypothesis, every timing) here")
-    p.add_argument("--render", metavar="RESULTS_JSON",
-                   help="re-render the page from a --json file; generates nothing")
+    p.add_argument("--render", metavar="RESULTS_JSON", nargs="+",
+                   help="re-render the page from --json file(s); generates nothing. Several files of runs "
+                        "on the same prompts make one page, their models in the order given (e.g. a "
+                        "comparison model run with fewer timing rounds)"),
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -166,6 +168,28 @@ def read_json(path: str) -> dict:
     return data
 
 
+def merge(parts: list[dict], paths: list[str]) -> dict:
+    """One results dict from several runs on the same prompts: the models in order, each model
+    remembering the command and settings that produced it."""
+    data = dict(parts[0])
+    data["commands"], data["models"] = [], []
+    for part, path in zip(parts, paths):
+        if part["prompts"] != parts[0]["prompts"] or part["references"] != parts[0]["references"]:
+            raise EvaluateError(f"--render {path}: other prompts or references than {paths[0]}; "
+                                f"only runs on the same data make one page")
+        data["commands"].append(part["argv"])
+        for model in part["models"]:
+            data["models"].append({**model, "command": len(data["commands"]),
+                                   "timing_rounds": part["settings"]["timing_rounds"]})
+    data["elapsed_s"] = sum(p.get("elapsed_s", 0) for p in parts)
+    return data
+
+
+def read_results(paths: list[str]) -> dict:
+    parts = [read_json(p) for p in paths]
+    return parts[0] if len(parts) == 1 else merge(parts, paths)
+
+
 def write_page(data: dict, out: str, log):
     summary = summarize(data)
     targets = targets_mod.evaluate(summary)
@@ -188,8 +212,8 @@ def _main(args, argv: list[str]) -> int:
     def log(*a):
         print(*a, file=sys.stderr, flush=True)
 
-    metrics.require()  # before an hour of generation, not after
-    data = read_json(args.render) if args.render else measure(args, argv, log)
+    metrics.require()  # before an hour of generation, not after (cli.run turns errors into exit 2)
+    data = read_results(args.render) if args.render else measure(args, argv, log)
     summary, targets = write_page(data, args.out, log)
     print(report.terminal_summary(summary, targets))
     return 0

@@ -15,7 +15,8 @@ from .targets import Target
 
 PROG = "python -m tools.evaluate"
 COLUMNS = ("speedup target", "policy max→min over H steps", "layers/token", "theor.", "BLEU",
-           "ROUGE-L", "ΔBLEU", "decode ms/step", "measured speedup")
+           "ROUGE-L", "ΔBLEU", "slot errors", "MRs with an error", "decode ms/step",
+           "measured speedup (min–max over rounds)")
 # Del Corro et al. 2023 (arXiv 2307.02628), OPT-1.3B (24 layers) fine-tuned on E2E per policy.
 PAPER_ROWS = ((1, 24.0, 65.8, 67.6), (2, 14.7, 66.3, 67.9), (5, 5.8, 64.2, 66.3))
 SAMPLES = 3
@@ -61,11 +62,19 @@ def policy_label(policy: dict | None) -> str:
     return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}"
 
 
+def speedup_cell(r: Row) -> str:
+    low, high = r.speedup_spread
+    spread = f" ({_f(low, '.2f')}–{_f(high, '.2f')})" if len(r.round_speedups) > 1 else ""
+    return _f(r.measured_speedup, ".2f", "x") + spread
+
+
 def table_cells(r: Row) -> list[str]:
+    se = r.slot_errors
     return [speedup_label(r.speedup), policy_label(r.policy), _f(r.avg_layers, ".1f"),
             _f(r.theoretical, ".2f", "x"), _f(r.bleu, ".1f"), _f(r.rouge_l, ".1f"),
-            _f(r.delta_bleu, "+.1f"),
-            _f(r.ms_per_step, ".2f"), _f(r.measured_speedup, ".2f", "x")]
+            _f(r.delta_bleu, "+.1f"), _f(se.rate if se else None, ".1f", "%"),
+            _f(se.texts_with_errors_pct if se else None, ".1f", "%"),
+            _f(r.ms_per_step, ".2f"), speedup_cell(r)]
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -104,6 +113,12 @@ def samples_block(data: dict, summary: Summary, count: int = SAMPLES) -> list[st
     return lines
 
 
+def _rounds(data: dict) -> str:
+    if len(data.get("commands") or []) > 1:
+        return "as many rounds as each model's section says"
+    return f"{data['settings']['timing_rounds']} round(s)"
+
+
 def _settings_lines(data: dict, summary: Summary) -> list[str]:
     m, s = data["machine"], data["settings"]
     v = m.get("versions", {})
@@ -124,12 +139,25 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"generated once per model and speedup and scored against all of its references; the text is "
         f"stripped of surrounding whitespace.",
         f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
-        f"{s['seed']}), after one untimed warm-up call; {s['timing_rounds']} round(s) (round 1 also "
+        f"{s['seed']}), after one untimed warm-up call; {_rounds(data)} (round 1 also "
         f"gives the text, later rounds rerun the batches for timing only).",
         f"- BLEU: sacrebleu corpus BLEU, all references of a prompt at once (signature "
         f"`{summary.bleu_signature}`). ROUGE-L: rouge_score F1 with Porter stemming, the best "
         f"reference per prompt, averaged over prompts, x100.",
+        _slots_line(summary),
     ]
+
+
+def _slots_line(summary: Summary) -> str:
+    ref = summary.reference_slot_errors
+    if ref is None:
+        return "- Slot errors: not computed (the prompts are not E2E meaning representations)."
+    return (f"- Slot errors (`tools/evaluate/slots.py`, whose docstring gives the realisation rule of "
+            f"every slot): (values of the MR the text does not realise + values of other MRs it "
+            f"asserts: another venue name, cuisine, area or venue type) / slots in the MRs. The human "
+            f"references of this data, each scored against its MR by the same rules: "
+            f"**{ref.rate:.1f}%** ({ref.missing} missing + {ref.wrong} wrong of {ref.slots} slots; "
+            f"{ref.texts_with_errors_pct:.1f}% of the {ref.texts} references have an error).")
 
 
 COLUMN_NOTES = (
@@ -137,21 +165,35 @@ COLUMN_NOTES = (
     "(1 warm-up layer, then the top layers), as `generate(speedup=s)` chose it; *layers/token* = "
     "mean decoder layers run per decode step (every generated token after the first; the first "
     "comes from the full-depth prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
-    "the first model's full-depth BLEU; *decode ms/step* = decode time / decode steps, over all "
-    "batches and rounds (one step = one token for every row of a batch); *measured speedup* = the "
-    "same model's full-depth ms/step / this ms/step.")
+    "the first model's full-depth BLEU; *slot errors* = the slot error rate of the texts (below); "
+    "*MRs with an error* = share of the MRs whose text has at least one slot error; *decode "
+    "ms/step* = decode time / decode steps, over all batches and rounds (one step = one token for "
+    "every row of a batch); *measured speedup* = the same model's full-depth ms/step / this "
+    "ms/step over all rounds, with in brackets the lowest and highest of the same ratio within each "
+    "round (the speedups run interleaved per batch in every round).")
+
+
+def _commands_block(data: dict) -> list[str]:
+    commands = data.get("commands") or [data["argv"]]
+    if len(commands) == 1:
+        return ["Produced by this command:", "", "```", command_line(commands[0]), "```", ""]
+    lines = [f"Produced by these {len(commands)} commands (run one after the other on the same data), "
+             f"then `{PROG} --render` of their JSON files into this page:", "", "```"]
+    lines += [f"{command_line(c)}" for c in commands]
+    return lines + ["```", ""]
+
+
+def _model_origin(model: dict) -> str:
+    if "command" not in model:
+        return ""
+    return f" From command {model['command']}, {model['timing_rounds']} timing round(s)."
 
 
 def render(data: dict, summary: Summary, targets: list[Target], previous: str | None = None) -> str:
     lines = [
         "# Text quality under SkipDecode policies",
         "",
-        "Produced by this command:",
-        "",
-        "```",
-        command_line(data["argv"]),
-        "```",
-        "",
+        *_commands_block(data),
         *_settings_lines(data, summary),
         "",
         COLUMN_NOTES,
@@ -160,7 +202,7 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
     for model in data["models"]:
         rows = summary.for_model(model["name"])
         lines += [f"## {_cell(model['name'])}", "",
-                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.", "",
+                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)}", "",
                   markdown_table(rows), ""]
     lines += [
         "## The paper's rows",

@@ -51,7 +51,8 @@ def generation_kwargs(generator, speedup: float, max_new_tokens: int) -> dict:
 def _empty_run(speedup: float, n: int) -> dict:
     return {"speedup": speedup, "policy": None, "hypotheses": [None] * n, "decode_steps": 0,
             "layers_run": 0, "generated_tokens": 0, "prefill_seconds": 0.0,
-            "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0}}
+            "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0,
+                       "round_decode_seconds": [], "round_decode_steps": []}}
 
 
 def run_model(spec: ModelSpec, prompts: list[str], settings: RunSettings) -> dict:
@@ -77,6 +78,9 @@ def run_model(spec: ModelSpec, prompts: list[str], settings: RunSettings) -> dic
         with tqdm(total=total, desc=spec.name, unit="batch", disable=not settings.progress,
                   dynamic_ncols=True) as bar:
             for round_ in range(settings.timing_rounds):
+                for run in runs.values():
+                    run["timing"]["round_decode_seconds"].append(0.0)
+                    run["timing"]["round_decode_steps"].append(0)
                 for rows in slices:
                     order = list(settings.speedups)
                     rng.shuffle(order)
@@ -100,6 +104,8 @@ def _record(run: dict, result, rows: range, first_round: bool) -> None:
     stats = result.stats
     run["timing"]["decode_seconds"] += stats.decode_seconds
     run["timing"]["decode_steps"] += len(stats.steps)
+    run["timing"]["round_decode_seconds"][-1] += stats.decode_seconds
+    run["timing"]["round_decode_steps"][-1] += len(stats.steps)
     if not first_round:
         return
     policy = result.policy.to_dict()

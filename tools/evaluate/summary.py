@@ -7,9 +7,9 @@ matches the raw results it is rendered from.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import metrics
+from . import metrics, slots as slots_mod
 
 NAN = float("nan")
 
@@ -28,6 +28,13 @@ class Row:
     measured_speedup: float  # the same model's full-depth ms_per_step / ms_per_step
     generated_tokens: int
     hypotheses: list[str]
+    slot_errors: slots_mod.SlotSummary | None = None  # E2E MRs only: faithfulness of the hypotheses
+    round_speedups: list[float] = field(default_factory=list)  # measured speedup within each round
+
+    @property
+    def speedup_spread(self) -> tuple[float, float]:
+        """(min, max) of the per-round measured speedups (NaN when there is no round)."""
+        return (min(self.round_speedups), max(self.round_speedups)) if self.round_speedups else (NAN, NAN)
 
     @property
     def theoretical(self) -> float:
@@ -40,6 +47,7 @@ class Summary:
     rows: list[Row]
     models: list[str]  # in command-line order; the first is the reference model
     bleu_signature: str
+    reference_slot_errors: slots_mod.SlotSummary | None = None  # every reference against its MR
 
     def for_model(self, name: str) -> list[Row]:
         return [r for r in self.rows if r.model == name]
@@ -54,8 +62,15 @@ def ratio(a: float, b: float) -> float:
     return a / b
 
 
+def _round_ms(timing: dict) -> list[float]:
+    return [ratio(s * 1e3, n) for s, n in zip(timing.get("round_decode_seconds", []),
+                                              timing.get("round_decode_steps", []))]
+
+
 def summarize(data: dict) -> Summary:
     references = data["references"]
+    prompts = data["prompts"]
+    with_slots = slots_mod.is_mr_list(prompts)
     rows, signature = [], ""
     for model in data["models"]:
         model_rows = []
@@ -70,13 +85,22 @@ def summarize(data: dict) -> Summary:
                 bleu=bleu.score, rouge_l=metrics.rouge_l(run["hypotheses"], references),
                 delta_bleu=NAN, ms_per_step=ratio(t["decode_seconds"] * 1e3, t["decode_steps"]),
                 measured_speedup=NAN, generated_tokens=run["generated_tokens"],
-                hypotheses=run["hypotheses"]))
+                hypotheses=run["hypotheses"],
+                slot_errors=slots_mod.summarize(prompts, run["hypotheses"]) if with_slots else None))
         full = next((r for r in model_rows if r.speedup == 1), None)
-        for r in model_rows:
+        full_run = next((run for run in model["runs"] if float(run["speedup"]) == 1), None)
+        for r, run in zip(model_rows, model["runs"]):
             r.measured_speedup = ratio(full.ms_per_step, r.ms_per_step) if full else NAN
+            if full_run:
+                r.round_speedups = [ratio(f, m) for f, m in zip(_round_ms(full_run["timing"]),
+                                                                 _round_ms(run["timing"]))]
         rows += model_rows
     names = [m["name"] for m in data["models"]]
-    summary = Summary(rows, names, signature)
+    ref_slots = None
+    if with_slots:
+        pairs = [(p, ref) for p, refs in zip(prompts, references) for ref in refs]
+        ref_slots = slots_mod.summarize([p for p, _ in pairs], [ref for _, ref in pairs])
+    summary = Summary(rows, names, signature, ref_slots)
     baseline = summary.find(names[0], 1.0) if names else None
     for r in rows:
         r.delta_bleu = r.bleu - baseline.bleu if baseline else NAN

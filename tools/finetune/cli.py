@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints")
+    p.add_argument("--val-every", type=int,
+                   help="steps between validations (default: at each epoch's end; always at the last step)")
+    p.add_argument("--no-select-best", dest="select_best", action="store_false",
+                   help="keep the last step's weights instead of those with the lowest mean validation "
+                        "loss over the policies (selection needs --val)")
     p.add_argument("--resume", nargs="?", const="auto",
                    help="continue from the latest checkpoint in --out, or from the one named")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -51,6 +56,7 @@ def main(argv=None) -> int:
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
         warmup_layers=args.warmup_layers, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
-        threads=args.threads, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
+        select_best=args.select_best, resume=args.resume,
         progress=not args.quiet)
     return cli.run(lambda: print(f"saved {train(cfg)}"))

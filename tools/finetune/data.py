@@ -7,6 +7,7 @@ A pair becomes ``BOS prompt`` (what the runtime feeds the model for that prompt)
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import random
 from collections import defaultdict
@@ -28,25 +29,35 @@ class Example:
     target: str
 
 
+def _open_text(path: Path):
+    """A text stream of ``path``; a ``.gz`` file is decompressed on the fly."""
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return path.open(encoding="utf-8", newline="")
+
+
 def read_pairs(path, prompt_column: str = "prompt", target_column: str = "target") -> list[Example]:
-    """Read (prompt, target) pairs from a .csv (header row) or .jsonl (one object per line)."""
+    """Read (prompt, target) pairs from a .csv (header row) or .jsonl (one object per line),
+    either optionally gzip-compressed (.csv.gz, .jsonl.gz)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
-    if path.suffix.lower() in (".jsonl", ".json"):
+    suffix = Path(path.stem).suffix.lower() if path.suffix.lower() == ".gz" else path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
         rows = []
-        with path.open(encoding="utf-8") as f:
+        with _open_text(path) as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
                         raise DataError(f"{path}:{n} is not a JSON object: {exc}") from exc
-    elif path.suffix.lower() == ".csv":
-        with path.open(encoding="utf-8", newline="") as f:
+    elif suffix == ".csv":
+        with _open_text(path) as f:
             rows = list(csv.DictReader(f))
     else:
-        raise DataError(f"{path}: expected a .csv or .jsonl file, got {path.suffix or 'no suffix'!r}")
+        raise DataError(f"{path}: expected a .csv or .jsonl file (optionally .gz), "
+                        f"got {''.join(path.suffixes) or 'no suffix'!r}")
     if not rows:
         raise DataError(f"{path} holds no rows")
     missing = [c for c in (prompt_column, target_column) if c not in rows[0]]

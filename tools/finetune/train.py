@@ -24,6 +24,7 @@ from .skip import PolicySampler, layer_mask, set_dropout, skip_forward
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
+BEST_DIR = "best"  # the weights with the lowest validation loss so far, inside --out
 
 
 class TrainError(SkipDecodeError):
@@ -53,6 +54,8 @@ class TrainConfig:
     device: str = "auto"  # auto = cuda when available, else cpu
     threads: int | None = None  # torch CPU threads (None: torch's default)
     checkpoint_every: int = 200  # optimizer steps between checkpoints (and at each epoch's end)
+    val_every: int | None = None  # optimizer steps between validations (None: at each epoch's end)
+    select_best: bool = True  # with val: ship the weights of the lowest mean validation loss
     keep_checkpoints: int = 2  # older checkpoint-N folders are deleted
     resume: str | None = None  # "auto" (latest checkpoint in out) or a checkpoint-N directory
     progress: bool = True
@@ -138,6 +141,24 @@ def evaluate_loss(model: SkipOPT, items: list[Encoded], sampler: PolicySampler, 
     return result
 
 
+def selection_score(val_loss: dict[str, float]) -> float:
+    """What best-checkpoint selection minimises: the mean validation loss over the policies
+    trained (one model serves them all, so no policy's loss counts more than another's)."""
+    return sum(val_loss.values()) / len(val_loss)
+
+
+def _load_weights(model, directory: Path) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(directory / "model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # tied input/output embeddings are stored once; anything else missing is a broken folder
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise TrainError(f"{directory}: weights do not match the model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    model.tie_weights()
+
+
 def train(cfg: TrainConfig) -> Path:
     """Run the fine-tuning described by ``cfg``; returns the output directory."""
     from tqdm.auto import tqdm
@@ -184,10 +205,13 @@ def train(cfg: TrainConfig) -> Path:
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(cfg, total_steps))
     step = 0
+    best = None  # {"step", "val_loss", "score"} of the weights in out/best
     if state:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
+        best = state.get("best")
+    val_every = cfg.val_every or steps_per_epoch
 
     def run_meta(val_loss=None) -> dict:
         return {**base_meta, "format": "skipdecode-finetune", "horizon": horizon,
@@ -202,7 +226,7 @@ def train(cfg: TrainConfig) -> Path:
         target = out / f"checkpoint-{step}"
         _save_atomic(target, model, tokenizer, None, {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "base_meta": base_meta, "config": asdict(cfg), "val_loss": val_loss})
+            "base_meta": base_meta, "config": asdict(cfg), "val_loss": val_loss, "best": best})
         for old in _checkpoints(out)[:-cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -234,18 +258,29 @@ def train(cfg: TrainConfig) -> Path:
             bar.set_postfix(epoch=epoch + 1, loss=f"{value:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
             log.write(json.dumps({"step": step, "epoch": epoch + 1, "loss": round(value, 5),
                                   "lr": scheduler.get_last_lr()[0]}) + "\n")
-            if step % steps_per_epoch == 0 and val_items:
+            if val_items and (step % val_every == 0 or step == total_steps):
                 val_loss = evaluate_loss(skip, val_items, sampler, pad_id, cfg.batch_size, device)
-                log.write(json.dumps({"step": step, "epoch": epoch + 1, "val_loss": val_loss}) + "\n")
-                bar.write(f"epoch {epoch + 1}: val loss " +
-                          ", ".join(f"{k} {v:.3f}" for k, v in val_loss.items()))
+                score = selection_score(val_loss)
+                improved = best is None or score < best["score"]
+                if improved and cfg.select_best:
+                    best = {"step": step, "val_loss": val_loss, "score": score}
+                    _save_atomic(out / BEST_DIR, model, tokenizer, None, None)
+                log.write(json.dumps({"step": step, "epoch": epoch + 1, "val_loss": val_loss,
+                                      "best_step": best["step"] if best else None}) + "\n")
+                bar.write(f"step {step} (epoch {epoch + 1}): val loss " +
+                          ", ".join(f"{k} {v:.3f}" for k, v in val_loss.items()) +
+                          f"; mean {score:.4f}" + (" (best)" if improved else ""))
             if step % cfg.checkpoint_every == 0 or step % steps_per_epoch == 0:
                 checkpoint(val_loss)
             log.flush()
     bar.close()
     log.close()
     model.eval()
+    if best is not None and cfg.select_best:
+        _load_weights(model, out / BEST_DIR)
+        val_loss = best["val_loss"]
     meta_out = run_meta(val_loss)
+    meta_out["trained_from"][-1]["selected_step"] = best["step"] if best else step
     meta_out["train_seconds"] = round(time.perf_counter() - started, 1)
     _save_final(out, model, tokenizer, meta_out)
     return out
