@@ -1,4 +1,4 @@
-"""``python -m tools.e2e split|init``: data split and initial model of the E2E demo."""
+"""``python -m tools.e2e init|split``: initial model of the E2E demo (and a by-MR data split)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=report.PROG, description="\n".join(__doc__.strip().splitlines()[2:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example:\n  python -m tools.evaluate --data data/e2e/val.csv --prompt-column mr "
+        epilog="Example:\n  python -m tools.evaluate --data data/e2e/devset.csv.gz --prompt-column mr "
                "--target-column ref \\\n      --model 'fine-tuned under SkipDecode=artifacts/e2e' "
                "--model 'full-depth only=artifacts/e2e-base' \\\n      --speedups 1 2 3 4 5 "
                "--out docs/quality.md --json .work/quality.json")
