@@ -424,10 +424,7 @@ class TensorRTBackend(Backend):
             x = self._as_device(hidden)  # (B, T, D)
             B, T, _ = x.shape
             past = attention_mask.shape[1] - T
-            check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
-            if past % page:
-                raise ValueError(f"{self.name}: a decode mask covers whole pages (past_width); got a "
-                                 f"past of {past} positions with pages of {page}")
+            check_slots(self.name, slots, past, self.slots, positions, T, self.capacity, page)
             if past:  # decode: the cache's first pages of every slot, bound in place (no copy)
                 pages = past // page
                 past_key = self.keys[index][:pages]  # (pages, S, nh, hd, page), a contiguous prefix

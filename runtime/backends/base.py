@@ -68,14 +68,18 @@ class Backend(ABC):
 
 
 def check_slots(backend_name: str, slots: np.ndarray, past: int, total_slots: int, positions: np.ndarray,
-                length: int, capacity: int) -> None:
-    """The shared preconditions of ``Backend.layer``: a past is bound for every slot in order,
-    and every new position fits the capacity ``allocate`` gave."""
+                length: int, capacity: int, page: int = 1) -> None:
+    """The shared preconditions of ``Backend.layer``: a past is bound for every slot in order, in
+    whole pages of ``page`` positions (a paged backend), and every new position fits the capacity
+    ``allocate`` gave."""
     if total_slots == 0:
         raise RuntimeError(f"{backend_name}: call allocate(slots, capacity) before running layers")
     if past and (len(slots) != total_slots or not np.array_equal(slots, np.arange(total_slots))):
         raise ValueError(f"{backend_name}: a decode step (past {past}) runs every slot in order; "
                          f"got slots {slots.tolist()} of {total_slots}")
+    if past % page:
+        raise ValueError(f"{backend_name}: a decode mask covers whole pages (past_width); got a "
+                         f"past of {past} positions with pages of {page}")
     if len(positions) and int(np.max(positions)) + length > capacity:
         raise ValueError(f"{backend_name}: positions up to {int(np.max(positions)) + length} exceed "
                          f"the capacity {capacity} given to allocate()")

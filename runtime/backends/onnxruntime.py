@@ -93,7 +93,7 @@ class OnnxRuntimeBackend(Backend):
     def layer(self, index, hidden, attention_mask, slots, positions, update=None):
         B, T, _ = hidden.shape
         past = attention_mask.shape[1] - T
-        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
+        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity, self._page)
         key, value = self.keys[index], self.values[index]
         if past:  # decode: the first pages of the buffers themselves, bound in place
             pages = past // self._page
@@ -106,11 +106,10 @@ class OnnxRuntimeBackend(Backend):
             "hidden_states": hidden, "attention_mask": attention_mask,
             "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)
         rows = np.arange(B) if update is None else np.flatnonzero(update)
-        for t in range(T):  # write the new positions of the updated rows into their slots
-            pos = positions[rows] + t
-            page, offset = pos // self._page, pos % self._page
-            key[page, slots[rows], :, :, offset] = new_key[rows, :, t, :]  # (rows, nh, hd)
-            value[page, slots[rows], :, offset, :] = new_value[rows, :, t, :]
+        pos = positions[rows][:, None] + np.arange(T)  # (R, T): the updated rows' new positions
+        page, offset, at = pos // self._page, pos % self._page, slots[rows][:, None]
+        key[page, at, :, :, offset] = new_key[rows].transpose(0, 2, 1, 3)  # (R, T, nh, hd)
+        value[page, at, :, offset, :] = new_value[rows].transpose(0, 2, 1, 3)
         if update is not None and not update.all():
             out = np.where(update[:, None, None], out, hidden)
         return out

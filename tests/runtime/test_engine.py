@@ -244,3 +244,14 @@ def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
         assert new_shape == (2, gen.manifest.model.num_heads, 1, gen.manifest.model.head_dim)
     assert [(k.ctypes.data, v.ctypes.data) for k, v in zip(backend.keys, backend.values)] == addresses
     gen.close()
+
+
+def test_onnxruntime_refuses_a_past_of_part_pages(artifact_dir):
+    """A past that is not whole pages would bind the wrong prefix of the buffer: refused."""
+    gen = runtime.load(artifact_dir, max_batch=2, threads=1)
+    backend = gen.engine.backend
+    hidden = np.zeros((2, 1, gen.manifest.model.hidden_size), np.float32)
+    with pytest.raises(ValueError, match="a decode mask covers whole pages \\(past_width\\); got a past of 5 "
+                                         "positions with pages of 32"):
+        backend.layer(0, hidden, np.ones((2, 6), np.int64), np.arange(2), np.array([5, 5]))
+    gen.close()
