@@ -34,8 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--random-weights", action="store_true",
                    help="build the alias's architecture with random weights instead of downloading")
     b.add_argument("--seed", type=int, default=0, help="seed of random weights (default: 0)")
-    b.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
-                   help="store weights beside each graph: auto = graphs over 2 GB (default)")
+    b.add_argument("--external-data", choices=("shared", "never"), default="shared",
+                   help="shared (default): every graph's weights in one weights.bin, which ONNX "
+                        "Runtime maps in place and which holds the tied embedding once; never: "
+                        "self-contained graphs (under 2 GB each; loads use more memory)")
     b.add_argument("--page-size", type=int, default=32,
                    help="KV positions per page of the runtime's cache (default 32): a decode step "
                         "reads the past in whole pages")

@@ -10,6 +10,7 @@ build or load if the kill fell between two renames), and the next build deletes 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from runtime.swap import recover, remove_leftovers, swap_into_place, temp_siblin
 from . import checkpoint, parity
 from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
+from .weights import SharedWeights
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -38,7 +40,7 @@ class BuildOptions:
     opset: int = 17  # 16 avoids LayerNormalization, which TensorRT 8.5 (JetPack 5) cannot parse
     random_weights: bool = False  # build --model's architecture with random weights (no download)
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
-    external_data: str = "auto"  # weights beside the graph: "auto" (graphs over 2 GB), always, never
+    external_data: str = "shared"  # "shared": all weights in one weights.bin; "never": in each graph
     page_size: int = 32  # KV positions per page of the runtime's cache (see export.onnx_export)
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
@@ -119,9 +121,12 @@ def build(options: BuildOptions, log=print) -> Manifest:
         from tqdm.auto import tqdm
 
         specs = []
-        for spec in tqdm(graph_specs(model, options.dtype, config.page_size), desc="export onnx", unit="graph",
-                         disable=not options.progress):
-            specs.append(export_graph(model, spec, tmp, config))
+        with contextlib.ExitStack() as stack:
+            weights = (stack.enter_context(SharedWeights(tmp)) if config.external_data == "shared"
+                       else None)
+            for spec in tqdm(graph_specs(model, options.dtype, config.page_size), desc="export onnx",
+                             unit="graph", disable=not options.progress):
+                specs.append(export_graph(model, spec, tmp, config, weights))
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         hf_model.config.save_pretrained(str(tmp / "hf_config"))

@@ -30,7 +30,9 @@ from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from runtime.modeling import SkipOPT, graph_module
 
-EXTERNAL_DATA_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
+from .weights import SharedWeights, fold_weight_transposes, tie_head
+
+PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
 _EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)  # trace sizes: >= 2 and distinct, so none is specialised
 
 
@@ -38,15 +40,16 @@ _EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)  # trace sizes: >= 2 and d
 class ExportConfig:
     dtype: str = "float32"  # "float32" or "float16"; fp16 keeps softmax and layer norm in fp32
     opset: int = 17  # TorchScript exporter's opset; parsed by TensorRT 8.6 (JetPack 5) and later
-    external_data: str = "auto"  # "auto": only graphs whose weights pass 2 GB; "always"; "never"
+    external_data: str = "shared"  # "shared": every graph's weights in one weights.bin (mapped
+    # in place by ONNX Runtime, tied embedding once: export.weights); "never": self-contained graphs
     page_size: int = 32  # KV positions per page: the granularity of the past a step reads (measured
     # on OPT-125m shapes, 16-64 cost the same within noise; smaller pages mean more tiny matmuls)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
-        if self.external_data not in ("auto", "always", "never"):
-            raise ValueError(f"external_data must be auto, always or never, got {self.external_data!r}")
+        if self.external_data not in ("shared", "never"):
+            raise ValueError(f"external_data must be 'shared' or 'never', got {self.external_data!r}")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or self.page_size < 1:
             raise ValueError(f"page_size must be an int >= 1, got {self.page_size!r}")
 
@@ -107,8 +110,13 @@ def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, p
     return out
 
 
-def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: ExportConfig) -> GraphSpec:
-    """Trace one graph into ``directory/spec.file``; returns the spec with data_file set if used."""
+def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: ExportConfig,
+                 weights: SharedWeights | None = None) -> GraphSpec:
+    """Trace one graph into ``directory/spec.file``, its large weights into ``weights`` (the
+    artifact's shared file; None keeps them inside the graph); returns the spec with data_file set
+    when the graph references the shared file."""
+    import onnx
+
     module = graph_module(model, spec.name)
     # A layer's past spans several pages; the embedding's stays inside tiny models' positions.
     past = _EXAMPLE["pages"] * config.page_size - 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
@@ -116,8 +124,10 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
     dynamic_axes = {t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)}
                     for t in [*spec.inputs, *spec.outputs]}
     weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    external = config.external_data == "always" or (
-        config.external_data == "auto" and weight_bytes > EXTERNAL_DATA_LIMIT * 0.9)
+    if weights is None and weight_bytes > PROTOBUF_LIMIT * 0.9:
+        raise ValueError(
+            f"graph {spec.name} holds {weight_bytes / 1e9:.2f} GB of weights, over protobuf's 2 GB "
+            f"limit for a self-contained .onnx file; export with external_data='shared'")
     # Trace into a scratch folder: over 2 GB the exporter scatters one file per tensor there.
     scratch = directory / f".scratch-{spec.name}"
     scratch.mkdir()
@@ -130,15 +140,13 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
             module, tuple(inputs.values()), str(traced), dynamo=False,
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
             dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
-    data_file = None
-    if external or len(list(scratch.iterdir())) > 1:
-        import onnx
-
-        data_file = spec.file + ".data"
-        proto = onnx.load(str(traced), load_external_data=True)
-        onnx.save_model(proto, str(directory / spec.file), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=data_file, size_threshold=1024)
-    else:
-        traced.replace(directory / spec.file)
+    proto = onnx.load(str(traced), load_external_data=True)
     shutil.rmtree(scratch)
-    return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs, data_file)
+    if spec.name == "head":
+        tie_head(proto)
+    fold_weight_transposes(proto)
+    if weights is not None:
+        weights.externalize(proto)
+    onnx.save_model(proto, str(directory / spec.file))
+    return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs,
+                     weights.name if weights is not None else None)

@@ -98,30 +98,9 @@ class Generator:
         return self.manifest.model.num_layers
 
     def policy_for(self, max_new_tokens: int, policy=None, speedup: float | None = None) -> SkipPolicy:
-        """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest default.
-
-        A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
-        must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
-        first new token comes from the full-depth prompt pass), so the decay spans the generation.
-        """
-        L = self.num_layers
-        default = self.manifest.policy
-        horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
-        if policy is not None and speedup is not None:
-            raise PolicyError("pass either policy= or speedup=, not both")
-        if speedup is not None:
-            return SkipPolicy.for_speedup(L, speedup, horizon=horizon,
-                                          warmup_layers=default.get("warmup_layers", 1))
-        if policy is None:
-            return SkipPolicy(L, default["max_layers"], default["min_layers"],
-                              default["warmup_layers"], horizon)
-        if isinstance(policy, dict):
-            policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **policy})
-        if not isinstance(policy, SkipPolicy):
-            raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
-        if policy.num_layers != L:
-            raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}")
-        return policy
+        """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest
+        default (see the module-level ``policy_for``)."""
+        return policy_for(self.manifest, max_new_tokens, policy, speedup)
 
     def stream(self, prompts: str | Sequence[str], max_new_tokens: int = 32, *, policy=None,
                speedup: float | None = None, do_sample: bool = False, temperature: float = 1.0,
@@ -174,6 +153,33 @@ class Generator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None) -> SkipPolicy:
+    """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest default.
+
+    A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
+    must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
+    first new token comes from the full-depth prompt pass), so the decay spans the generation.
+    """
+    L = manifest.model.num_layers
+    default = manifest.policy
+    horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
+    if policy is not None and speedup is not None:
+        raise PolicyError("pass either policy= or speedup=, not both")
+    if speedup is not None:
+        return SkipPolicy.for_speedup(L, speedup, horizon=horizon,
+                                      warmup_layers=default.get("warmup_layers", 1))
+    if policy is None:
+        return SkipPolicy(L, default["max_layers"], default["min_layers"],
+                          default["warmup_layers"], horizon)
+    if isinstance(policy, dict):
+        policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **policy})
+    if not isinstance(policy, SkipPolicy):
+        raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
+    if policy.num_layers != L:
+        raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}")
+    return policy
 
 
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,

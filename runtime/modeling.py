@@ -202,7 +202,10 @@ class OPTHead(nn.Module):
             hidden = _layer_norm(self.final_layer_norm, hidden)
         if self.project_out is not None:
             hidden = self.project_out(hidden)
-        return self.lm_head(hidden)
+        B, T, D = hidden.shape
+        # 2-D, so the head graph is one Gemm(transB) on the embedding's own (V, D) layout and
+        # the artifact stores the tied matrix once (export.weights.tie_head)
+        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
 
 
 @dataclass

@@ -55,7 +55,12 @@ class OnnxRuntimeBackend(Backend):
         self.providers = providers
         self.manifest = manifest
         directory = Path(directory)
-        self._sessions = {g.name: self._open(ort, directory, g, opts) for g in manifest.graphs}
+        # The head first: a session maps its weights from the artifact's weights.bin and, where a
+        # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
+        # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
+        # comes while nothing else is resident, and the peak stays at the packed weights.
+        graphs = [manifest.head, *(g for g in manifest.graphs if g.name != "head")]
+        self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
         self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)

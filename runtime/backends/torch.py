@@ -29,6 +29,7 @@ from .base import Backend, check_slots
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # under self_attn. in the HF layer
+TRANSPOSED = ".T"  # export.weights: a weight W stored transposed is named "W.T"
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -38,14 +39,17 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
     """Initializers of one graph by name, with the exporter's deduplicated names resolved.
 
     The exporter keeps one initializer per distinct tensor value and names the others as outputs of
-    ``Identity(kept)`` nodes (e.g. ``Identity(q_proj.bias) -> k_proj.bias`` when both are zero).
-    External data files are read from the graph's own directory (the artifact directory).
+    ``Identity(kept)`` nodes (e.g. ``Identity(q_proj.bias) -> k_proj.bias`` when both are zero);
+    a linear weight is stored transposed as ``W.T`` (the layout MatMul reads). External data
+    files are read from the graph's own directory (the artifact directory).
     """
     import onnx
     from onnx import numpy_helper
 
     proto = onnx.load(str(path), load_external_data=True)
     weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    for name in [n for n in weights if n.endswith(TRANSPOSED)]:  # stored as MatMul reads them
+        weights[name[: -len(TRANSPOSED)]] = weights.pop(name).T
     alias = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity"}
     for name in alias:
         source, hops = name, 0
