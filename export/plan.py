@@ -265,11 +265,6 @@ def measured_line(p: Plan, measured: dict) -> str:
             f"{measured['positions']} positions")
 
 
-def fits_summary(p: Plan, reserve: int) -> str:
-    fits = [name for name, size in DEVICES if p.fits(size, reserve)]
-    return ", ".join(fits) if fits else "none of " + ", ".join(name for name, _ in DEVICES)
-
-
 def all_aliases() -> list[str]:
     return list(OPT_ARCHS)
 
