@@ -1,4 +1,4 @@
-"""Command line: ``python -m export build`` and ``python -m export verify``."""
+"""Command line: ``python -m export build``, ``python -m export verify`` and ``python -m export plan``."""
 
 from __future__ import annotations
 
@@ -58,6 +58,30 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--max-new-tokens", type=int, default=16)
     v.add_argument("--speedup", type=float, default=2.0, help="skip policy to check (default: 2)")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+    from .plan import DEVICE_RESERVE_BYTES, GiB, Workload
+    w = Workload()
+    pl = sub.add_parser("plan", help="memory of weights, KV cache and runtime; which devices it fits",
+                        description="Memory plan from an artifact's manifest or an OPT alias: weights at "
+                                    "fp16/int8/int4, the paged KV cache, activations and the runtime's "
+                                    "measured overhead, against 8/16/32/64 GB Jetsons.")
+    pl.add_argument("models", nargs="*", help=f"artifact directories or aliases ({', '.join(ALIASES)}); "
+                                              f"default: every alias")
+    pl.add_argument("--weights", help="comma-separated formats among fp32,fp16,int8,int4 (default: "
+                                      "fp16,int8,int4 for aliases, the artifact's dtype for a directory)")
+    pl.add_argument("--tokens", type=int, default=w.tokens, help=f"KV positions per row (default {w.tokens})")
+    pl.add_argument("--batch", type=int, default=w.batch, help=f"rows (KV slots) (default {w.batch})")
+    pl.add_argument("--prompt", type=int, help=f"longest prompt prefilled at once (default: "
+                                               f"{w.prompt}, at most --tokens)")
+    pl.add_argument("--page-size", type=int, help=f"KV page (default: the manifest's, else {w.page_size})")
+    pl.add_argument("--block-size", type=int, default=w.block_size,
+                    help=f"int8/int4 quantization block (default {w.block_size})")
+    pl.add_argument("--symmetric", action="store_true", help="int8/int4 without zero points")
+    pl.add_argument("--reserve", default=str(DEVICE_RESERVE_BYTES / GiB),
+                    help="GiB each device keeps for the OS and CUDA (default %(default)s)")
+    pl.add_argument("--measure", action="store_true",
+                    help="also load + generate each artifact directory on ONNX Runtime (CPU) in a child "
+                         "process and compare its peak RSS with the plan")
     return p
 
 
@@ -95,6 +119,8 @@ def main(argv=None) -> int:
                 return engines_main(argv)
             print(f"next: python -m export verify {out}")
             return 0
+        if args.command == "plan":
+            return _plan(args)
         from .verify import verify
 
         report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
@@ -107,6 +133,48 @@ def main(argv=None) -> int:
     except SkipDecodeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _plan(args) -> int:
+    from pathlib import Path as P
+
+    from . import plan as pm
+
+    specs = args.models or pm.all_aliases()
+    reserve = pm.parse_gib(args.reserve)
+    plans, measures = [], []
+    for spec in specs:
+        arch = pm.resolve_arch(spec)
+        page = args.page_size
+        if P(spec).is_dir():
+            from runtime.manifest import load_manifest
+
+            manifest = load_manifest(spec, check_hashes=False)
+            page = page or manifest.page_size
+            default_formats = "fp16" if manifest.dtype == "float16" else "fp32"
+        else:
+            default_formats = "fp16,int8,int4"
+        workload = pm.Workload(tokens=args.tokens, batch=args.batch,
+                               prompt=args.prompt or min(pm.Workload.prompt, args.tokens),
+                               page_size=page or pm.Workload.page_size, block_size=args.block_size,
+                               symmetric=args.symmetric)
+        for weights in pm.check_formats(args.weights or default_formats):
+            plans.append(pm.plan(arch, weights, workload))
+        if args.measure:
+            if not P(spec).is_dir():
+                raise pm.PlanError(f"--measure loads an artifact: {spec!r} is not a directory; build one with "
+                                   f"`python -m export build --model {spec} --random-weights --out DIR`")
+            measures.append((plans[-1], workload))
+    print(f"# {pm.describe(plans[0].workload, reserve)}")
+    print(pm.fit_table(plans, reserve), end="")
+    if measures:
+        from .measure import run_probe
+
+        print("\n# peak RSS of `runtime.load` + generate on ONNX Runtime (CPU), in a child process")
+        for p, workload in measures:
+            measured = run_probe(p.arch.name, workload.batch, workload.tokens, workload.prompt)
+            print(pm.measured_line(p, measured))
+    return 0
 
 
 if __name__ == "__main__":

@@ -453,3 +453,100 @@ def test_shape_spec_embed_mask_follows_the_runtime(artifact_dir):
     assert shape_spec(manifest.embed, decode.run) == "input_ids:2x1,attention_mask:2x65"
     assert shape_spec(manifest.layers[0], decode.run) == (
         "hidden_states:2x1x32,attention_mask:2x65,past_key:2x2x4x8x32,past_value:2x2x4x32x8")
+
+
+# -- the Polygraphy comparison beside each command ----------------------------------------------------
+# Flags as Polygraphy's argument groups define them (tools/Polygraphy/polygraphy/tools/args in
+# NVIDIA/TensorRT): runner selection, ModelArgs, TrtConfigArgs, TrtLoadNetworkArgs, OnnxLoadArgs,
+# DataLoaderArgs, CompareFuncSimpleArgs. The generated command may use no other.
+POLYGRAPHY_FLAGS = {"--onnxrt", "--trt", "--input-shapes", "--trt-min-shapes", "--trt-opt-shapes",
+                    "--trt-max-shapes", "--tf32", "--fp16", "--strongly-typed", "--pool-limit", "--val-range",
+                    "--onnx-outputs", "--trt-outputs", "--atol", "--rtol"}
+
+
+def _polygraphy_args(line: str) -> dict[str, list[str]]:
+    """``polygraphy run MODEL --flag v1 v2 --other ...`` -> {"model": [MODEL], "--flag": [v1, v2], ...}."""
+    argv = shlex.split(line)
+    assert argv[:2] == ["polygraphy", "run"], line
+    args, key = {"model": [argv[2]]}, None
+    for a in argv[3:]:
+        if a.startswith("--"):
+            assert a not in args, f"{a} given twice"
+            key = a
+            args[key] = []
+        else:
+            args[key].append(a)
+    return args
+
+
+def _as_polygraphy(trtexec_spec: str) -> list[str]:
+    """trtexec's ``a:1x2,b:3`` -> Polygraphy's ``["a:[1,2]", "b:[3]"]``."""
+    return [f"{name}:[{dims.replace('x', ',')}]" for name, dims in (s.split(":") for s in trtexec_spec.split(","))]
+
+
+def test_polygraphy_layer_command_matches_the_trtexec_profile(artifact_dir, no_trtexec, capsys):
+    code, out, err = _run_cli(capsys, artifact_dir, "--graph", "layer_03", "--batch", 4, "--past", 32,
+                              "--trt-version", "10.3", "--polygraphy")
+    assert code == 0, err
+    trtexec_line, polygraphy_line = out.splitlines()
+    trt = dict(a[2:].split("=", 1) for a in shlex.split(trtexec_line)[1:] if "=" in a)
+    args = _polygraphy_args(polygraphy_line)
+    assert set(args) - {"model"} <= POLYGRAPHY_FLAGS
+    assert args["model"] == [str(artifact_dir / "layer_03.onnx")]
+    assert args["--onnxrt"] == args["--trt"] == []
+    for ours, theirs in [("--trt-min-shapes", "minShapes"), ("--trt-opt-shapes", "optShapes"),
+                         ("--trt-max-shapes", "maxShapes"), ("--input-shapes", "shapes")]:
+        assert args[ours] == _as_polygraphy(trt[theirs])
+    assert args["--trt-max-shapes"] == ["hidden_states:[4,1,32]", "attention_mask:[4,65]",
+                                        "past_key:[2,4,4,8,32]", "past_value:[2,4,4,32,8]"]
+    # fp32 artifact: the engines build with TF32 (TensorRT's default); Polygraphy needs it asked for
+    assert args["--tf32"] == [] and "--fp16" not in args and "--strongly-typed" not in args
+    assert args["--pool-limit"] == ["workspace:2048M"]
+    assert args["--val-range"] == ["attention_mask:[1,1]"]  # no ids in a layer; an all-ones mask
+    assert args["--atol"] == ["0.03"] and args["--rtol"] == ["0.03"]
+    assert "--onnx-outputs" not in args
+    assert "# polygraphy: --tf32, atol 0.03 rtol 0.03" in err
+
+
+def test_polygraphy_embed_ids_in_vocabulary_and_layerwise(artifact_dir, no_trtexec, capsys):
+    code, out, err = _run_cli(capsys, artifact_dir, "--graph", "embed", "--trt-version", "8.6", "--fp16",
+                              "--workspace", "1GiB", "--layerwise")
+    assert code == 0, err
+    args = _polygraphy_args(out.splitlines()[1])
+    vocab = load_manifest(artifact_dir, check_hashes=False).model.vocab_size
+    assert args["--val-range"] == [f"input_ids:[0,{vocab - 1}]", "attention_mask:[1,1]"]
+    assert args["--fp16"] == [] and args["--pool-limit"] == ["workspace:1024M"]
+    assert args["--onnx-outputs"] == args["--trt-outputs"] == ["mark", "all"]
+
+
+def test_polygraphy_fp16_artifact_precision_by_version(artifact_dir, no_trtexec, capsys, tmp_path):
+    fp16 = tmp_path / "fp16-artifact"
+    shutil.copytree(artifact_dir, fp16)
+    manifest = json.loads((fp16 / "manifest.json").read_text())
+    manifest["dtype"] = "float16"
+    (fp16 / "manifest.json").write_text(json.dumps(manifest))
+    for version, flag in [("8.6", "--fp16"), ("10.3", "--strongly-typed"), ("11.1", "--strongly-typed")]:
+        code, out, err = _run_cli(capsys, fp16, "--graph", "head", "--trt-version", version, "--polygraphy")
+        args = _polygraphy_args(out.splitlines()[1])
+        assert code == 0 and flag in args, (version, err)
+        assert not {"--fp16", "--strongly-typed", "--tf32"} - {flag} & set(args)
+        assert "--val-range" not in args  # the head has only float inputs
+
+
+def test_polygraphy_for_all_graphs_and_with_run(artifact_dir, no_trtexec, fake_trtexec, capsys):
+    code, out, err = _run_cli(capsys, artifact_dir, "--all", "--trt-version", "10.3", "--polygraphy")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2 * 8
+    assert [Path(shlex.split(line)[0]).name for line in lines] == ["trtexec", "polygraphy"] * 8
+    assert [shlex.split(line)[2] for line in lines[1::2]] == [
+        str(artifact_dir / f"{n}.onnx") for n in ["embed", *(f"layer_{i:02d}" for i in range(6)), "head"]]
+    code, out, err = _run_cli(capsys, artifact_dir, "--graph", "head", "--run", "--polygraphy")
+    assert code == 0 and "polygraphy" not in out  # the table stays clean; the check goes to stderr
+    assert f"# accuracy: polygraphy run {artifact_dir / 'head.onnx'} --onnxrt --trt" in err
+
+
+def test_polygraphy_tolerance_is_the_exports_fp16_tolerance():
+    from export.parity import TOLERANCES
+    from tools.trtexec.polygraphy import TOLERANCE
+
+    assert TOLERANCE == TOLERANCES["float16"]

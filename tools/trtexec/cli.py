@@ -13,6 +13,7 @@ from runtime.manifest import GraphSpec, Manifest, load_manifest
 from .command import OutputPaths, RunSettings, build_command, format_command, parse_size_mib
 from .errors import UnknownGraphError
 from .flags import precision_flags
+from .polygraphy import build_polygraphy_command, tolerance_note
 from .report import GraphResult, markdown_report, read_profile, read_times
 from .run import find_trtexec, require_trtexec, run_trtexec
 from .shapes import PHASES, Limits, Profile, resolve_profile
@@ -63,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--data-transfers", choices=("auto", "on", "off"), default="auto",
                    help="time H2D/D2H copies: auto = only embed and head, whose I/O is on the host")
     b.add_argument("--top", type=int, default=5, help="slowest TensorRT layers listed per graph (0: none)")
+    c = p.add_argument_group("accuracy on the device (Polygraphy)")
+    c.add_argument("--polygraphy", action="store_true",
+                   help="after each trtexec command, print the `polygraphy run --onnxrt --trt` comparison of "
+                        "the same graph, shapes and precision with ONNX Runtime")
+    c.add_argument("--layerwise", action="store_true",
+                   help="with --polygraphy: compare every intermediate tensor (mark all outputs in both "
+                        "runners), to find the first TensorRT layer that differs")
     return p
 
 
@@ -125,10 +133,20 @@ def _main(args) -> int:
     print(f"# TensorRT {detected.version} ({detected.source})", file=sys.stderr)
     print(f"# {manifest.dtype} ONNX: {precision.reason}", file=sys.stderr)
     print(f"# {_describe(profile)}", file=sys.stderr)
+    checks = {}
+    if args.polygraphy or args.layerwise:
+        print(f"# {tolerance_note(precision, manifest.dtype)}", file=sys.stderr)
+        checks = {job.graph.name: build_polygraphy_command(
+            artifact_dir, job.graph, profile, precision, manifest.dtype, manifest.model.vocab_size,
+            settings.workspace_mib, layerwise=args.layerwise) for job in jobs}
     if not args.run:
         for job in jobs:
             print(format_command(job.cmd))
+            if job.graph.name in checks:
+                print(format_command(checks[job.graph.name]))
         return 0
+    for cmd in checks.values():  # printed, not run: Polygraphy builds its own engine, minutes per graph
+        print(f"# accuracy: {format_command(cmd)}", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     if paths.engine_dir is not None:
         paths.engine_dir.mkdir(parents=True, exist_ok=True)

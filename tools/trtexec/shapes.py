@@ -116,9 +116,13 @@ def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_p
 
 def shape_spec(graph: GraphSpec, point: dict) -> str:
     """trtexec's shape spec, ``name:d0xd1x...`` per input, comma-separated, in the graph's input order."""
+    return ",".join(f"{name}:" + "x".join(map(str, dims)) for name, dims in input_dims(graph, point))
+
+
+def input_dims(graph: GraphSpec, point: dict) -> list[tuple[str, list[int]]]:
+    """(input name, its sizes at ``point``) in the graph's input order."""
     sizes = graph_sizes(graph, point)
-    return ",".join(f"{t.name}:" + "x".join(str(_size(graph, t.name, d, sizes)) for d in t.dims)
-                    for t in graph.inputs)
+    return [(t.name, [_size(graph, t.name, d, sizes) for d in t.dims]) for t in graph.inputs]
 
 
 def _size(graph: GraphSpec, tensor: str, dim, sizes: dict) -> int:

@@ -1,0 +1,288 @@
+"""Memory plan of an OPT model on a device: weights at fp32/fp16/int8/int4, the paged KV cache,
+activations and the runtime's own overhead; which OPT sizes fit 8, 16, 32 and 64 GB Jetsons.
+
+``python -m export plan [opt-1.3b | ARTIFACT_DIR ...] --tokens 1024 --batch 4``
+
+Every figure is arithmetic on the architecture (an alias's known shape, or an artifact's manifest
+and hf_config), so it runs anywhere without weights. ``--measure`` checks it against the peak RSS
+of a real load + generate on ONNX Runtime's CPU backend (export/measure.py).
+
+Weights, per tensor (no tensor is ever shared between graphs in this count: head.onnx holds its own
+copy of the tied embedding, as the export writes it and as weight-only quantization must, because
+the embedding is gathered in float while the head's copy is a quantized MatMul):
+
+* stay in float (the artifact's dtype, fp16 for int8/int4): token and position embeddings, layer
+  norms, biases;
+* quantized for int8/int4, as ONNX Runtime's MatMulNBits stores a K x N weight: ceil(K / block)
+  blocks per output column, each of ``block * bits / 8`` bytes, one float scale per block, and for
+  asymmetric quantization (ONNX Runtime's default) one zero point per block packed at ``bits``
+  bits: the q/k/v/out projections, fc1 and fc2 of every layer, project_in/out (OPT-350m) and the head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.errors import ModelNotFoundError, SkipDecodeError
+
+from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
+
+GiB = 1024**3
+WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
+FLOAT_BYTES = {"fp32": 4, "fp16": 2, "float32": 4, "float16": 2}
+QUANT_BITS = {"int8": 8, "int4": 4}
+# Runtime overhead of one process on the ONNX Runtime CPU backend: Python, numpy, onnxruntime,
+# what `runtime.load` imports (transformers for the tokenizer, today), one session per graph and the
+# tokenizer. Measured here (x86, 2026-11): `python -m export plan DIR --measure --tokens 256
+# --prompt 64` on a `python -m export build --model tiny-random` artifact peaks at 311.8 MB RSS (two
+# runs, within 0.1 MB), of which its weights, KV cache and activations are 3.4 MB: 294 MiB remain.
+# A floor, not a per-byte factor; rerun the command when the runtime's imports change.
+RUNTIME_OVERHEAD_BYTES = 294 * 1024**2
+# A Jetson's memory is shared by the OS, the carveouts and every process's CUDA context. Public
+# tegrastats readings of an idle 8 GB Orin show ~0.4 GB taken by carveouts before Linux sees it,
+# and public Orin Nano memory planners put the OS plus the CUDA/TensorRT runtime at 1.5-2 GB before
+# a model loads; we reserve the top of that range. Headless (no desktop) devices have more; measure
+# yours with tegrastats and pass --reserve.
+DEVICE_RESERVE_BYTES = 2 * GiB
+DEVICES = (("Orin Nano 8GB", 8), ("Orin NX 16GB", 16), ("AGX Orin 32GB", 32), ("AGX Orin 64GB", 64))
+
+
+class PlanError(SkipDecodeError, ValueError):
+    """A plan's inputs are inconsistent (tokens, batch, prompt, block size)."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # alias or artifact directory
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_dim: int
+    word_embed_proj_dim: int  # != hidden_size only for OPT-350m (project_in / project_out)
+    vocab_size: int
+    max_positions: int  # max_position_embeddings; the position table has 2 more rows (OPT's offset)
+    pre_layer_norm: bool  # False for OPT-350m: post-LayerNorm, no final layer norm
+
+
+@dataclass(frozen=True)
+class Workload:
+    tokens: int = 1024  # positions per row the KV cache holds (prompt + new tokens), the load's max_length
+    batch: int = 1  # rows decoded together, the load's max_batch
+    prompt: int = 256  # longest prompt prefilled at once: the prefill's attention scores grow with its square
+    page_size: int = 32  # KV positions per page (the export's default); capacity is whole pages
+    block_size: int = 32  # MatMulNBits quantization block along K (ONNX Runtime's quantizer CLI default)
+    symmetric: bool = False  # True: no zero points (ONNX Runtime's MatMul4BitsQuantizer defaults to asymmetric)
+
+    def check(self, arch: Arch) -> None:
+        for name in ("tokens", "batch", "prompt", "page_size", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError(f"{name} must be a positive int, got {value!r}; pass --{name.replace('_', '-')} N")
+        if self.tokens > arch.max_positions:
+            raise PlanError(f"--tokens {self.tokens} exceeds max_position_embeddings {arch.max_positions} of "
+                            f"{arch.name}: positions past it have no embedding; pass --tokens {arch.max_positions} "
+                            f"or less")
+        if self.prompt > self.tokens:
+            raise PlanError(f"--prompt {self.prompt} exceeds --tokens {self.tokens}: a prompt must fit in the "
+                            f"KV cache; pass --prompt {self.tokens} or less")
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: Arch
+    weights: str  # "fp32", "fp16", "int8" or "int4"
+    workload: Workload
+    weight_bytes: int
+    float_weight_bytes: int  # of weight_bytes, the tensors kept in float
+    kv_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.overhead_bytes
+
+    def fits(self, device_gib: int, reserve: int = DEVICE_RESERVE_BYTES) -> bool:
+        return self.total_bytes <= device_gib * GiB - reserve
+
+
+# -- architectures --------------------------------------------------------------------------------
+
+
+def arch_from_alias(name: str) -> Arch:
+    key = name.lower().split("/")[-1]
+    if key not in OPT_ARCHS:
+        raise ModelNotFoundError(f"unknown model {name!r}: pass an artifact directory or one of "
+                                 f"{', '.join(OPT_ARCHS)}")
+    layers, hidden, heads, ffn, proj, pre_ln = OPT_ARCHS[key]
+    return Arch(key, layers, hidden, heads, ffn, proj, OPT_VOCAB_SIZE, 2048, pre_ln)
+
+
+def arch_from_artifact(directory) -> Arch:
+    """The manifest's model fields plus ffn_dim and word_embed_proj_dim from the hf_config/ the
+    export writes beside it (the manifest has no FFN width)."""
+    from runtime.manifest import load_manifest
+
+    directory = Path(directory)
+    m = load_manifest(directory, check_hashes=False).model
+    config_path = directory / "hf_config" / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        ffn, proj = int(config["ffn_dim"]), int(config["word_embed_proj_dim"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise PlanError(f"cannot read ffn_dim and word_embed_proj_dim from {config_path} ({exc}); re-export "
+                        f"with `python -m export build`, or plan by alias (e.g. opt-1.3b)") from exc
+    return Arch(str(directory), m.num_layers, m.hidden_size, m.num_heads, ffn, proj, m.vocab_size,
+                m.max_position_embeddings, m.pre_layer_norm)
+
+
+def resolve_arch(spec: str) -> Arch:
+    return arch_from_artifact(spec) if Path(spec).is_dir() else arch_from_alias(spec)
+
+
+# -- arithmetic -----------------------------------------------------------------------------------
+
+
+def tensors(arch: Arch) -> list[tuple[str, tuple[int, int], bool]]:
+    """(name, shape, quantizable) of every weight the graphs hold; a matmul's shape is (K, N)."""
+    D, P, F, V = arch.hidden_size, arch.word_embed_proj_dim, arch.ffn_dim, arch.vocab_size
+    out = [("embed_tokens", (V, P), False), ("embed_positions", (arch.max_positions + 2, D), False)]
+    if P != D:
+        out.append(("project_in", (P, D), True))
+    for i in range(arch.num_layers):
+        p = f"layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            out += [(p + name, (D, D), True), (p + name + ".bias", (1, D), False)]
+        out += [(p + "fc1", (D, F), True), (p + "fc1.bias", (1, F), False),
+                (p + "fc2", (F, D), True), (p + "fc2.bias", (1, D), False),
+                (p + "self_attn_layer_norm", (2, D), False), (p + "final_layer_norm", (2, D), False)]
+    if arch.pre_layer_norm:
+        out.append(("final_layer_norm", (2, D), False))
+    if P != D:
+        out.append(("project_out", (D, P), True))
+    out.append(("lm_head", (P, V), True))  # head.onnx's own copy of the tied embedding
+    return out
+
+
+def quantized_bytes(k: int, n: int, bits: int, block: int, scale_bytes: int, symmetric: bool) -> int:
+    """Bytes of a K x N weight as MatMulNBits stores it: packed blocks, scales, zero points."""
+    blocks = -(-k // block)  # K is padded up to whole blocks
+    data = n * blocks * (block * bits // 8)
+    scales = n * blocks * scale_bytes
+    zero_points = 0 if symmetric else n * -(-blocks * bits // 8)
+    return data + scales + zero_points
+
+
+def weight_bytes(arch: Arch, weights: str, workload: Workload = Workload()) -> tuple[int, int]:
+    """(all weight bytes, of which float) at ``weights`` precision; int8/int4 keep floats in fp16."""
+    if weights not in WEIGHT_FORMATS:
+        raise PlanError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    float_bytes = FLOAT_BYTES.get(weights, 2)
+    total = floats = 0
+    for _, (k, n), quantizable in tensors(arch):
+        if quantizable and weights in QUANT_BITS:
+            total += quantized_bytes(k, n, QUANT_BITS[weights], workload.block_size, float_bytes,
+                                     workload.symmetric)
+        else:
+            total += k * n * float_bytes
+            floats += k * n * float_bytes
+    return total, floats
+
+
+def kv_cache_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
+    """The runtime's paged K and V buffers: per layer (pages, batch, heads, head_dim, page) each,
+    the capacity rounded up to whole pages."""
+    pages = -(-workload.tokens // workload.page_size)
+    return arch.num_layers * 2 * pages * workload.page_size * workload.batch * arch.hidden_size * dtype_bytes
+
+
+def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
+    """The largest single graph run's intermediates, which the runtime's memory arena keeps: a layer's
+    prefill of the longest prompt, or the head's logits.
+
+    Layer prefill: attention scores and probabilities in fp32 (softmax is fp32 in every export) over
+    the prompt and the one masked page, (B, heads, T, page + T) each; fc1's output (B, T, ffn); and
+    q, k, v, the attention output and the residuals, (B, T, D) each, six of them. Head: the last
+    position's logits (B, V) in the artifact's dtype plus the float32 copy the engine keeps.
+    """
+    B, T, D = workload.batch, workload.prompt, arch.hidden_size
+    scores = 2 * B * arch.num_heads * T * (workload.page_size + T) * 4
+    layer = scores + B * T * (arch.ffn_dim + 6 * D) * dtype_bytes
+    head = B * arch.vocab_size * (dtype_bytes + 4)
+    return max(layer, head)
+
+
+def plan(arch: Arch, weights: str, workload: Workload = Workload(),
+         overhead: int = RUNTIME_OVERHEAD_BYTES) -> Plan:
+    workload.check(arch)
+    total, floats = weight_bytes(arch, weights, workload)
+    act = FLOAT_BYTES.get(weights, 2)  # int8/int4 weights run with fp16 activations and KV
+    return Plan(arch, weights, workload, total, floats, kv_cache_bytes(arch, workload, act),
+                activation_bytes(arch, workload, act), overhead)
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def fit_table(plans: list[Plan], reserve: int = DEVICE_RESERVE_BYTES) -> str:
+    """Markdown: one row per model and weight format, GiB per term, and whether it fits each device."""
+    head = ["model", "weights", "weights GiB", "KV GiB", "activations GiB", "overhead GiB", "total GiB",
+            *(f"{name} ({size - reserve / GiB:g} GiB usable)" for name, size in DEVICES)]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in plans:
+        cells = [Path(p.arch.name).name, p.weights, gib(p.weight_bytes), gib(p.kv_bytes),
+                 gib(p.activation_bytes), gib(p.overhead_bytes), gib(p.total_bytes),
+                 *("yes" if p.fits(size, reserve) else "no" for _, size in DEVICES)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def describe(workload: Workload, reserve: int) -> str:
+    quant = ("symmetric" if workload.symmetric else "asymmetric, with zero points")
+    return (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (pages of {workload.page_size}), "
+            f"prefill of a {workload.prompt}-token prompt; int8/int4: MatMulNBits blocks of "
+            f"{workload.block_size}, {quant}, fp16 scales, embeddings/layer norms/biases in fp16; "
+            f"devices keep {reserve / GiB:g} GiB for the OS and CUDA (see export/plan.py)")
+
+
+def ratio(a: int, b: int) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+def measured_line(p: Plan, measured: dict) -> str:
+    peak = measured["peak_rss_bytes"]
+    return (f"{Path(p.arch.name).name} {p.weights}: predicted {gib(p.total_bytes)} GiB, measured peak RSS "
+            f"{gib(peak)} GiB ({ratio(peak, p.total_bytes)} of the prediction; {ratio(peak, p.weight_bytes)} "
+            f"the weights); after imports {gib(measured['baseline_rss_bytes'])} GiB, after load "
+            f"{gib(measured['loaded_rss_bytes'])} GiB; generated {measured['rows']} x "
+            f"{measured['positions']} positions")
+
+
+def all_aliases() -> list[str]:
+    return list(OPT_ARCHS)
+
+
+def check_formats(text: str) -> list[str]:
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    bad = [f for f in formats if f not in WEIGHT_FORMATS]
+    if bad or not formats:
+        raise PlanError(f"--weights {text!r}: each must be one of {', '.join(WEIGHT_FORMATS)} "
+                        f"(comma-separated, e.g. fp16,int8,int4)")
+    return formats
+
+
+def parse_gib(text: str) -> int:
+    try:
+        value = float(str(text).lower().removesuffix("gib").removesuffix("gb"))
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise PlanError(f"--reserve {text!r} is not a size in GiB; pass e.g. --reserve 2 or 1.5GiB")
+    return int(value * GiB)

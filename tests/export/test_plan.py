@@ -1,0 +1,103 @@
+"""export plan: exact byte counts on tiny configs, the fit table, CLI errors, --measure."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import OPTConfig, OPTForCausalLM
+
+from export import plan as pm
+from export.__main__ import main
+from export.checkpoint import OPT_ARCHS
+
+TINY = dict(num_layers=2, hidden_size=64, num_heads=4, ffn_dim=96, vocab_size=40, max_positions=48)
+
+
+def _arch(proj=64, pre_ln=True) -> pm.Arch:
+    return pm.Arch("tiny", word_embed_proj_dim=proj, pre_layer_norm=pre_ln, **TINY)
+
+
+def _torch_bytes(arch: pm.Arch) -> int:
+    """fp32 bytes of the PyTorch model's parameters, the tied embedding counted once."""
+    model = OPTForCausalLM(OPTConfig(
+        vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads, ffn_dim=arch.ffn_dim, word_embed_proj_dim=arch.word_embed_proj_dim,
+        max_position_embeddings=arch.max_positions, do_layer_norm_before=arch.pre_layer_norm))
+    return sum(p.numel() for p in model.parameters()) * 4
+
+
+@pytest.mark.parametrize("proj, pre_ln", [(64, True), (32, False)])  # OPT-125m-like, OPT-350m-like
+def test_float_weights_are_the_models_parameters_plus_the_heads_copy(proj, pre_ln):
+    arch = _arch(proj, pre_ln)
+    head_copy = arch.vocab_size * proj * 4  # head.onnx holds its own copy of the tied embedding
+    assert pm.weight_bytes(arch, "fp32") == (_torch_bytes(arch) + head_copy,) * 2
+    assert pm.weight_bytes(arch, "fp16") == ((_torch_bytes(arch) + head_copy) // 2,) * 2
+
+
+def test_quantized_bytes_blocks_scales_zero_points():
+    # K = 40: two blocks of 32 (the second padded); N = 3 columns; fp16 scales
+    assert pm.quantized_bytes(40, 3, 4, 32, 2, symmetric=False) == 3 * 2 * 16 + 3 * 2 * 2 + 3 * 1
+    assert pm.quantized_bytes(40, 3, 8, 32, 2, symmetric=False) == 3 * 2 * 32 + 3 * 2 * 2 + 3 * 2
+    assert pm.quantized_bytes(40, 3, 4, 32, 2, symmetric=True) == 3 * 2 * 16 + 3 * 2 * 2
+    assert pm.quantized_bytes(96, 5, 4, 32, 2, symmetric=False) == 5 * 3 * 16 + 5 * 3 * 2 + 5 * 2  # 3 blocks: 2 bytes of zero points
+
+
+def test_int4_keeps_embeddings_norms_and_biases_in_fp16():
+    arch, D, F, V, P = _arch(), 64, 96, 40, 64
+    floats = 2 * (V * P + (arch.max_positions + 2) * D + arch.num_layers * (4 * D + F + D + 4 * D) + 2 * D)
+    q = lambda k, n: pm.quantized_bytes(k, n, 4, 32, 2, False)  # noqa: E731
+    matmuls = arch.num_layers * (4 * q(D, D) + q(D, F) + q(F, D)) + q(P, V)
+    assert pm.weight_bytes(arch, "int4") == (floats + matmuls, floats)
+    assert pm.weight_bytes(arch, "int4", pm.Workload(block_size=16))[0] > floats + matmuls  # more scales
+
+
+def test_kv_cache_rounds_up_to_whole_pages_and_activations():
+    arch = _arch()
+    w = pm.Workload(tokens=33, batch=3, prompt=8, page_size=32)
+    assert pm.kv_cache_bytes(arch, w, 2) == 2 * 2 * 64 * 3 * 64 * 2  # layers x K,V x 2 pages of 32 x batch x D x fp16
+    layer = 2 * 3 * 4 * 8 * (32 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2
+    assert pm.activation_bytes(arch, w, 2) == max(layer, 3 * 40 * (2 + 4))
+    p = pm.plan(arch, "fp16", w, overhead=1000)
+    assert p.total_bytes == p.weight_bytes + p.kv_bytes + p.activation_bytes + 1000
+
+
+def test_fits_uses_the_reserve():
+    p = pm.plan(pm.arch_from_alias("opt-1.3b"), "fp16", pm.Workload(tokens=1024, batch=1))
+    assert p.fits(8) and not p.fits(8, reserve=8 * pm.GiB - p.total_bytes + 1)
+
+
+def test_cli_fit_table_lists_every_alias_and_device(capsys):
+    assert main(["plan", "--tokens", "512", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| opt-")]
+    assert [r.split(" | ")[0][2:] for r in rows] == [a for a in OPT_ARCHS for _ in range(3)]
+    assert [r.split(" | ")[1] for r in rows[:3]] == ["fp16", "int8", "int4"]
+    assert "Orin Nano 8GB (6 GiB usable)" in out and "AGX Orin 64GB (62 GiB usable)" in out
+    assert "KV cache for 512 tokens x batch 2" in out
+    big = next(r for r in rows if r.startswith("| opt-66b | fp16"))
+    assert big.endswith("| no | no | no | no |")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["opt-7b"], "unknown model 'opt-7b': pass an artifact directory or one of opt-125m"),
+    (["opt-125m", "--tokens", "0"], "tokens must be a positive int, got 0"),
+    (["opt-125m", "--tokens", "4096"], "--tokens 4096 exceeds max_position_embeddings 2048 of opt-125m"),
+    (["opt-125m", "--tokens", "64", "--prompt", "65"], "--prompt 65 exceeds --tokens 64"),
+    (["opt-125m", "--weights", "int3"], "--weights 'int3': each must be one of fp32, fp16, int8, int4"),
+    (["opt-125m", "--reserve", "lots"], "--reserve 'lots' is not a size in GiB"),
+    (["opt-125m", "--measure"], "--measure loads an artifact: 'opt-125m' is not a directory"),
+])
+def test_cli_errors_say_what_and_how(argv, message, capsys):
+    assert main(["plan", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+
+
+def test_cli_artifact_reads_manifest_and_measures(artifact_dir, capsys):
+    assert main(["plan", str(artifact_dir), "--tokens", "48", "--prompt", "8", "--measure"]) == 0
+    out = capsys.readouterr().out
+    # one row, named by the artifact directory ("model"), at the artifact's dtype
+    assert [line.split(" | ")[:2] for line in out.splitlines() if " | fp" in line] == [["| model", "fp32"]]
+    assert "(pages of 32)" in out  # the manifest's page size
+    line = out.splitlines()[-1]
+    assert line.startswith("model fp32: predicted ") and "measured peak RSS" in line
+    assert "generated 1 x 48 positions" in line
