@@ -7,9 +7,9 @@ Every figure is arithmetic on the architecture (an alias's known shape, or an ar
 and hf_config), so it runs anywhere without weights. ``--measure`` checks it against the peak RSS
 of a real load + generate on ONNX Runtime's CPU backend (export/measure.py).
 
-Weights, per tensor (no tensor is ever shared between graphs in this count: head.onnx holds its own
-copy of the tied embedding, as the export writes it and as weight-only quantization must, because
-the embedding is gathered in float while the head's copy is a quantized MatMul):
+Weights, per tensor. In float the head reads the tied embedding itself (export.weights stores it
+once in weights.bin); quantized, the head holds its own quantized copy, because the embedding is
+gathered in float while the head is a MatMulNBits:
 
 * stay in float (the artifact's dtype, fp16 for int8/int4): token and position embeddings, layer
   norms, biases;
@@ -163,7 +163,7 @@ def tensors(arch: Arch) -> list[tuple[str, tuple[int, int], bool]]:
         out.append(("final_layer_norm", (2, D), False))
     if P != D:
         out.append(("project_out", (D, P), True))
-    out.append(("lm_head", (P, V), True))  # head.onnx's own copy of the tied embedding
+    out.append(("lm_head", (P, V), True))  # counted only when quantized (see weight_bytes)
     return out
 
 
@@ -182,7 +182,9 @@ def weight_bytes(arch: Arch, weights: str, workload: Workload = Workload()) -> t
         raise PlanError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     float_bytes = FLOAT_BYTES.get(weights, 2)
     total = floats = 0
-    for _, (k, n), quantizable in tensors(arch):
+    for name, (k, n), quantizable in tensors(arch):
+        if name == "lm_head" and weights not in QUANT_BITS:
+            continue  # the float head is the tied embedding, stored once
         if quantizable and weights in QUANT_BITS:
             total += quantized_bytes(k, n, QUANT_BITS[weights], workload.block_size, float_bytes,
                                      workload.symmetric)
