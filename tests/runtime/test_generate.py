@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import runtime
+from runtime.backends import Backend
 from runtime.modeling import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
@@ -70,6 +71,8 @@ class SpyBackend:
     def head(self, hidden, rows=None):
         self.calls.append("head")
         return self.inner.head(hidden, rows)
+
+    decode = Backend.decode  # the default step, so that the spy sees its embed, layers and head
 
 
 @contextlib.contextmanager
