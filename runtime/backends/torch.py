@@ -154,22 +154,36 @@ class TorchBackend(Backend):
 
     def __init__(self, directory, manifest: Manifest, device: str | torch.device = "cpu",
                  cuda_graphs: bool | None = None, threads: int | None = None):
-        self.device = _resolve_device(device)
-        capture = default_capture(self.device, cuda_graphs)  # None on the CPU unless asked
-        self.graphs = GraphCache(capture) if capture is not None else None
         if threads:
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
-        self.dtype = _DTYPES[manifest.dtype]
+        device = _resolve_device(device)
+        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs)
+
+    @classmethod
+    def from_model(cls, hf_model, cuda_graphs: bool | None = None) -> "TorchBackend":
+        """A backend over an OPTForCausalLM already in memory, on its device and in its dtype: what
+        ``python -m tools.bench.gpu`` times, random weights at real shapes with no export."""
+        backend = cls.__new__(cls)
+        backend.manifest = None
+        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs)
+        return backend
+
+    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
         from ..modeling import PagedOPTLayer, SkipOPT
 
-        self.hf_model = load_hf_model(Path(directory), manifest, self.device)
-        self.model = SkipOPT(self.hf_model)  # embed and head; also the reference to compare with
+        self.device = device
+        capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
+        self.graphs = GraphCache(capture) if capture is not None else None
+        self.hf_model = hf_model
+        self.model = SkipOPT(hf_model)  # embed and head; also the reference to compare with
+        self.dtype = self.model.dtype
         # The exported layer itself: its paged attention reads a strided view of the buffer as
         # one page, so the torch backend runs exactly the graphs' math.
         self.layers = [PagedOPTLayer(layer) for layer in self.model.layers]
-        m = manifest.model
-        self._nh, self._hd = m.num_heads, m.head_dim
+        config = hf_model.config
+        self._nh = config.num_attention_heads
+        self._hd = config.hidden_size // self._nh
         self.keys: list[torch.Tensor] = []  # per layer (slots, nh, capacity, hd)
         self.values: list[torch.Tensor] = []
         self.slots = self.capacity = 0
@@ -187,7 +201,7 @@ class TorchBackend(Backend):
 
     def _zeros(self, shape) -> torch.Tensor:
         if self.device.type == "cpu":  # numpy's zeros are mapped lazily: untouched slots cost nothing
-            return torch.from_numpy(np.zeros(shape, np.dtype(self.manifest.dtype)))
+            return torch.from_numpy(np.zeros(shape, np.dtype(str(self.dtype).removeprefix("torch."))))
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     # -- Backend -----------------------------------------------------------------------------
