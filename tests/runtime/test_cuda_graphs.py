@@ -15,6 +15,7 @@ from runtime.backends.cuda_graphs import (MIN_WIDTH, EagerCapture, GraphCache, G
                                           default_capture, width_bucket)
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
+from tests.runtime.test_generate import assert_same_steps
 
 NEW = 12
 STATIC_ATOL = 1e-5  # fp32, static vs plain step: attention reduces over more (masked) positions
@@ -116,12 +117,7 @@ def test_cuda_graphs_on_the_cpu_is_refused(artifact_dir):
 @pytest.mark.parametrize("options", [{}, dict(speedup=2),
                                      dict(policy=SkipPolicy(6, 5, 2, warmup_layers=1, horizon=NEW - 1))])
 def test_static_steps_equal_plain_steps(plain, static, options):
-    ours = list(static.stream(PROMPTS, NEW, ignore_eos=True, **options))
-    theirs = list(plain.stream(PROMPTS, NEW, ignore_eos=True, **options))
-    assert len(ours) == len(theirs) == NEW
-    for step, (a, b) in enumerate(zip(ours, theirs)):
-        np.testing.assert_allclose(a.logits, b.logits, atol=STATIC_ATOL, rtol=0, err_msg=f"step {step}")
-        assert a.token_ids == b.token_ids
+    assert_same_steps(static, plain, NEW, STATIC_ATOL, **options)
 
 
 def test_one_step_per_layer_set_and_bucket(artifact_dir):
@@ -184,11 +180,7 @@ def test_cuda_graphs_equal_eager_cuda(artifact_dir, options):
                          check_hashes=False, max_batch=4)
     try:
         assert graphs.backend.graphs is not None and eager.backend.graphs is None  # on by default on CUDA
-        ours = list(graphs.stream(PROMPTS, NEW, ignore_eos=True, **options))
-        theirs = list(eager.stream(PROMPTS, NEW, ignore_eos=True, **options))
-        for step, (a, b) in enumerate(zip(ours, theirs)):
-            np.testing.assert_allclose(a.logits, b.logits, atol=CUDA_ATOL, rtol=0, err_msg=f"step {step}")
-            assert a.token_ids == b.token_ids
+        assert_same_steps(graphs, eager, NEW, CUDA_ATOL, **options)
         assert graphs.backend.graphs.steps, "no step was captured"
     finally:
         graphs.close()

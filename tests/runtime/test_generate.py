@@ -28,6 +28,17 @@ def padded(rows, length, pad=1):
     return [r + [pad] * (length - len(r)) for r in rows]
 
 
+def assert_same_steps(ours, theirs, new, atol, **options):
+    """Streaming PROMPTS, both generators give the same tokens, and fp32 logits within ``atol``, every step."""
+    a_steps = list(ours.stream(PROMPTS, new, ignore_eos=True, **options))
+    b_steps = list(theirs.stream(PROMPTS, new, ignore_eos=True, **options))
+    assert len(a_steps) == len(b_steps) == new
+    for step, (a, b) in enumerate(zip(a_steps, b_steps)):
+        assert a.logits.dtype == np.float32
+        np.testing.assert_allclose(a.logits, b.logits, atol=atol, rtol=0, err_msg=f"step {step}")
+        assert a.token_ids == b.token_ids
+
+
 def test_full_depth_batch_equals_transformers(generator, hf_model, tokenizer):
     expected, _ = hf_generate(hf_model, tokenizer, PROMPTS)
     result = generator.generate(PROMPTS, NEW)

@@ -15,12 +15,14 @@ from runtime.backends.onnxruntime_cuda import IOBindingDeviceError, OnnxRuntimeI
 from runtime.manifest import load_manifest
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
+from tests.runtime.test_generate import assert_same_steps
 
 NEW = 12
 NO_CUDA = (f"onnxruntime {ort.__version__} here offers {ort.get_available_providers()}, no "
            f"CUDAExecutionProvider: the IOBinding backend's CUDA path needs onnxruntime-gpu and a GPU")
 HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
 FP32_ATOL = 1e-5  # same graphs, same provider: only the binding differs (measured 0)
+CUDA_ATOL = 1e-4  # fp32 on the CUDA provider vs the CPU one
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +66,7 @@ def test_unknown_device(artifact_dir):
 @pytest.mark.parametrize("options", [{}, dict(speedup=2),
                                      dict(policy=SkipPolicy(6, 5, 2, warmup_layers=1, horizon=NEW - 1))])
 def test_equals_the_plain_backend_every_step(bound, plain, options):
-    ours = list(bound.stream(PROMPTS, NEW, ignore_eos=True, **options))
-    theirs = list(plain.stream(PROMPTS, NEW, ignore_eos=True, **options))
-    assert len(ours) == len(theirs) == NEW
-    for step, (a, b) in enumerate(zip(ours, theirs)):
-        assert a.logits.dtype == np.float32
-        np.testing.assert_allclose(a.logits, b.logits, atol=FP32_ATOL, rtol=0, err_msg=f"step {step}")
-        assert a.token_ids == b.token_ids
+    assert_same_steps(bound, plain, NEW, FP32_ATOL, **options)
 
 
 def test_kv_stays_at_its_address_and_equals_the_plain_backends(bound, plain):
@@ -129,10 +125,6 @@ def test_cuda_equals_the_cpu(artifact_dir, plain):
     try:
         assert all(k.device_name() == "cuda" for k in gen.backend.keys)
         for options in ({}, dict(speedup=2)):
-            ours = list(gen.stream(PROMPTS, NEW, ignore_eos=True, **options))
-            theirs = list(plain.stream(PROMPTS, NEW, ignore_eos=True, **options))
-            for step, (a, b) in enumerate(zip(ours, theirs)):
-                np.testing.assert_allclose(a.logits, b.logits, atol=1e-4, rtol=0, err_msg=f"step {step}")
-                assert a.token_ids == b.token_ids
+            assert_same_steps(gen, plain, NEW, CUDA_ATOL, **options)
     finally:
         gen.close()

@@ -86,7 +86,6 @@ def device_bandwidth(device, mib: int, repeats: int = 5) -> tuple[float, str]:
 
     copy = best(lambda: dst.copy_(src), 2 * nbytes)
     read = best(lambda: src.sum(), nbytes)
-    del src, dst
     return max(copy, read), f"best of device copy {copy / 1e9:.0f} GB/s (read+write) and sum {read / 1e9:.0f} GB/s"
 
 
