@@ -1,10 +1,10 @@
 """Backends behind one small interface (see base.Backend). Heavy imports happen on first use.
 
-The ONNX Runtime and torch backends live here. ``onnxruntime`` with a ``device`` (the default
-when onnxruntime-gpu offers CUDA) is the IOBinding backend, which keeps the KV cache on the device. Backends that live in other packages register
-under the ``skipdecode_edge.backends`` entry-point group (pyproject.toml), so ``runtime`` imports
-nothing from them: the TensorRT backend is ``engines.backend:TensorRTBackend``, and ``engines``
-depends on ``runtime``, never the reverse.
+The ONNX Runtime and torch backends live here; ``onnxruntime`` with a ``device`` (the default
+when onnxruntime-gpu offers CUDA) is the IOBinding backend, which keeps the KV cache on the device.
+Backends that live in other packages register under the ``skipdecode_edge.backends`` entry-point
+group (pyproject.toml), so ``runtime`` imports nothing from them: the TensorRT backend is
+``engines.backend:TensorRTBackend``, and ``engines`` depends on ``runtime``, never the reverse.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
 
     # -- graphs ------------------------------------------------------------------------------
 
-    def _run(self, name: str, session, binding, outputs_to: str | None = None) -> list:
+    def _run(self, session, binding, outputs_to: str | None = None) -> list:
         """Run with the inputs bound; outputs on the device (or ``outputs_to``), as OrtValues."""
         for out in session.get_outputs():
             binding.bind_output(out.name, outputs_to or self.device_type, self.device_id)
@@ -167,7 +167,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         b = self._bindings["embed"]
         b.bind_ortvalue_input("input_ids", self._to_device(input_ids.astype(np.int64)))
         b.bind_ortvalue_input("attention_mask", self._on_device(attention_mask))
-        return self._run("embed", self._sessions["embed"], b)[0]  # (B, T, D) on the device
+        return self._run(self._sessions["embed"], b)[0]  # (B, T, D) on the device
 
     def layer(self, index, hidden, attention_mask, slots, positions, update=None):
         B, T = hidden.shape()[:2] if isinstance(hidden, self._ort.OrtValue) else hidden.shape[:2]
@@ -191,7 +191,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         else:
             self._bind(b, "past_key", self._zero_key, (1, B, nh, hd, page))
             self._bind(b, "past_value", self._zero_value, (1, B, nh, page, hd))
-        out, new_key, new_value = self._run(name, self._sessions[name], b)  # new_*: (B, nh, T, hd)
+        out, new_key, new_value = self._run(self._sessions[name], b)  # new_*: (B, nh, T, hd)
         rows = np.arange(B) if update is None else np.flatnonzero(update)
         if len(rows):
             pos = positions[rows][:, None] + np.arange(T)  # (R, T): the updated rows' new positions
@@ -204,7 +204,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
             k.bind_cpu_input("update", np.ascontiguousarray(update, dtype=bool))
             k.bind_ortvalue_input("out", out)
             k.bind_ortvalue_input("hidden", hidden)
-            out = self._run("keep", self._helpers["keep"], k)[0]
+            out = self._run(self._helpers["keep"], k)[0]
         return out
 
     def _scatter(self, which: str, buffer, new, rows: np.ndarray, base: np.ndarray) -> None:
@@ -224,10 +224,10 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         last = self._helper_bindings["last"]
         last.bind_ortvalue_input("hidden", hidden)
         last.bind_cpu_input("rows", rows.astype(np.int64))
-        picked = self._run("last", self._helpers["last"], last)[0]  # (R, 1, D) on the device
+        picked = self._run(self._helpers["last"], last)[0]  # (R, 1, D) on the device
         b = self._bindings["head"]
         b.bind_ortvalue_input("hidden_states", picked)
-        logits = self._run("head", self._sessions["head"], b, outputs_to="cpu")[0]  # (R, 1, V) on the host
+        logits = self._run(self._sessions["head"], b, outputs_to="cpu")[0]  # (R, 1, V) on the host
         return logits.numpy()[:, -1, :].astype(np.float32)
 
     def decode(self, input_ids, attention_mask, positions, layers, updates, rows):

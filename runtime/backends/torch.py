@@ -318,9 +318,9 @@ class StaticStep:
             past_value = value[:, :, :W].unsqueeze(0)  # (1, B, nh, W, hd)
             out, new_key, new_value = backend.layers[index](hidden, self.mask, past_key, past_value)
             keep = update[:, None, None]  # (B, 1, 1): rows that skip write back what was there
-            key[self.at, :, self.positions] = torch.where(keep, new_key[:, :, 0], key[self.at, :, self.positions])
-            value[self.at, :, self.positions] = torch.where(keep, new_value[:, :, 0],
-                                                            value[self.at, :, self.positions])
+            at = (self.at, slice(None), self.positions)  # each row's new position: (B, nh, hd)
+            key[at] = torch.where(keep, new_key[:, :, 0], key[at])
+            value[at] = torch.where(keep, new_value[:, :, 0], value[at])
             hidden = torch.where(keep, out, hidden)  # (B, 1, D)
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
