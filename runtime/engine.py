@@ -268,14 +268,13 @@ class Engine:
         mask[:, :past] = self.valid[:, :past]
         mask[live, past] = 1
         positions = self.length.copy()
-        hidden = backend.embed(ids, mask)  # (S, 1, D)
-        slots = np.arange(S)
         layers = sorted(set().union(*sets.values()))
+        updates = []
         for i in layers:
             update = np.zeros(S, dtype=bool)
             update[[s for s in live if i in sets[s]]] = True
-            hidden = backend.layer(i, hidden, mask, slots, positions, update)
-        logits = backend.head(hidden, np.array(live))  # (len(live), V)
+            updates.append(update)
+        logits = backend.decode(ids, mask, positions, layers, updates, np.array(live))  # (len(live), V)
         seconds = time.perf_counter() - start
         self.valid[live, self.length[live]] = 1
         self.length[live] += 1

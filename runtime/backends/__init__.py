@@ -1,9 +1,10 @@
 """Backends behind one small interface (see base.Backend). Heavy imports happen on first use.
 
-The ONNX Runtime and torch backends live here. Backends that live in other packages register
-under the ``skipdecode_edge.backends`` entry-point group (pyproject.toml), so ``runtime`` imports
-nothing from them: the TensorRT backend is ``engines.backend:TensorRTBackend``, and ``engines``
-depends on ``runtime``, never the reverse.
+The ONNX Runtime and torch backends live here; ``onnxruntime`` with a ``device`` (the default
+when onnxruntime-gpu offers CUDA) is the IOBinding backend, which keeps the KV cache on the device.
+Backends that live in other packages register under the ``skipdecode_edge.backends`` entry-point
+group (pyproject.toml), so ``runtime`` imports nothing from them: the TensorRT backend is
+``engines.backend:TensorRTBackend``, and ``engines`` depends on ``runtime``, never the reverse.
 """
 
 from __future__ import annotations
@@ -35,9 +36,24 @@ def entry_point_backend(name: str):
     return found[0].load()
 
 
+def _ort_has_cuda() -> bool:
+    try:
+        import onnxruntime
+    except ImportError:
+        return False  # OnnxRuntimeBackend says how to install it
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
 def create_backend(name: str, directory, manifest, **options) -> Backend:
     name = _ALIASES.get(name, name)
     if name == "onnxruntime":
+        device = options.pop("device", None)
+        if device is None and options.get("providers") is None and _ort_has_cuda():
+            device = "cuda"  # onnxruntime-gpu: keep everything on the GPU unless told otherwise
+        if device is not None:  # IOBinding: hidden states and KV on `device`, logits back
+            from .onnxruntime_cuda import OnnxRuntimeIOBindingBackend
+
+            return OnnxRuntimeIOBindingBackend(directory, manifest, device=device, **options)
         from .onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(directory, manifest, **options)

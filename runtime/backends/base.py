@@ -15,6 +15,11 @@ The two kinds of call:
   Row s's new K/V go to ``positions[s]``. Rows with ``update[s]`` False keep their hidden state
   and their K/V untouched, exactly as if they had skipped the layer (SkipDecode's per-row
   budgets); their cost is compute only, since the layer's weights are read once for all rows.
+
+The engine makes a decode step one call, ``decode(ids, mask, positions, layers, updates, rows)``,
+whose default is exactly embed, ``layer`` for each of ``layers``, head. A backend that can run the
+whole step at once overrides it: the torch backend replays one CUDA graph per active-layer set
+(backends/cuda_graphs.py); the ONNX Runtime IOBinding backend uploads the mask once per step.
 """
 
 from __future__ import annotations
@@ -61,6 +66,20 @@ class Backend(ABC):
     @abstractmethod
     def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
+
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray,
+               layers: list[int], updates: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+        """One decode step over every slot: embed, layer ``layers[k]`` on the rows ``updates[k]``, head.
+
+        input_ids (S, 1), attention_mask (S, past_width + 1), positions (S,) where each row's new
+        K/V go, updates: one (S,) bool per layer, rows: the slots whose logits come back.
+        Returns fp32 logits (len(rows), V).
+        """
+        hidden = self.embed(input_ids, attention_mask)  # (S, 1, D)
+        slots = np.arange(len(input_ids))
+        for index, update in zip(layers, updates):
+            hidden = self.layer(index, hidden, attention_mask, slots, positions, update)
+        return self.head(hidden, rows)
 
     def close(self) -> None:
         """Release sessions and device memory (nothing to do by default)."""

@@ -11,8 +11,10 @@ reads a view of the buffer's first positions: nothing is concatenated or copied 
 the buffers' addresses never change.
 
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
-calls; only the logits of the last position come back to the host. CUDA graph capture
-(``cuda_graphs=True``) is not implemented yet.
+calls; only the logits of the last position come back to the host. On CUDA a decode step is
+replayed from a CUDA graph captured per active-layer set, batch bucket and width bucket
+(backends/cuda_graphs.py, which says how the shapes are made static); ``cuda_graphs=False`` runs
+every step eagerly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from ..errors import ArtifactError
 from ..manifest import REBUILD_HINT, Manifest
 from .base import Backend, check_slots
+from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -154,25 +157,37 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, directory, manifest: Manifest, device: str | torch.device = "cpu",
-                 cuda_graphs: bool = False, threads: int | None = None):
-        if cuda_graphs:
-            raise NotImplementedError(
-                "cuda_graphs=True is not implemented yet in the torch backend (CUDA graph capture "
-                "per active-layer set is a later step); pass cuda_graphs=False")
-        self.device = _resolve_device(device)
+                 cuda_graphs: bool | None = None, threads: int | None = None):
         if threads:
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
-        self.dtype = _DTYPES[manifest.dtype]
+        device = _resolve_device(device)
+        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs)
+
+    @classmethod
+    def from_model(cls, hf_model, cuda_graphs: bool | None = None) -> "TorchBackend":
+        """A backend over an OPTForCausalLM already in memory, on its device and in its dtype: what
+        ``python -m tools.bench.gpu`` times, random weights at real shapes with no export."""
+        backend = cls.__new__(cls)
+        backend.manifest = None
+        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs)
+        return backend
+
+    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
         from ..modeling import PagedOPTLayer, SkipOPT
 
-        self.hf_model = load_hf_model(Path(directory), manifest, self.device)
-        self.model = SkipOPT(self.hf_model)  # embed and head; also the reference to compare with
+        self.device = device
+        capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
+        self.graphs = GraphCache(capture) if capture is not None else None
+        self.hf_model = hf_model
+        self.model = SkipOPT(hf_model)  # embed and head; also the reference to compare with
+        self.dtype = self.model.dtype
         # The exported layer itself: its paged attention reads a strided view of the buffer as
         # one page, so the torch backend runs exactly the graphs' math.
         self.layers = [PagedOPTLayer(layer) for layer in self.model.layers]
-        m = manifest.model
-        self._nh, self._hd = m.num_heads, m.head_dim
+        config = hf_model.config
+        self._nh = config.num_attention_heads
+        self._hd = config.hidden_size // self._nh
         self.keys: list[torch.Tensor] = []  # per layer (slots, nh, capacity, hd)
         self.values: list[torch.Tensor] = []
         self.slots = self.capacity = 0
@@ -190,7 +205,7 @@ class TorchBackend(Backend):
 
     def _zeros(self, shape) -> torch.Tensor:
         if self.device.type == "cpu":  # numpy's zeros are mapped lazily: untouched slots cost nothing
-            return torch.from_numpy(np.zeros(shape, np.dtype(self.manifest.dtype)))
+            return torch.from_numpy(np.zeros(shape, np.dtype(str(self.dtype).removeprefix("torch."))))
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     # -- Backend -----------------------------------------------------------------------------
@@ -200,6 +215,13 @@ class TorchBackend(Backend):
         self.keys = [self._zeros(shape) for _ in self.layers]
         self.values = [self._zeros(shape) for _ in self.layers]
         self.slots, self.capacity = slots, capacity
+        if self.graphs is not None:
+            self.graphs.clear()
+
+    def use_graphs(self, capture) -> None:
+        """Run decode steps as static steps through ``capture`` (cuda_graphs.CudaGraphCapture, or
+        EagerCapture, which runs the very same step eagerly: the CPU tests of the graph path)."""
+        self.graphs = GraphCache(capture)
 
     @torch.inference_mode()
     def embed(self, input_ids, attention_mask):
@@ -231,6 +253,20 @@ class TorchBackend(Backend):
         return out
 
     @torch.inference_mode()
+    def decode(self, input_ids, attention_mask, positions, layers, updates, rows):
+        past = attention_mask.shape[1] - 1
+        if self.graphs is None or not past or not len(rows):
+            return super().decode(input_ids, attention_mask, positions, layers, updates, rows)
+        check_slots(self.name, np.arange(len(input_ids)), past, self.slots, positions, 1, self.capacity)
+        key = GraphKey(tuple(layers), batch_bucket(int(np.max(rows)) + 1, self.slots),
+                       width_bucket(past, self.capacity))
+        step, replay = self.graphs.get(key, lambda k: StaticStep(self, k))
+        step.load(input_ids, attention_mask, positions, updates)
+        replay()
+        # .cpu() waits for the device, so the loop's timings include the replayed work.
+        return step.logits.cpu().numpy()[rows]  # (R, V) fp32
+
+    @torch.inference_mode()
     def head(self, hidden, rows=None):
         hidden = self._hidden(hidden)
         last = hidden[:, -1:, :] if rows is None else hidden[self._tensor(rows), -1:, :]  # (R, 1, D)
@@ -239,8 +275,58 @@ class TorchBackend(Backend):
 
     def close(self):
         self.keys, self.values = [], []
-        self.layers = []
+        self.layers, self.graphs = [], None
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
-__all__ = ["TorchBackend", "read_graph_weights", "hf_key", "load_hf_model"]
+class StaticStep:
+    """One decode step of fixed shape (cuda_graphs.GraphKey) reading and writing static tensors.
+
+    Its inputs live in one int64 buffer (one host-to-device copy per step): ids (B, 1), the mask
+    (B, W + 1) with the real past left-aligned and the new position last, positions (B,) and one
+    update row (B,) per layer. ``run`` is what a CUDA graph captures; ``logits`` (B, V) fp32 is
+    where the replay leaves its result.
+    """
+
+    def __init__(self, backend: TorchBackend, key: GraphKey):
+        self.backend, self.key = backend, key
+        B, W, n = key.batch, key.width, len(key.layers)
+        sizes = [B, B * (W + 1), B, n * B]
+        self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
+        self.host = np.zeros(sum(sizes), np.int64)  # staged here, then copied in one transfer
+        ids, mask, positions, updates = torch.split(self.inputs, sizes)
+        self.ids, self.mask = ids.view(B, 1), mask.view(B, W + 1)  # (B, 1), (B, W + 1)
+        self.positions, self.updates = positions, updates.view(n, B)  # (B,), (n, B)
+        self.at = torch.arange(B, device=backend.device)  # (B,) each row's own slot
+        self.logits: torch.Tensor | None = None  # (B, V) fp32, set by run
+
+    def load(self, input_ids, attention_mask, positions, updates) -> None:
+        B, W = self.key.batch, self.key.width
+        past = attention_mask.shape[1] - 1
+        ids, mask, pos, upd = np.split(self.host, np.cumsum([B, B * (W + 1), B]))
+        ids[:] = input_ids[:B, 0]
+        mask = mask.reshape(B, W + 1)
+        mask[:, :past], mask[:, past:W], mask[:, W] = attention_mask[:B, :past], 0, attention_mask[:B, past]
+        pos[:] = positions[:B]
+        upd.reshape(-1, B)[:] = np.asarray(updates, dtype=np.int64)[:, :B]
+        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+
+    def run(self) -> None:
+        backend, W = self.backend, self.key.width
+        hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
+        for k, index in enumerate(self.key.layers):
+            update = self.updates[k].bool()  # (B,)
+            key = backend.keys[index][: self.key.batch]  # (B, nh, capacity, hd): a view
+            value = backend.values[index][: self.key.batch]
+            past_key = key[:, :, :W].transpose(2, 3).unsqueeze(0)  # (1, B, nh, hd, W)
+            past_value = value[:, :, :W].unsqueeze(0)  # (1, B, nh, W, hd)
+            out, new_key, new_value = backend.layers[index](hidden, self.mask, past_key, past_value)
+            keep = update[:, None, None]  # (B, 1, 1): rows that skip write back what was there
+            at = (self.at, slice(None), self.positions)  # each row's new position: (B, nh, hd)
+            key[at] = torch.where(keep, new_key[:, :, 0], key[at])
+            value[at] = torch.where(keep, new_value[:, :, 0], value[at])
+            hidden = torch.where(keep, out, hidden)  # (B, 1, D)
+        self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
+
+
+__all__ = ["StaticStep", "TorchBackend", "read_graph_weights", "hf_key", "load_hf_model"]

@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+from runtime.backends import Backend
+
 
 class SlowBackend:
     """Wraps a backend: ``delay`` seconds per step (at the head), prefills held while ``gate`` is
@@ -37,6 +39,8 @@ class SlowBackend:
         if self.delay:
             time.sleep(self.delay)
         return self.inner.head(hidden, rows)
+
+    decode = Backend.decode  # the default step, through this wrapper's embed and head
 
 
 def slowed(generator, delay: float = 0.0) -> SlowBackend:

@@ -7,13 +7,17 @@ import numpy as np
 import pytest
 
 import runtime
+from runtime.backends.cuda_graphs import EagerCapture
 from runtime.engine import EngineClosedError, QueueFullError
 from runtime.errors import PolicyError
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.runtime.test_generate import SpyBackend, spying
 
-BACKENDS = ["onnxruntime", "torch"]
+# torch-static: the torch backend's captured-step path (CUDA graphs), run eagerly on the CPU;
+# onnxruntime-iobinding: the IOBinding backend's device path, on the CPU provider
+BACKENDS = {"onnxruntime": ("onnxruntime", {}), "torch": ("torch", {}), "torch-static": ("torch", {}),
+            "onnxruntime-iobinding": ("onnxruntime", dict(device="cpu"))}
 # (prompts, max_new_tokens, options): different prompts, lengths, budgets and finishing times
 REQUESTS = [
     (PROMPTS[0], 12, dict(speedup=2)),
@@ -25,9 +29,12 @@ REQUESTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=list(BACKENDS))
 def engine_gen(request, artifact_dir):
-    gen = runtime.load(artifact_dir, backend=request.param, max_batch=4, threads=1)
+    backend, options = BACKENDS[request.param]
+    gen = runtime.load(artifact_dir, backend=backend, max_batch=4, threads=1, **options)
+    if request.param == "torch-static":
+        gen.backend.use_graphs(EagerCapture())
     yield gen
     gen.close()
 

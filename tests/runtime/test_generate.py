@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import runtime
+from runtime.backends import Backend
 from runtime.modeling import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
@@ -25,6 +26,17 @@ def hf_generate(hf_model, tokenizer, prompts, max_new_tokens=NEW):
 
 def padded(rows, length, pad=1):
     return [r + [pad] * (length - len(r)) for r in rows]
+
+
+def assert_same_steps(ours, theirs, new, atol, **options):
+    """Streaming PROMPTS, both generators give the same tokens, and fp32 logits within ``atol``, every step."""
+    a_steps = list(ours.stream(PROMPTS, new, ignore_eos=True, **options))
+    b_steps = list(theirs.stream(PROMPTS, new, ignore_eos=True, **options))
+    assert len(a_steps) == len(b_steps) == new
+    for step, (a, b) in enumerate(zip(a_steps, b_steps)):
+        assert a.logits.dtype == np.float32
+        np.testing.assert_allclose(a.logits, b.logits, atol=atol, rtol=0, err_msg=f"step {step}")
+        assert a.token_ids == b.token_ids
 
 
 def test_full_depth_batch_equals_transformers(generator, hf_model, tokenizer):
@@ -70,6 +82,8 @@ class SpyBackend:
     def head(self, hidden, rows=None):
         self.calls.append("head")
         return self.inner.head(hidden, rows)
+
+    decode = Backend.decode  # the default step, so that the spy sees its embed, layers and head
 
 
 @contextlib.contextmanager

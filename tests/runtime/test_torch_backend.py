@@ -245,10 +245,6 @@ def test_threads_sets_torch_threads(artifact_dir):
         torch.set_num_threads(before)
 
 
-def test_cuda_graphs_are_not_implemented_yet(artifact_dir):
-    with pytest.raises(NotImplementedError, match="cuda_graphs=True is not implemented yet"):
-        runtime.load(artifact_dir, backend="torch", cuda_graphs=True, check_hashes=False)
-
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
 def test_cuda_without_a_gpu_says_so(artifact_dir):

@@ -1,0 +1,187 @@
+"""The torch backend's captured decode steps: buckets, keys, and the static step against the plain one.
+
+The static step (what a CUDA graph captures) runs eagerly on the CPU through EagerCapture, so
+everything but the capture itself is checked here; the CUDA tests skip without a GPU.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import runtime
+from runtime.backends.cuda_graphs import (MIN_WIDTH, EagerCapture, GraphCache, GraphKey, batch_bucket,
+                                          default_capture, width_bucket)
+from runtime.policy import SkipPolicy
+from tests.conftest import PROMPTS
+from tests.runtime.test_generate import assert_same_steps
+
+NEW = 12
+STATIC_ATOL = 1e-5  # fp32, static vs plain step: attention reduces over more (masked) positions
+CUDA_ATOL = 1e-4  # fp32, CUDA graph vs eager CUDA (same kernels; cuBLAS may pick others per shape)
+NO_CUDA = "no CUDA device visible to PyTorch on this machine; CUDA graphs are captured only on a GPU"
+
+
+class CountingCapture(EagerCapture):
+    def __init__(self):
+        self.captured = 0
+
+    def __call__(self, fn):
+        self.captured += 1
+        return super().__call__(fn)
+
+
+def load(artifact_dir, capture=None, **options):
+    gen = runtime.load(artifact_dir, backend="torch", device="cpu", check_hashes=False, **options)
+    if capture is not None:
+        gen.backend.use_graphs(capture)
+    return gen
+
+
+@pytest.fixture(scope="module")
+def plain(artifact_dir):
+    gen = load(artifact_dir, max_batch=4)
+    yield gen
+    gen.close()
+
+
+@pytest.fixture(scope="module")
+def static(artifact_dir):
+    gen = load(artifact_dir, CountingCapture(), max_batch=4)
+    yield gen
+    gen.close()
+
+
+# -- buckets and keys ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("past, capacity, want", [(1, 2048, MIN_WIDTH), (32, 2048, 32), (33, 2048, 64),
+                                                  (1000, 2048, 1024), (1025, 2048, 2048), (40, 48, 48),
+                                                  (5, 8, 8)])
+def test_width_bucket(past, capacity, want):
+    assert width_bucket(past, capacity) == want
+
+
+def test_width_bucket_refuses_a_past_beyond_the_capacity():
+    with pytest.raises(ValueError, match="a past of 65 positions exceeds the capacity 64"):
+        width_bucket(65, 64)
+
+
+@pytest.mark.parametrize("needed, slots, want", [(1, 8, 1), (2, 8, 2), (3, 8, 4), (5, 8, 8), (5, 6, 6), (1, 1, 1)])
+def test_batch_bucket(needed, slots, want):
+    assert batch_bucket(needed, slots) == want
+
+
+@pytest.mark.parametrize("needed", [0, 9])
+def test_batch_bucket_refuses_what_the_slots_cannot_hold(needed):
+    with pytest.raises(ValueError, match=f"a step needs {needed} slots of the 8 allocated"):
+        batch_bucket(needed, 8)
+
+
+def test_graph_cache_builds_and_captures_once_per_key():
+    capture, built = CountingCapture(), []
+
+    class Step:
+        def __init__(self, key):
+            built.append(key)
+
+        def run(self):
+            pass
+
+    cache = GraphCache(capture)
+    a, b = GraphKey((0, 1, 5), 1, 32), GraphKey((0, 5), 1, 32)
+    first = cache.get(a, Step)
+    assert cache.get(a, Step) is first and cache.get(b, Step) is not first
+    assert built == [a, b] and capture.captured == 2
+    cache.clear()
+    cache.get(a, Step)
+    assert capture.captured == 3  # new buffers, new graphs
+
+
+def test_default_capture():
+    assert default_capture(torch.device("cpu"), None) is None  # off on the CPU unless asked
+    assert default_capture(torch.device("cpu"), False) is None
+    with pytest.raises(ValueError, match="cuda_graphs=True needs device='cuda', got device='cpu'"):
+        default_capture(torch.device("cpu"), True)
+
+
+def test_cuda_graphs_on_the_cpu_is_refused(artifact_dir):
+    with pytest.raises(ValueError, match="cuda_graphs=True needs device='cuda'"):
+        runtime.load(artifact_dir, backend="torch", cuda_graphs=True, check_hashes=False)
+
+
+# -- the static step against the plain one ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, dict(speedup=2),
+                                     dict(policy=SkipPolicy(6, 5, 2, warmup_layers=1, horizon=NEW - 1))])
+def test_static_steps_equal_plain_steps(plain, static, options):
+    assert_same_steps(static, plain, NEW, STATIC_ATOL, **options)
+
+
+def test_one_step_per_layer_set_and_bucket(artifact_dir):
+    capture = CountingCapture()
+    gen = load(artifact_dir, capture, max_batch=4)
+    try:
+        result = gen.generate(PROMPTS[0], 16, speedup=3, ignore_eos=True)
+        keys = set(gen.backend.graphs.steps)
+        sets = {s.layers for s in result.stats.steps}
+        assert {k.layers for k in keys} == sets and len(sets) > 2  # the budget took several values
+        assert {k.batch for k in keys} == {1}  # one request in slot 0 of 4: batch 1
+        lengths = result.stats.prompt_tokens + np.arange(len(result.stats.steps))  # past of each step
+        assert {k.width for k in keys} == {width_bucket(int(n), gen.backend.capacity) for n in lengths}
+        assert capture.captured == len(keys) < len(result.stats.steps)  # later steps replay
+        gen.generate(PROMPTS[0], 16, speedup=3, ignore_eos=True)
+        assert capture.captured == len(keys)  # the same steps again: nothing new captured
+    finally:
+        gen.close()
+
+
+def test_per_row_budgets_and_skipped_rows_keep_their_kv(artifact_dir, plain):
+    """Two requests with different budgets share steps; the K/V left behind equal the plain path's."""
+    L = plain.num_layers
+    policies = [SkipPolicy(L, L, 2, warmup_layers=1, horizon=6), SkipPolicy(L, 4, 3, warmup_layers=2, horizon=5)]
+    gens = [load(artifact_dir, max_batch=4), load(artifact_dir, CountingCapture(), max_batch=4)]
+    outcomes = []
+    try:
+        for gen in gens:
+            results = [None, None]
+            streams = [gen.stream(PROMPTS[1], 10, policy=policies[0], ignore_eos=True),
+                       gen.stream(PROMPTS[:2], 7, policy=policies[1], ignore_eos=True)]
+
+            def drain(k, streams=streams, results=results):
+                results[k] = [e.token_ids for e in streams[k]]
+
+            threads = [threading.Thread(target=drain, args=(k,)) for k in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            outcomes.append((results, [k.clone() for k in gen.backend.keys], [v.clone() for v in gen.backend.values]))
+        (want, want_k, want_v), (got, got_k, got_v) = outcomes
+        assert got == want
+        for a, b in zip(got_k + got_v, want_k + want_v):
+            torch.testing.assert_close(a, b, atol=STATIC_ATOL, rtol=0)
+        assert any(k.batch > 1 for k in gens[1].backend.graphs.steps)
+    finally:
+        for gen in gens:
+            gen.close()
+
+
+# -- on a GPU --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@pytest.mark.parametrize("options", [{}, dict(speedup=2), dict(speedup=3)])
+def test_cuda_graphs_equal_eager_cuda(artifact_dir, options):
+    graphs = runtime.load(artifact_dir, backend="torch", device="cuda", check_hashes=False, max_batch=4)
+    eager = runtime.load(artifact_dir, backend="torch", device="cuda", cuda_graphs=False,
+                         check_hashes=False, max_batch=4)
+    try:
+        assert graphs.backend.graphs is not None and eager.backend.graphs is None  # on by default on CUDA
+        assert_same_steps(graphs, eager, NEW, CUDA_ATOL, **options)
+        assert graphs.backend.graphs.steps, "no step was captured"
+    finally:
+        graphs.close()
+        eager.close()

@@ -1,0 +1,41 @@
+"""``python -m tools.bench.gpu``: its CPU dry run end to end, the floor's byte count, its refusals."""
+
+import pytest
+import torch
+
+from tools.bench import gpu
+
+TINY = ["--device", "cpu", "--arch", "tiny-random", "--batch", "1", "2", "--speedups", "2", "--prompt", "4",
+        "--new-tokens", "4", "--rounds", "1", "--bandwidth-mib", "16", "--dtype", "float32"]
+
+
+def test_cpu_dry_run_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "gpu.md"
+    assert gpu.main(TINY + ["--out", str(out)]) == 0
+    text = out.read_text()
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert "Hardware: " in text and "(CPU, " in text and "GB/s" in text
+    assert f"Command: `python -m tools.bench.gpu {' '.join(TINY)} --out {out}`" in text
+    assert "static step (eager stand-in) ms" in text  # not called a CUDA graph on the CPU
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| tiny-random")]
+    assert [(r[1].strip(), r[2].strip()) for r in rows] == [("1", "full"), ("1", "2x"), ("2", "full"), ("2", "2x")]
+    for r in rows:
+        floor, eager, graphs = (float(r[k]) for k in (4, 5, 6))
+        assert 0 < floor < eager and graphs > 0
+    assert [r[10].strip() for r in rows] == ["1.00x", "2.00x", "1.00x", "2.00x"]  # 8 layers: 8 / 4
+
+
+def test_step_bytes_counts_active_weights_head_and_kv():
+    model = gpu.build_model("tiny-random", torch.device("cpu"), torch.float32, 0)
+    decoder, c = model.model.decoder, model.config
+    layer = sum(p.numel() for p in decoder.layers[0].parameters()) * 4
+    head = (model.lm_head.weight.numel() + sum(p.numel() for p in decoder.final_layer_norm.parameters())) * 4
+    assert gpu.step_bytes(model, [0, 6, 7], batch=1, past=0) == 3 * layer + head
+    kv = 2 * 3 * c.hidden_size * 10 * 4  # K and V of 3 layers, 10 positions, 3 rows
+    assert gpu.step_bytes(model, [0, 6, 7], batch=3, past=10) == 3 * layer + head + 3 * kv
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
+def test_cuda_without_a_gpu_says_so():
+    with pytest.raises(SystemExit, match="no CUDA device is visible to PyTorch .* --device cpu --arch tiny-random"):
+        gpu.main(["--device", "cuda", "--arch", "tiny-random"])

@@ -1,0 +1,268 @@
+"""``python -m tools.bench.gpu``: the torch backend's decode step on a GPU, with and without CUDA graphs,
+at full depth and under SkipDecode policies, against the device's measured memory-bandwidth floor.
+
+Random weights at the real OPT shapes are built on the device from ``OPTConfig`` (no download, no
+export) and run by ``TorchBackend.from_model``. What is timed is the backend's whole decode step
+(``Backend.decode``: embed, the policy's active layers, head, logits of every row back on the
+host, fed back greedily), the step the engine calls; the engine's scheduling, sampling and
+detokenising are left out. Eager and graph steps are timed in interleaved rounds on the same
+weights; the figure is the median over rounds of the mean step time.
+
+The floor of a step is the bytes it must read (the active layers' weights, the head, and every
+row's K/V over its real past) divided by the best bandwidth the device showed: a device-to-device
+copy of ``--bandwidth-mib`` (counted as read + write) or a sum over it (read only), best of 5.
+
+``--device cpu --arch tiny-random`` runs the same code on the CPU in seconds (its test); there
+the graph column is the static step run eagerly (cuda_graphs.EagerCapture), not a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
+DTYPES = ("float16", "float32")
+
+
+@dataclass
+class Options:
+    device: str = "cuda"  # cuda (CUDA graphs) or cpu (the eager stand-in: the command's test)
+    archs: list[str] = field(default_factory=lambda: ["opt-125m", "opt-1.3b"])  # random weights, real shapes
+    batches: list[int] = field(default_factory=lambda: [1, 8])  # rows decoding together
+    speedups: list[float] = field(default_factory=lambda: [1, 2, 3, 5])  # 1 = full depth
+    dtype: str = "float16"  # the GPU deployments' precision
+    prompt: int = 32  # prompt tokens per row (the prefill is not timed)
+    new_tokens: int = 64  # decode steps timed per round; also the policies' horizon
+    rounds: int = 3  # interleaved eager/graph rounds; the median is reported
+    bandwidth_mib: int = 1024  # buffer of the bandwidth measurement: far beyond any cache
+    seed: int = 0  # random weights and prompt ids
+
+
+@dataclass
+class Row:
+    arch: str
+    batch: int
+    speedup: float  # the policy asked for (1 = full depth)
+    theoretical: float  # L / mean active layers over the timed steps
+    layers: float  # mean active layers per step
+    floor_ms: float  # bytes read per step / measured bandwidth
+    eager_ms: float
+    graph_ms: float
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+
+def device_bandwidth(device, mib: int, repeats: int = 5) -> tuple[float, str]:
+    """(bytes/s, how): the best of a device copy (read + write bytes) and a sum (read bytes)."""
+    import torch
+
+    if device.type == "cpu":
+        from . import bandwidth
+
+        found = bandwidth.measure(threads=torch.get_num_threads(), array_bytes=mib << 20, repeats=repeats)
+        return found.best, f"numpy sum over {mib} MiB, {found.threads} threads"
+    src = torch.ones(mib << 18, dtype=torch.float32, device=device)  # mib MiB
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * 4
+
+    def best(fn, moved: int) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return moved / min(times)
+
+    copy = best(lambda: dst.copy_(src), 2 * nbytes)
+    read = best(lambda: src.sum(), nbytes)
+    return max(copy, read), f"best of device copy {copy / 1e9:.0f} GB/s (read+write) and sum {read / 1e9:.0f} GB/s"
+
+
+def step_bytes(model, layers, batch: int, past: int) -> int:
+    """Bytes a decode step must read: active layers' weights, the head, the rows' K/V over ``past``."""
+    decoder = model.model.decoder
+    size = lambda module: sum(p.numel() * p.element_size() for p in module.parameters())  # noqa: E731
+    weights = sum(size(decoder.layers[i]) for i in layers)
+    head = model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    if decoder.final_layer_norm is not None:
+        head += size(decoder.final_layer_norm)
+    config = model.config
+    element = model.lm_head.weight.element_size()
+    kv = 2 * batch * len(layers) * config.hidden_size * past * element  # K and V, nh * hd = hidden
+    return weights + head + kv
+
+
+def build_model(arch: str, device, dtype, seed: int):
+    import torch
+    from transformers import OPTForCausalLM
+
+    from export.checkpoint import random_config
+
+    torch.manual_seed(seed)
+    config = random_config(arch, 512)  # the real OPT vocabulary at real shapes, 512 for tiny-random
+    with torch.device(device):  # initialised where it runs: OPT-1.3B in seconds on a GPU
+        model = OPTForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def run_steps(backend, ids: np.ndarray, policy, new_tokens: int) -> tuple[float, list[int]]:
+    """Prefill ``ids`` (untimed), then ``new_tokens`` decode steps: (seconds per step, layers per step)."""
+    B, P = ids.shape
+    slots, zeros = np.arange(B), np.zeros(B, np.int64)
+    mask = np.ones((B, P), np.int64)
+    hidden = backend.embed(ids, mask)
+    for i in range(len(backend.layers)):
+        hidden = backend.layer(i, hidden, mask, slots, zeros)
+    tokens = backend.head(hidden).argmax(-1)  # (B,)
+    counts, start = [], time.perf_counter()
+    for g in range(new_tokens):
+        layers = list(policy.active_layers(g))
+        past = P + g
+        step_mask = np.ones((B, past + 1), np.int64)
+        logits = backend.decode(tokens[:, None].astype(np.int64), step_mask, np.full(B, past, np.int64),
+                                layers, [np.ones(B, bool)] * len(layers), slots)  # waits for the device
+        tokens = logits.argmax(-1)
+        counts.append(len(layers))
+    return (time.perf_counter() - start) / new_tokens, counts
+
+
+def measure(options: Options, log=print) -> tuple[list[Row], dict]:
+    import torch
+
+    from runtime.backends.cuda_graphs import EagerCapture
+    from runtime.backends.torch import TorchBackend
+    from runtime.policy import SkipPolicy
+
+    device = torch.device(options.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {options.device}: no CUDA device is visible to PyTorch "
+                         f"{torch.__version__}; run on a GPU, or --device cpu --arch tiny-random for the dry run")
+    dtype = getattr(torch, options.dtype)
+    bandwidth, how = device_bandwidth(device, options.bandwidth_mib)
+    log(f"bandwidth: {bandwidth / 1e9:.1f} GB/s ({how})")
+    rows: list[Row] = []
+    rng = np.random.default_rng(options.seed)
+    for arch in options.archs:
+        model = build_model(arch, device, dtype, options.seed)
+        L = model.config.num_hidden_layers
+        eager = TorchBackend.from_model(model, cuda_graphs=False)
+        graphs = TorchBackend.from_model(model, cuda_graphs=None if device.type == "cuda" else False)
+        if device.type != "cuda":
+            graphs.use_graphs(EagerCapture())  # the same static step, run eagerly
+        for batch in options.batches:
+            capacity = options.prompt + options.new_tokens + 1
+            for backend in (eager, graphs):
+                backend.allocate(batch, capacity)
+            ids = rng.integers(4, model.config.vocab_size, (batch, options.prompt)).astype(np.int64)
+            for speedup in options.speedups:
+                policy = (SkipPolicy.full_depth(L, options.new_tokens) if speedup == 1 else
+                          SkipPolicy.for_speedup(L, speedup, horizon=options.new_tokens))
+                times = {"eager": [], "graph": []}
+                for r in range(options.rounds + 1):  # round 0 warms up (and captures the graphs)
+                    order = [("eager", eager), ("graph", graphs)][:: 1 if r % 2 else -1]
+                    for name, backend in order:
+                        seconds, counts = run_steps(backend, ids, policy, options.new_tokens)
+                        if r:
+                            times[name].append(seconds)
+                layers = statistics.fmean(counts)
+                floor = statistics.fmean(
+                    step_bytes(model, policy.active_layers(g), batch, options.prompt + g)
+                    for g in range(options.new_tokens)) / bandwidth
+                row = Row(arch, batch, speedup, L / layers, layers, floor * 1e3,
+                          statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3)
+                log(f"{arch} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
+                    f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms")
+                rows.append(row)
+        for backend in (eager, graphs):
+            backend.close()
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, {"device": describe_device(device), "bandwidth": bandwidth, "bandwidth_how": how}
+
+
+def describe_device(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
+                f"CUDA {torch.version.cuda}")
+    from .machine import cpu_model
+
+    return f"{cpu_model()} (CPU, {torch.get_num_threads()} threads), torch {torch.__version__}"
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+
+def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
+    graph_name = "CUDA graphs" if options.device.startswith("cuda") else "static step (eager stand-in)"
+    lines = [f"Hardware: {info['device']}; bandwidth floor from {info['bandwidth'] / 1e9:.1f} GB/s "
+             f"({info['bandwidth_how']}).",
+             f"Command: `{command}`", "",
+             f"{options.dtype}, prompt {options.prompt}, {options.new_tokens} decode steps, median of "
+             f"{options.rounds} interleaved rounds. Speedups are against the same column's full depth.", "",
+             f"| shapes | batch | policy | layers/step | floor ms | eager ms | {graph_name} ms | "
+             f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    full = {(r.arch, r.batch): r for r in rows if r.speedup == 1}
+    for r in rows:
+        base = full.get((r.arch, r.batch))
+        realised = f"{base.graph_ms / r.graph_ms:.2f}x" if base else "-"
+        share = f"{base.graph_ms / r.graph_ms / r.theoretical:.0%}" if base else "-"
+        policy = "full" if r.speedup == 1 else f"{r.speedup:g}x"
+        lines.append(f"| {r.arch} | {r.batch} | {policy} | {r.layers:.1f} | {r.floor_ms:.3f} | "
+                     f"{r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.graph_ms / r.floor_ms:.2f}x | "
+                     f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} |")
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Options()
+    p = argparse.ArgumentParser(prog="python -m tools.bench.gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default=d.device, help=f"cuda or cpu (default {d.device})")
+    p.add_argument("--arch", nargs="+", default=d.archs, choices=ARCHS, help="shapes (default opt-125m opt-1.3b)")
+    p.add_argument("--batch", type=int, nargs="+", default=d.batches, help="batch sizes (default 1 8)")
+    p.add_argument("--speedups", type=float, nargs="+", default=d.speedups,
+                   help="policies by theoretical speedup, 1 = full depth (default 1 2 3 5)")
+    p.add_argument("--dtype", choices=DTYPES, default=d.dtype, help=f"default {d.dtype}")
+    p.add_argument("--prompt", type=int, default=d.prompt, help=f"prompt tokens (default {d.prompt})")
+    p.add_argument("--new-tokens", type=int, default=d.new_tokens, help=f"decode steps (default {d.new_tokens})")
+    p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed rounds (default {d.rounds})")
+    p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_mib,
+                   help=f"bandwidth buffer in MiB (default {d.bandwidth_mib})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if 1 not in args.speedups:
+        args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
+    options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
+                      args.new_tokens, args.rounds, args.bandwidth_mib, args.seed)
+    rows, info = measure(options, log=lambda line: print(line, file=sys.stderr, flush=True))
+    command = "python -m tools.bench.gpu " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = table(rows, info, options, command.strip())
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
