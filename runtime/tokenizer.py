@@ -2,9 +2,9 @@
 
 ``transformers``' fast tokenizers are a Python layer over a ``tokenizers.Tokenizer`` read from
 ``tokenizer.json``; what that layer adds for the artifacts we export is small and reproduced here:
-the named special tokens of ``tokenizer_config.json`` (bos/eos/pad/unk), the BOS/EOS template that
-transformers 5 rebuilds when the config sets ``add_bos_token``/``add_eos_token``, left padding, and
-``decode(..., skip_special_tokens=True)``. Importing transformers took seconds of every start.
+the named special tokens of ``tokenizer_config.json`` (bos/eos/pad/unk), left padding, and
+``decode(..., skip_special_tokens=True)``; the BOS that OPT prepends is tokenizer.json's own
+TemplateProcessing post-processor, which transformers 5 writes there. Importing transformers took seconds of every start.
 
 The adapter answers the subset of transformers' tokenizer interface that the runtime, the server,
 export verification and the tools call (``tok(texts, padding=True, return_tensors="np")``,
@@ -12,7 +12,7 @@ export verification and the tools call (``tok(texts, padding=True, return_tensor
 tests/runtime/test_tokenizer.py checks that it gives the same ids and text as ``AutoTokenizer``.
 
 A tokenizer directory it cannot reproduce exactly (no tokenizer.json, a special token missing from
-the vocabulary, options that change encoding) raises ``UnsupportedTokenizerError``, which says why;
+the vocabulary, options that change encoding such as ``add_bos_token`` or a model-specific class) raises ``UnsupportedTokenizerError``, which says why;
 ``load_tokenizer`` then falls back to transformers' AutoTokenizer if it is installed, with a warning.
 """
 
@@ -33,6 +33,9 @@ GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast", "GPT2Tokenize
 # Config options whose default we match; any other value changes ids or text in transformers.
 NEUTRAL_OPTIONS = {"split_special_tokens": False, "clean_up_tokenization_spaces": False,
                    "additional_special_tokens": [], "extra_special_tokens": {}}
+# Flags with which transformers rebuilds the BOS/EOS template in Python. transformers 5 saves the
+# template into tokenizer.json and not these flags; a config that has them comes from elsewhere.
+REBUILT_BY_FLAGS = {"add_bos_token", "add_eos_token"}
 
 
 class UnsupportedTokenizerError(ArtifactError):
@@ -66,7 +69,7 @@ class Tokenizer:
     def from_dir(cls, directory, pad_token_id: int | None = None) -> "Tokenizer":
         """The tokenizer of ``directory`` (tokenizer.json + tokenizer_config.json), or
         UnsupportedTokenizerError saying what it cannot reproduce."""
-        from tokenizers import Tokenizer as Backend, processors
+        from tokenizers import Tokenizer as Backend
 
         directory = Path(directory)
         path = directory / "tokenizer.json"
@@ -81,6 +84,9 @@ class Tokenizer:
         for key, neutral in NEUTRAL_OPTIONS.items():
             if config.get(key) not in (None, neutral):
                 raise UnsupportedTokenizerError(f"{config_path} sets {key}={config[key]!r}")
+        if flags := sorted(REBUILT_BY_FLAGS & config.keys()):
+            raise UnsupportedTokenizerError(f"{config_path} sets {', '.join(flags)}, which transformers "
+                                            f"may apply on top of tokenizer.json's post-processor")
         backend = Backend.from_file(str(path))
         added = {t.content for t in backend.get_added_tokens_decoder().values()}
         special = {}
@@ -94,15 +100,6 @@ class Tokenizer:
         # The padding and truncation a transformers-saved tokenizer.json may carry; this adapter pads itself.
         backend.no_padding()
         backend.no_truncation()
-        if "add_bos_token" in config or "add_eos_token" in config:
-            # transformers 5 rebuilds the post-processor from these flags (update_post_processor)
-            bos = special["bos_token"] if config.get("add_bos_token") else None
-            eos = special["eos_token"] if config.get("add_eos_token") else None
-            single = " ".join([f"{bos}:0"] * bool(bos) + ["$A:0"] + [f"{eos}:0"] * bool(eos))
-            pair = " ".join([single] + [f"{bos}:1"] * bool(bos) + ["$B:1"] + [f"{eos}:1"] * bool(eos))
-            backend.post_processor = processors.TemplateProcessing(
-                single=single, pair=pair,
-                special_tokens=[(t, backend.token_to_id(t)) for t in dict.fromkeys(x for x in (bos, eos) if x)])
         return cls(backend, special, pad_token_id)
 
     def __len__(self) -> int:
