@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArtifactError
+from .errors import ArtifactError, InvalidArgumentError
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 # tokenizer_config.json classes that are transformers' generic layer over tokenizer.json; a model
@@ -59,7 +59,6 @@ class Tokenizer:
 
     def __init__(self, backend, special_tokens: dict[str, str | None], pad_token_id: int | None = None):
         self.backend = backend
-        self.special_tokens = special_tokens
         ids = {name: (backend.token_to_id(tok) if tok is not None else None) for name, tok in special_tokens.items()}
         self.bos_token_id, self.eos_token_id = ids.get("bos_token"), ids.get("eos_token")
         self.unk_token_id = ids.get("unk_token")
@@ -123,17 +122,17 @@ class Tokenizer:
         width = max(map(len, rows), default=0)
         if padding:
             if self.pad_token_id is None:
-                raise ValueError("this tokenizer has no pad token; set tokenizer.pad_token_id")
+                raise InvalidArgumentError("this tokenizer has no pad token; set tokenizer.pad_token_id")
             masks = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
             rows = [[self.pad_token_id] * (width - len(r)) + r for r in rows]
         else:
             if return_tensors and len(set(map(len, rows))) > 1:
-                raise ValueError("rows of different lengths need padding=True to become one tensor")
+                raise InvalidArgumentError("rows of different lengths need padding=True to become one tensor")
             masks = [[1] * len(r) for r in rows]
         if return_tensors is None:
             return Encoding(input_ids=rows[0] if single else rows, attention_mask=masks[0] if single else masks)
         if return_tensors not in ("np", "pt"):
-            raise ValueError(f"return_tensors must be None, 'np' or 'pt', got {return_tensors!r}")
+            raise InvalidArgumentError(f"return_tensors must be None, 'np' or 'pt', got {return_tensors!r}")
         ids = np.array(rows, dtype=np.int64).reshape(len(rows), width)  # (B, T)
         mask = np.array(masks, dtype=np.int64).reshape(len(rows), width)  # (B, T)
         if return_tensors == "pt":

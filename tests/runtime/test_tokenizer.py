@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, GPT2Tokenizer
 
 from export.checkpoint import build_tokenizer
 from runtime.detokenize import IncrementalDetokenizer
+from runtime.errors import InvalidArgumentError
 from runtime.tokenizer import Tokenizer, UnsupportedTokenizerError, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def test_incremental_detokenization_matches_transformers(pair):
 
 def test_unpadded_rows_of_different_lengths_are_no_tensor(pair):
     _, mine = pair
-    with pytest.raises(ValueError, match="padding=True"):
+    with pytest.raises(InvalidArgumentError, match="padding=True"):
         mine(["a", "a longer prompt"], return_tensors="np")
 
 

@@ -59,6 +59,8 @@ def run_once(artifact: str, prompt: str, options: dict, checkout: Path = REPO, t
     """One measured process, importing ``runtime`` from ``checkout``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
+    # cwd: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH
+    artifact = str(Path(artifact).resolve())
     done = subprocess.run([sys.executable, "-c", CHILD, artifact, prompt, json.dumps(options), ",".join(HEAVY)],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=checkout)
     elapsed = time.perf_counter() - start
