@@ -6,7 +6,9 @@
 Each run is a new Python process that times ``import runtime``, ``runtime.load(ARTIFACT)`` and the
 first token of one greedy prompt (``generate(prompt, max_new_tokens=1)``: tokenizing, the prompt at
 full depth, the head, sampling, detokenizing), and lists which heavy packages it imported. The
-interpreter's own start is timed from outside (process spawn to exit, minus nothing) for context.
+CPU time of the same span (all threads) is given too: on a shared machine it moves less with the
+other work than the wall clock does. The interpreter's own start is timed from outside (process
+spawn to exit) for context.
 The page prints the median and the min-max spread of every phase over the runs; ``--warmup`` runs
 first warm the page cache and are not counted. With several ``--checkout`` directories (copies of
 this repository at different commits), the runs alternate between them, so a before/after
@@ -32,22 +34,22 @@ from .stats import median
 REPO = Path(__file__).resolve().parents[2]  # so the child imports this checkout's runtime
 DEMO_PROMPT = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
 HEAVY = ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy")
-PHASES = ("import_s", "load_s", "first_token_s", "total_s", "process_s")
+PHASES = ("import_s", "load_s", "first_token_s", "total_s", "cpu_s", "process_s")
 
 # The measured process. Its clock starts before `import runtime`; sys.modules is read at the end.
 CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import runtime
 t1 = time.perf_counter()
 options = json.loads(sys.argv[3])
 gen = runtime.load(sys.argv[1], **options)
 t2 = time.perf_counter()
 result = gen.generate(sys.argv[2], max_new_tokens=1)
-t3 = time.perf_counter()
+t3, c3 = time.perf_counter(), time.process_time()
 gen.close()
 print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2, "total_s": t3 - t0,
-                  "text": result.texts[0], "modules": [m for m in sys.argv[4].split(",") if m in sys.modules]}))
+                  "cpu_s": c3 - c0,                  "text": result.texts[0], "modules": [m for m in sys.argv[4].split(",") if m in sys.modules]}))
 """
 
 
@@ -85,7 +87,8 @@ def render(by_checkout: dict[str, list[dict]], args) -> str:
              f"{m['date']}; {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
              f"onnxruntime {m['versions']['onnxruntime']}; load average {os.getloadavg()[0]:.1f} at the end"]
     names = {"import_s": "`import runtime`", "load_s": "`runtime.load`", "first_token_s": "first token",
-             "total_s": "**import to first token**", "process_s": "whole process (interpreter start and exit too)"}
+             "total_s": "**import to first token**",
+             "cpu_s": "CPU time, import to first token (all threads; less sensitive to other load)", "process_s": "whole process (interpreter start and exit too)"}
     for checkout, records in by_checkout.items():
         summary = summarize(records)
         lines += ["", f"{checkout}: imported {', '.join(records[0]['modules'])}; first token {records[0]['text']!r}",
