@@ -1,10 +1,10 @@
 """The artifact's tokenizer over the ``tokenizers`` library alone, so the runtime needs no transformers.
 
-``transformers``' fast tokenizers are a Python layer over a ``tokenizers.Tokenizer`` read from
-``tokenizer.json``; what that layer adds for the artifacts we export is small and reproduced here:
-the named special tokens of ``tokenizer_config.json`` (bos/eos/pad/unk), left padding, and
-``decode(..., skip_special_tokens=True)``; the BOS that OPT prepends is tokenizer.json's own
-TemplateProcessing post-processor, which transformers 5 writes there. Importing transformers took seconds of every start.
+Importing transformers took seconds of every start. Its fast tokenizers are a Python layer over a
+``tokenizers.Tokenizer`` read from ``tokenizer.json``; what that layer adds for the artifacts we
+export is small and reproduced here: the named special tokens of ``tokenizer_config.json``
+(bos/eos/pad/unk), left padding, and ``decode(..., skip_special_tokens=True)``. The BOS that OPT
+prepends is tokenizer.json's own TemplateProcessing post-processor, which transformers 5 writes there.
 
 The adapter answers the subset of transformers' tokenizer interface that the runtime, the server,
 export verification and the tools call (``tok(texts, padding=True, return_tensors="np")``,
@@ -12,8 +12,10 @@ export verification and the tools call (``tok(texts, padding=True, return_tensor
 tests/runtime/test_tokenizer.py checks that it gives the same ids and text as ``AutoTokenizer``.
 
 A tokenizer directory it cannot reproduce exactly (no tokenizer.json, a special token missing from
-the vocabulary, options that change encoding such as ``add_bos_token`` or a model-specific class) raises ``UnsupportedTokenizerError``, which says why;
-``load_tokenizer`` then falls back to transformers' AutoTokenizer if it is installed, with a warning.
+the vocabulary, options that change encoding such as ``add_bos_token``, a model-specific class)
+raises ``UnsupportedTokenizerError``, which says why; ``load_tokenizer`` then falls back to
+transformers' AutoTokenizer if it is installed, with a warning, and otherwise raises it with how
+to fix it (re-export, or install transformers).
 """
 
 from __future__ import annotations

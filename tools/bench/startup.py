@@ -49,7 +49,8 @@ result = gen.generate(sys.argv[2], max_new_tokens=1)
 t3, c3 = time.perf_counter(), time.process_time()
 gen.close()
 print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t2, "total_s": t3 - t0,
-                  "cpu_s": c3 - c0,                  "text": result.texts[0], "modules": [m for m in sys.argv[4].split(",") if m in sys.modules]}))
+                  "cpu_s": c3 - c0, "text": result.texts[0],
+                  "modules": [m for m in sys.argv[4].split(",") if m in sys.modules]}))
 """
 
 
@@ -88,7 +89,8 @@ def render(by_checkout: dict[str, list[dict]], args) -> str:
              f"onnxruntime {m['versions']['onnxruntime']}; load average {os.getloadavg()[0]:.1f} at the end"]
     names = {"import_s": "`import runtime`", "load_s": "`runtime.load`", "first_token_s": "first token",
              "total_s": "**import to first token**",
-             "cpu_s": "CPU time, import to first token (all threads; less sensitive to other load)", "process_s": "whole process (interpreter start and exit too)"}
+             "cpu_s": "CPU time, import to first token (all threads; less sensitive to other load)",
+             "process_s": "whole process (interpreter start and exit too)"}
     for checkout, records in by_checkout.items():
         summary = summarize(records)
         lines += ["", f"{checkout}: imported {', '.join(records[0]['modules'])}; first token {records[0]['text']!r}",
