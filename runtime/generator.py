@@ -19,6 +19,7 @@ from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
 from .sampling import SamplingConfig
 from .stats import GenerationResult, TokenEvent
+from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV slots when load() is not told; a TensorRT build may allow fewer
 
@@ -200,12 +201,7 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(directory) / manifest.tokenizer_dir))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token_id = manifest.model.pad_token_id
+    tokenizer = load_tokenizer(Path(directory) / manifest.tokenizer_dir, manifest.model.pad_token_id)
     return Generator(directory, manifest, create_backend(backend, directory, manifest, **backend_options),
                      tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue)
 

@@ -25,7 +25,8 @@ def test_every_package_is_listed():
 
 def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["dev"] == ["skipdecode-edge[test,eval,serve]"]
+    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve]"]
+    assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx"}
     assert any(r.startswith("pytest") for r in extras["test"])
     assert any(r.startswith("sacrebleu") for r in extras["eval"])
     assert any(r.startswith("starlette") for r in extras["serve"])  # tests/runtime/test_serve.py
@@ -64,3 +65,10 @@ def test_console_scripts_exist_and_are_documented():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
         assert f"`{name}`" in readme, f"README does not document the console script {name}"
+
+
+def test_runtime_core_needs_neither_torch_nor_transformers():
+    """The ONNX Runtime path imports neither (tests/runtime/test_layering.py), so installing the
+    runtime must not pull them (torch resolves to GBs of CUDA packages on a CPU machine)."""
+    core = {r.split(">")[0].split("=")[0] for r in PYPROJECT["project"]["dependencies"]}
+    assert core == {"numpy", "tokenizers", "tqdm"}

@@ -1,6 +1,7 @@
 """Layering (issue 9 part 4): ``runtime`` stands alone. It imports nothing from ``export`` or
 ``engines`` (they import runtime, so the arrows point one way), finds the TensorRT backend through
-an entry point, and imports without TensorRT."""
+an entry point, and imports without TensorRT. The ONNX Runtime path (issue 12 part 2) loads and
+generates without torch or transformers, and ``import runtime`` alone imports no backend."""
 
 import ast
 import subprocess
@@ -66,10 +67,41 @@ def test_tensorrt_backend_comes_from_the_entry_point():
 def test_missing_entry_point_says_how_to_fix(monkeypatch, artifact_dir):
     import runtime
 
-    monkeypatch.setattr(backends.metadata, "entry_points", lambda group: [])
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [])
     with pytest.raises(backends.BackendNotInstalledError) as info:
         runtime.load(artifact_dir, backend="trt")
     assert str(info.value) == (
         "backend 'tensorrt' is provided by the engines package of skipdecode-edge through the "
         "'skipdecode_edge.backends' entry point, and none is registered in this environment; "
         "reinstall with pip install -e .")
+
+
+LIGHT_CHECK = """
+import sys
+import runtime
+assert 'onnxruntime' not in sys.modules, 'import runtime imported onnxruntime before a load'
+gen = runtime.load(sys.argv[1], threads=1)
+result = gen.generate(["Hello, my name is", "Paris"], 4, speedup=2)
+gen.close()
+assert len(result.texts) == 2 and all(len(ids) == 4 for ids in result.token_ids), result
+heavy = sorted(m for m in ('torch', 'transformers', 'onnx') if m in sys.modules)
+assert not heavy, f'the ONNX Runtime path imported {heavy}'
+assert 'onnxruntime' in sys.modules  # the check above saw a real load
+"""
+
+
+def test_onnxruntime_path_imports_neither_torch_nor_transformers(artifact_dir):
+    # a fresh interpreter: this test process has imported torch and transformers long ago
+    done = subprocess.run([sys.executable, "-c", LIGHT_CHECK, str(artifact_dir)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_cli_imports_neither_torch_nor_transformers(artifact_dir):
+    code = ("import sys, runtime.__main__ as m; rc = m.main([sys.argv[1], 'Paris', '--max-new-tokens', '2', "
+            "'--threads', '1']); heavy = sorted(x for x in ('torch', 'transformers') if x in sys.modules); "
+            "assert rc == 0 and not heavy, (rc, heavy)")
+    done = subprocess.run([sys.executable, "-c", code, str(artifact_dir)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
