@@ -35,12 +35,12 @@ WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "float32": 4, "float16": 2}
 QUANT_BITS = {"int8": 8, "int4": 4}
 # Runtime overhead of one process on the ONNX Runtime CPU backend: Python, numpy, onnxruntime,
-# what `runtime.load` imports (transformers for the tokenizer, today), one session per graph and the
-# tokenizer. Measured here (x86, 2026-11): `python -m export plan DIR --measure --tokens 256
-# --prompt 64` on a `python -m export build --model tiny-random` artifact peaks at 311.8 MB RSS (two
-# runs, within 0.1 MB), of which its weights, KV cache and activations are 3.4 MB: 294 MiB remain.
+# tokenizers, one session per graph and the tokenizer. Measured here (x86, 2026-11-23, after the
+# runtime stopped importing torch and transformers): `python -m export plan DIR --measure --tokens
+# 256 --prompt 64` on a `python -m export build --model tiny-random` artifact peaks at 88.2-88.6 MB
+# RSS (three runs), of which its weights, KV cache and activations are 3.4 MB: 81 MiB remain.
 # A floor, not a per-byte factor; rerun the command when the runtime's imports change.
-RUNTIME_OVERHEAD_BYTES = 294 * 1024**2
+RUNTIME_OVERHEAD_BYTES = 81 * 1024**2
 # A Jetson's memory is shared by the OS, the carveouts and every process's CUDA context. Public
 # tegrastats readings of an idle 8 GB Orin show ~0.4 GB taken by carveouts before Linux sees it,
 # and public Orin Nano memory planners put the OS plus the CUDA/TensorRT runtime at 1.5-2 GB before

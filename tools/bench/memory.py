@@ -1,13 +1,14 @@
 """``python -m tools.bench.memory ARTIFACT [...]``: peak memory of load + generate, against the weights.
 
 For each artifact, in a fresh process each (so one's pages never count for another): peak RSS
-(``ru_maxrss``) of ``runtime.load`` + one ``generate`` on the ONNX Runtime CPU backend, and with
+of ``runtime.load`` + one ``generate`` on the ONNX Runtime CPU backend (export.measure, the probe
+``python -m export plan --measure`` uses), and with
 ``--verify`` of ``python -m export verify``; each divided by the artifact's weight bytes: the bytes
 of every initializer of every graph, a tensor that several graphs share (the tied embedding in
 ``weights.bin``) counted once. Issue 12's targets: load + generate within 1.15x, verify within 2x.
 
 Peak RSS counts file pages the process has mapped and touched (ONNX Runtime maps ``weights.bin``)
-as well as its own memory; ``VmRSS`` after the run is printed beside it.
+as well as its own memory.
 """
 
 from __future__ import annotations
@@ -20,20 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from export.measure import run_probe
+
 from .runner import REPO
 
 _DTYPE_BYTES = {1: 4, 10: 2, 11: 8, 7: 8, 6: 4, 2: 1, 3: 1, 16: 2, 9: 1}  # onnx TensorProto types
 
-# Runs in the child: loads, generates, prints its peak and current RSS as JSON.
-_CHILD = """
-import json, resource, sys
-import runtime
-gen = runtime.load(sys.argv[1], max_batch=int(sys.argv[2]), threads=1)
-gen.generate([sys.argv[3]] * int(sys.argv[2]), int(sys.argv[4]), ignore_eos=True)
-rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS'))
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss": rss * 1024,
-                  "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}))
-"""
 _VERIFY = """
 import json, resource, sys
 from export.verify import verify
@@ -72,28 +65,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.bench.memory", description=__doc__.split("\n\n")[0])
     p.add_argument("artifacts", nargs="+", type=Path, help="artifact directories (python -m export build)")
     p.add_argument("--batch", type=int, default=1, help="rows generated together (default 1)")
-    p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per row (default 16)")
-    p.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog",
-                   help="the prompt of every row")
+    p.add_argument("--tokens", type=int, default=256, help="positions per row, prompt included (default 256)")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row (default 64)")
     p.add_argument("--verify", action="store_true", help="also measure `python -m export verify`")
     args = p.parse_args(argv)
     mb = lambda n: f"{n / 2**20:,.0f}"  # noqa: E731
-    print("| artifact | dtype | weights MiB | load + generate peak RSS MiB | ratio | RSS after MiB |"
+    print("| artifact | dtype | weights MiB | load + generate peak RSS MiB | ratio | RSS after load MiB |"
           + (" verify peak RSS MiB | ratio |" if args.verify else ""))
     print("|---|---|---|---|---|---|" + ("---|---|" if args.verify else ""))
     for art in args.artifacts:
         manifest = json.loads((art / "manifest.json").read_text())
         weights = weight_bytes(art)
-        run = _child(_CHILD, str(art), str(args.batch), args.prompt, str(args.new_tokens))
-        row = (f"| {art} | {manifest['dtype']} | {mb(weights)} | {mb(run['peak'])} | "
-               f"{run['peak'] / weights:.2f}x | {mb(run['rss'])} |")
+        run = run_probe(art.resolve(), args.batch, args.tokens, args.prompt)
+        row = (f"| {art} | {manifest['dtype']} | {mb(weights)} | {mb(run['peak_rss_bytes'])} | "
+               f"{run['peak_rss_bytes'] / weights:.2f}x | {mb(run['loaded_rss_bytes'])} |")
         if args.verify:
-            v = _child(_VERIFY, str(art))
+            v = _child(_VERIFY, str(art.resolve()))
             row += f" {mb(v['peak'])} | {v['peak'] / weights:.2f}x{'' if v['passed'] else ' (FAILED)'} |"
         print(row, flush=True)
-        if run["torch"] or run["transformers"]:
-            print(f"  note: the runtime imported {'torch' if run['torch'] else ''} "
-                  f"{'transformers' if run['transformers'] else ''}".rstrip())
     return 0
 
 
