@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,8 @@ import torch
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from runtime.modeling import SkipOPT, graph_module
+
+from .quantize import QuantConfig, quantize_graph
 
 EXTERNAL_DATA_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
 _EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)  # trace sizes: >= 2 and distinct, so none is specialised
@@ -41,6 +43,7 @@ class ExportConfig:
     external_data: str = "auto"  # "auto": only graphs whose weights pass 2 GB; "always"; "never"
     page_size: int = 32  # KV positions per page: the granularity of the past a step reads (measured
     # on OPT-125m shapes, 16-64 cost the same within noise; smaller pages mean more tiny matmuls)
+    quant: QuantConfig = field(default_factory=QuantConfig)  # weight-only quantization (float: none)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
@@ -131,13 +134,22 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
             input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
             dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
     data_file = None
+    weights, quantized = config.quant.for_graph(spec.name), None
+    if weights != "float":
+        import onnx
+
+        q = config.quant
+        quantized = quantize_graph(onnx.load(str(traced), load_external_data=True), weights,
+                                   q.block_size, q.format, q.accuracy_level)
     if external or len(list(scratch.iterdir())) > 1:
         import onnx
 
         data_file = spec.file + ".data"
-        proto = onnx.load(str(traced), load_external_data=True)
+        proto = quantized if quantized is not None else onnx.load(str(traced), load_external_data=True)
         onnx.save_model(proto, str(directory / spec.file), save_as_external_data=True,
                         all_tensors_to_one_file=True, location=data_file, size_threshold=1024)
+    elif quantized is not None:
+        onnx.save_model(quantized, str(directory / spec.file))
     else:
         traced.replace(directory / spec.file)
     shutil.rmtree(scratch)
