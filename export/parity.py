@@ -66,6 +66,9 @@ def ort_session(path: Path, threads: int = 1):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads  # tiny graphs: one thread beats two (DESIGN.md section 3)
     opts.log_severity_level = 3
+    # ONNX Runtime fuses a QDQ int4 weight + MatMul into MatMulNBits with int8 activations (accuracy
+    # level 4) unless told otherwise; the check is of the graph as written, in float.
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

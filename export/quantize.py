@@ -16,7 +16,9 @@ Two forms of the same quantization (onnxruntime.quantization.matmul_nbits_quanti
   (TensorRT operator docs, "Dequantize": "a 2-D tensor for block quantization (supported for
   DataType::kINT4 only)", "The zero_point must only contain zero-valued coefficients"). ORT's
   quantizer writes no 8-bit QDQ form for MatMul ("MatMul only supports QOperator format for 8
-  bits quantization"), so int8 has only the MatMulNBits form here.
+  bits quantization"), so int8 has only the MatMulNBits form here. ONNX Runtime itself fuses this
+  form back into MatMulNBits, with int8 activations unless the session sets
+  ``session.qdq_matmulnbits_accuracy_level`` (export.parity sets 0).
 
 The graphs are exported without constant folding, so a Linear's weight reaches its MatMul through
 a Transpose node; the quantizer only takes initializers, so those Transposes are folded first.
