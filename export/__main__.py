@@ -10,6 +10,7 @@ from runtime import cli
 from runtime.errors import PolicyError, SkipDecodeError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
+from .quantize import FORMATS, WEIGHTS
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 
@@ -45,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="trt: then build TensorRT engines here with `python -m engines build`'s "
                         "defaults (on a Jetson, build them on the device instead)")
     b.add_argument("--no-check", action="store_true", help="skip the check of each graph against PyTorch")
+    q = b.add_argument_group("weight-only quantization (ONNX Runtime's block-wise quantizer; export.quantize)")
+    q.add_argument("--weights", choices=WEIGHTS, default="float",
+                   help="the layers' and head's MatMul weights (default: float, the --dtype)")
+    q.add_argument("--head-weights", choices=WEIGHTS,
+                   help="the head's alone, e.g. --head-weights int4 with float layers (default: --weights)")
+    q.add_argument("--block-size", type=int, default=32,
+                   help="weights per scale along each weight's input dimension (default 32)")
+    q.add_argument("--weights-format", choices=FORMATS, default="matmulnbits",
+                   help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
+                        "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
     pol.add_argument("--max-layers", type=int)
@@ -108,7 +119,8 @@ def main(argv=None) -> int:
             manifest = build(BuildOptions(
                 model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
                 random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
-                page_size=args.page_size,
+                page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
+                block_size=args.block_size, weights_format=args.weights_format,
                 check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
             if args.engine == "trt":
                 from engines.__main__ import main as engines_main

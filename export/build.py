@@ -28,6 +28,7 @@ from . import checkpoint, parity
 from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
+from .quantize import QuantConfig
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -45,6 +46,10 @@ class BuildOptions:
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
+    weights: str = "float"  # layers' weights: float (the dtype's), int8 or int4 (export.quantize)
+    head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
+    block_size: int = 32  # weights per quantization scale (export.quantize.QuantConfig)
+    weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
 
 
 def model_info(config) -> ModelInfo:
@@ -95,8 +100,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
     recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
     remove_leftovers(out)
     _prepare_out(out)
+    quant = QuantConfig(weights=options.weights, head_weights=options.head_weights,
+                        block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
-                          page_size=options.page_size)
+                          page_size=options.page_size, quant=quant)
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
@@ -106,6 +113,11 @@ def build(options: BuildOptions, log=print) -> Manifest:
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
     model = SkipOPT(hf_model)
+    if quant.quantized:
+        c = hf_model.config
+        quant.check_sizes(c.hidden_size, c.ffn_dim, c.word_embed_proj_dim)
+        log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
+            f"(block {quant.block_size}, {quant.format})")
     trained = checkpoint.skipdecode_training(source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
@@ -133,7 +145,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
 
         checks = {}
         if options.check:
-            results = parity.check_all(model, specs, tmp, options.dtype, progress=options.progress)
+            results = parity.check_all(model, specs, tmp, options.dtype, progress=options.progress,
+                                       weights=quant.for_graph)
             for r in results:
                 log(f"  {r.line()}")
             parity.raise_on_failure(results)
@@ -148,7 +161,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__},
-            checks=checks)
+            checks=checks, weights=quant.manifest_entry())
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export
         swap_into_place(tmp, out)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from runtime.modeling import SkipOPT, graph_module
 
+from .quantize import QuantConfig, quantize_graph
 from .weights import SharedWeights, fold_weight_transposes, tie_head
 
 PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
@@ -44,6 +45,7 @@ class ExportConfig:
     # in place by ONNX Runtime, tied embedding once: export.weights); "never": self-contained graphs
     page_size: int = 32  # KV positions per page: the granularity of the past a step reads (measured
     # on OPT-125m shapes, 16-64 cost the same within noise; smaller pages mean more tiny matmuls)
+    quant: QuantConfig = field(default_factory=QuantConfig)  # weight-only quantization (float: none)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
@@ -142,9 +144,13 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
             dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
     proto = onnx.load(str(traced), load_external_data=True)
     shutil.rmtree(scratch)
-    if spec.name == "head":
-        tie_head(proto)
+    precision = config.quant.for_graph(spec.name)
+    if spec.name == "head" and precision == "float":
+        tie_head(proto)  # a quantized head keeps its own (much smaller) copy instead
     fold_weight_transposes(proto)
+    if precision != "float":
+        q = config.quant
+        proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)
     if weights is not None:
         weights.externalize(proto)
     onnx.save_model(proto, str(directory / spec.file))

@@ -40,6 +40,19 @@ TYPE_NAMES = {"FLOAT": "FP32", "FLOAT16": "FP16", "BFLOAT16": "BF16", "DOUBLE": 
 TYPED_INPUT = {"Where": 1}
 TYPED_OUTPUT = {"Constant": 0, "ConstantOfShape": 0, "Cast": 0}
 # Export-side remedies worth naming beside the generic ones.
+# Weight-only quantized graphs (export.quantize): ONNX Runtime's MatMulNBits is a contrib op that no
+# TensorRT parser imports. The QDQ form (int4 weights, opset 21 DequantizeLinear with block_size and
+# no zero point, feeding a MatMul) is what TensorRT 10's explicit quantization takes for INT4
+# weight-only: its Dequantize layer accepts "a 2-D tensor for block quantization (supported for
+# DataType::kINT4 only)" and zero points that "must only contain zero-valued coefficients" (TensorRT
+# operator docs, Dequantize; "Explicit Quantization" in the developer guide). supported_ops.json
+# lists INT4 for DequantizeLinear from 10.x on; opset 21 is inside 11.0's stated range but outside
+# the 9-20 that 10.0 states (10.6 states 9-22), so by the documents JetPack 6's TensorRT 10.3 does
+# not parse them, and 8.x parses neither INT4 nor opset 21.
+CONTRIB_HINTS = {
+    "MatMulNBits": "or re-export with `--weights-format qdq` (int4 as blocked DequantizeLinear + MatMul, "
+                   "parsed by TensorRT 10+ at opset 21) or `--weights float`",
+}
 HINTS = {
     "LayerNormalization": "or export at opset 16 (ExportConfig.opset) so layer norm is decomposed into "
                           "primitive operators (keep it in fp32: TensorRT's fp16 layer norm overflows)",
@@ -271,7 +284,8 @@ def _check_facts(facts: _GraphFacts, graph: str, vs: VersionSupport, support: Su
             continue
         if domain not in ONNX_DOMAINS:
             add("error", "domain", f"{domain}::{op} is not an ONNX operator; TensorRT imports it only as a plugin",
-                f"provide a TensorRT plugin named {op} or export without it", op, node.name)
+                f"provide a TensorRT plugin named {op} or export without it"
+                + (f", {CONTRIB_HINTS[op]}" if op in CONTRIB_HINTS else ""), op, node.name)
             continue
         entry = vs.operators.get(op)
         if entry is None or not entry["supported"]:

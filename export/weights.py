@@ -139,7 +139,8 @@ class SharedWeights:
         for tensor in model.graph.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 raise ValueError(f"initializer {tensor.name} is already external")
-            data = numpy_helper.to_array(tensor).tobytes()
+            # raw_data is the bytes as stored (int4 packed two to a byte); to_array would unpack them
+            data = tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes()
             if len(data) < INLINE_LIMIT:
                 continue
             key = (hashlib.sha256(data).digest(), tensor.data_type, tuple(tensor.dims))

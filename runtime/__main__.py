@@ -96,13 +96,14 @@ def _run(args) -> int:
     finally:
         gen.close()
     if args.json:
-        _print_json(args.prompts, result)
+        _print_json(args.prompts, result, gen.manifest.weights_label)
         return 0
     if args.stream:
         print()
     for prompt, text in zip(args.prompts, result.texts):
         print(f"{prompt!r} -> {text!r}")
     s = result.stats
+    print(f"weights: {gen.manifest.weights_label}")
     print(f"policy: {result.policy}")
     print(f"layers per step: {s.layers_per_step}")
     print(f"theoretical speedup {s.theoretical_speedup:.2f}x, achieved layer ratio "
@@ -111,14 +112,15 @@ def _run(args) -> int:
     return 0
 
 
-def _print_json(prompts, result) -> None:
+def _print_json(prompts, result, weights: str) -> None:
     """One object per prompt; the stats and policy are the batch's, repeated on every line so that
     each line stands alone (``jq`` over the output needs no context)."""
     from dataclasses import asdict
 
     for prompt, text, ids in zip(prompts, result.texts, result.token_ids):
         print(json.dumps({"prompt": prompt, "text": text, "token_ids": [int(i) for i in ids],
-                          "stats": result.stats.to_dict(), "policy": asdict(result.policy)}))
+                          "stats": result.stats.to_dict(), "policy": asdict(result.policy),
+                          "weights": weights}))
 
 
 def main(argv=None) -> int:

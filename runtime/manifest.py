@@ -18,6 +18,8 @@ from .swap import recover
 
 SCHEMA_VERSION = 2  # 2: layers read a paged past in place and return only the new K/V
 KV_LAYOUT = "paged"  # see runtime.modeling.PagedOPTLayer
+WEIGHT_KINDS = ("embed", "layers", "head")  # the manifest's ``weights`` keys that name a format
+WEIGHT_FORMATS = ("float", "int8", "int4")
 MANIFEST_NAME = "manifest.json"
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
@@ -71,6 +73,9 @@ class Manifest:
     # layers' past: page-major pages of page_size positions (runtime.modeling.PagedOPTLayer)
     source: dict = field(default_factory=dict)  # where the weights came from
     checks: dict = field(default_factory=dict)  # parity results recorded at export
+    weights: dict = field(default_factory=dict)  # weight-only quantization per graph kind:
+    # {"embed": "float", "layers": "int4", "head": "int4", "block_size": 32, "format": ...};
+    # empty (and absent from manifests written before it) means float weights in the artifact's dtype
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -95,6 +100,24 @@ class Manifest:
     def head(self) -> GraphSpec:
         return self.graph("head")
 
+    def graph_weights(self, name: str) -> str:
+        """The weights of graph ``name``: "float", "int8" or "int4"."""
+        kind = "embed" if name == "embed" else "head" if name == "head" else "layers"
+        return self.weights.get(kind, "float")
+
+    @property
+    def quantized(self) -> bool:
+        return any(self.weights.get(k, "float") != "float" for k in WEIGHT_KINDS)
+
+    @property
+    def weights_label(self) -> str:
+        """One line for people: "float32" or "int4 layers, int4 head (block 32, matmulnbits), float32 embed"."""
+        if not self.quantized:
+            return self.dtype
+        w = self.weights
+        parts = [f"{w.get(k, 'float')} {k}".replace("float", self.dtype) for k in ("layers", "head", "embed")]
+        return f"{parts[0]}, {parts[1]} (block {w.get('block_size')}, {w.get('format')}), {parts[2]}"
+
     @property
     def layers(self) -> list[GraphSpec]:
         return [self.graph(layer_name(i)) for i in range(self.model.num_layers)]
@@ -105,7 +128,10 @@ class Manifest:
         d = asdict(self)
         order = ["schema_version", "format", "producer", "dtype", "opset", "model", "policy",
                  "kv_cache", "source", "graphs", "files", "tokenizer_dir", "checks"]
-        return {k: d[k] for k in order}
+        out = {k: d[k] for k in order}
+        if self.weights:  # float artifacts keep the manifest they always had
+            out["weights"] = d["weights"]
+        return out
 
     def save(self, directory: Path) -> None:
         """Write manifest.json atomically; it is the last file an export writes."""
@@ -119,7 +145,7 @@ class Manifest:
         return cls(model=ModelInfo(**d["model"]), dtype=d["dtype"], opset=d["opset"],
                    graphs=[GraphSpec.from_dict(g) for g in d["graphs"]], files=d["files"],
                    tokenizer_dir=d["tokenizer_dir"], policy=d["policy"], kv_cache=d["kv_cache"],
-                   source=d.get("source", {}), checks=d.get("checks", {}),
+                   source=d.get("source", {}), checks=d.get("checks", {}), weights=d.get("weights", {}),
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
 
@@ -214,3 +240,10 @@ def _check_structure(m: Manifest, path: Path) -> None:
                             f"page_size >= 1; {REBUILD_HINT}")
     if m.dtype not in ("float32", "float16"):
         raise ArtifactError(f"{path}: dtype {m.dtype!r} is not float32 or float16; {REBUILD_HINT}")
+    if not isinstance(m.weights, dict):
+        raise ArtifactError(f"{path}: weights {m.weights!r} is not an object; {REBUILD_HINT}")
+    bad = {k: m.weights.get(k) for k in WEIGHT_KINDS if m.weights.get(k, "float") not in WEIGHT_FORMATS}
+    if bad:
+        raise ArtifactError(
+            f"{path}: weights {bad} are not among {', '.join(WEIGHT_FORMATS)}: the artifact was written "
+            f"by a newer toolkit or edited; upgrade skipdecode-edge or {REBUILD_HINT}")

@@ -25,11 +25,12 @@ def test_every_package_is_listed():
 
 def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve]"]
+    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,quant]"]
     assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx"}
     assert any(r.startswith("pytest") for r in extras["test"])
     assert any(r.startswith("sacrebleu") for r in extras["eval"])
     assert any(r.startswith("starlette") for r in extras["serve"])  # tests/runtime/test_serve.py
+    assert any(r.startswith("onnx_ir") for r in extras["quant"])  # tests/export/test_quantize.py
 
 
 def test_readme_setup_installs_cpu_torch_and_the_dev_extra():

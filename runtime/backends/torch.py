@@ -86,6 +86,10 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
 
     from ..modeling import SkipOPT, graph_module
 
+    if manifest.quantized:  # its graphs hold packed integer weights, not the modules' state_dict
+        raise ArtifactError(
+            f"{directory} has quantized weights ({manifest.weights_label}); the torch backend reads "
+            f"float weights only: use the onnxruntime backend, or re-export with --weights float")
     config_dir = directory / HF_CONFIG_DIR
     if not (config_dir / "config.json").is_file():
         raise ArtifactError(

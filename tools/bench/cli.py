@@ -153,7 +153,8 @@ def measure(args, argv: list[str], log) -> dict:
     jobs: list[Job] = []
     archs = list(dict.fromkeys(arch for arch, _ in settings))
     for arch in archs:
-        prepared = prepare.prepare_in_subprocess(arch, work, args.seed)
+        variants = sorted({row.backend for a, _, row in planned if a == arch} & set(rows_mod.QUANTIZED))
+        prepared = prepare.prepare_in_subprocess(arch, work, args.seed, variants)
         info = model_info(prepared.config)
         data["models"][arch] = info
         L = info["num_layers"]
@@ -173,7 +174,8 @@ def measure(args, argv: list[str], log) -> dict:
             theoretical = rows_mod.theoretical_speedup(policy, args.new_tokens)
             if not row.is_full:
                 pols[f"{row.speedup:g}x"] = {**policy.to_dict(), "theoretical": theoretical}
-            spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(prepared.artifact_dir),
+            artifact = prepared.variants.get(row.backend, prepared.artifact_dir)
+            spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(artifact),
                     "optimum_dir": str(optimum_dir) if optimum_dir else None,
                     "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
                     "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens,

@@ -26,6 +26,7 @@ from export.measure import run_probe
 from .runner import REPO
 
 _DTYPE_BYTES = {1: 4, 10: 2, 11: 8, 7: 8, 6: 4, 2: 1, 3: 1, 16: 2, 9: 1}  # onnx TensorProto types
+_PACKED_4BIT = (21, 22)  # UINT4, INT4: two values a byte
 
 _VERIFY = """
 import json, resource, sys
@@ -50,7 +51,8 @@ def weight_bytes(directory: Path) -> int:
             key = (ext["location"], ext.get("offset", "0")) if ext else (spec.name, t.name)
             if key not in seen:
                 seen.add(key)
-                total += int(np.prod(t.dims, dtype=np.int64)) * _DTYPE_BYTES[t.data_type]
+                n = int(np.prod(t.dims, dtype=np.int64))
+                total += -(-n // 2) if t.data_type in _PACKED_4BIT else n * _DTYPE_BYTES[t.data_type]
     return total
 
 

@@ -3,6 +3,8 @@
     ROOT/ARCH/hf/        save_pretrained checkpoint + tokenizer  (transformers and Optimum rows)
     ROOT/ARCH/artifact/  `python -m export build` of that checkpoint (this project's rows)
     ROOT/ARCH/optimum/   Optimum's own export of that checkpoint (the Optimum row)
+    ROOT/ARCH/artifact-ort-int4/ ...  quantized exports of that checkpoint, one per quantized row
+                                      (rows.QUANTIZED), built only when such a row is asked for
 
 Each is built once and reused while its stamp (architecture, seed) matches. The artifact is
 exported from the saved checkpoint directory, so all rows share bit-identical weights.
@@ -15,7 +17,7 @@ import os
 import json
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 STAMP = "bench-stamp.json"
@@ -27,6 +29,7 @@ class Prepared:
     hf_dir: Path
     artifact_dir: Path
     config: dict  # the model's dimensions, from the manifest
+    variants: dict = field(default_factory=dict)  # quantized backend name -> its artifact directory
 
 
 def _stamped(directory: Path, stamp: dict) -> bool:
@@ -38,7 +41,7 @@ def _stamp(directory: Path, stamp: dict) -> None:
     (directory / STAMP).write_text(json.dumps(stamp))
 
 
-def prepare(arch: str, root: Path, seed: int = 0, log=print) -> Prepared:
+def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Prepared:
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
     from runtime.manifest import load_manifest
@@ -60,12 +63,26 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print) -> Prepared:
         build(BuildOptions(model=str(hf_dir), out=str(artifact_dir), progress=True), log=log)
         _stamp(artifact_dir, stamp)  # the manifest names its files: this one it ignores
         gc.collect()
+    built = {}
+    for name in variants:  # quantized exports of the same checkpoint (tools.bench.rows.QUANTIZED)
+        from .rows import QUANTIZED
+
+        layers, head = QUANTIZED[name]
+        out = base / f"artifact-{name}"
+        vstamp = {**stamp, "weights": layers, "head_weights": head}
+        if not _stamped(out, vstamp):
+            log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
+            build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
+                               progress=True), log=log)
+            _stamp(out, vstamp)
+            gc.collect()
+        built[name] = out.resolve()
     manifest = load_manifest(artifact_dir, check_hashes=True)
     m = manifest.model
     config = {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
               "vocab_size": m.vocab_size, "dtype": manifest.dtype, "pad_token_id": m.pad_token_id,
               "ffn_dim": _ffn_dim(hf_dir)}
-    return Prepared(arch, hf_dir, artifact_dir, config)
+    return Prepared(arch, hf_dir, artifact_dir, config, built)
 
 
 def _ffn_dim(hf_dir: Path) -> int:
@@ -93,24 +110,27 @@ def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0
     return out, ""
 
 
-def prepare_in_subprocess(arch: str, root: Path, seed: int = 0) -> Prepared:
+def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=()) -> Prepared:
     """``prepare`` in a child process, so the GBs of a large model leave with it."""
     import sys
 
     from .runner import REPO, child_env
 
-    done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed)],
+    done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed),
+                           *variants],
                           stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=child_env(os.cpu_count() or 1))
     if done.returncode != 0:
         raise RuntimeError(f"preparing {arch} failed (exit {done.returncode}); see the output above")
     d = json.loads(done.stdout.strip().splitlines()[-1])
-    return Prepared(d["arch"], Path(d["hf_dir"]), Path(d["artifact_dir"]), d["config"])
+    return Prepared(d["arch"], Path(d["hf_dir"]), Path(d["artifact_dir"]), d["config"],
+                    {k: Path(v) for k, v in d["variants"].items()})
 
 
 if __name__ == "__main__":
     import sys
 
     arch_, root_, seed_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr))
+    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr), variants=sys.argv[4:])
     print(json.dumps({"arch": p.arch, "hf_dir": str(p.hf_dir.resolve()),
-                      "artifact_dir": str(p.artifact_dir.resolve()), "config": p.config}))
+                      "artifact_dir": str(p.artifact_dir.resolve()), "config": p.config,
+                      "variants": {k: str(v) for k, v in p.variants.items()}}))

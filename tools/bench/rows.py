@@ -20,10 +20,16 @@ BACKENDS = {
     "ort": "this project, ONNX Runtime backend",
     "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0",
     "optimum": "Optimum ORTModelForCausalLM",
+    "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block 32)",
+    "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
+    "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block 32)",
 }
+# The quantized rows run their own export of the same checkpoint: backend -> (layers, head) weights
+# (export.build.BuildOptions.weights / head_weights).
+QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "ort-int8": ("int8", "int8")}
 FULL_ONLY = ("hf", "optimum")  # peers: the plain model only
-RUNTIME = ("torch", "ort", "ort-nospin")  # this project's runtime: SkipDecode policies apply
-ORT = ("ort", "ort-nospin")
+RUNTIME = ("torch", "ort", "ort-nospin", *QUANTIZED)  # this project's runtime: SkipDecode policies apply
+ORT = ("ort", "ort-nospin", *QUANTIZED)
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def parse_backend(token: str, default_speedups: dict[str, list[float]]) -> list[
 
 
 def rows_for(backends: list[str], speedups: list[float], torch_speedups: list[float]) -> list[Row]:
-    defaults = {"ort": speedups, "ort-nospin": speedups, "torch": torch_speedups}
+    defaults = {"torch": torch_speedups, **{b: speedups for b in ORT}}
     rows: list[Row] = []
     for token in backends:
         for row in parse_backend(token, defaults):

@@ -21,7 +21,7 @@ import time
 
 from .hf_generate import peak_rss_bytes, timed_generate, timing_record
 
-KINDS = ("hf", "torch", "ort", "ort-nospin")
+KINDS = ("hf", "torch", "ort", "ort-nospin", "ort-int4", "ort-int4head", "ort-int8")
 
 
 def measure_hf(spec: dict) -> dict:
@@ -43,7 +43,7 @@ def measure_hf(spec: dict) -> dict:
 def measure_runtime(spec: dict) -> dict:
     import runtime
 
-    backend = {"ort": "onnxruntime", "ort-nospin": "onnxruntime", "torch": "torch"}[spec["kind"]]
+    backend = "torch" if spec["kind"] == "torch" else "onnxruntime"
     loaded = time.perf_counter()
     # Hashes were checked when the artifact was prepared; hashing GBs per process is not the subject.
     gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,

@@ -1,0 +1,202 @@
+"""Weight-only quantization of exported graphs with ONNX Runtime's own quantizer.
+
+Each MatMul whose weight is a constant (the layers' q/k/v/out projections and fc1/fc2, the head's
+lm_head) gets its weight quantized block-wise along the input dimension K: every ``block_size``
+consecutive weights of a column share one scale (and, asymmetric, one zero point). Activations,
+the KV cache, layer norms and the embedding stay in the artifact's float dtype: decode at batch 1
+reads every active weight once per token, so the weights are what a smaller format buys back.
+
+Two forms of the same quantization (onnxruntime.quantization.matmul_nbits_quantizer):
+
+* ``matmulnbits`` (default): ``com.microsoft::MatMulNBits``, int4 or int8, ONNX Runtime's fused
+  dequantize-and-multiply kernel. A contrib op: no TensorRT parser imports it (export.trt_compat).
+* ``qdq``: int4 only, symmetric, an opset 21 ``DequantizeLinear`` with ``block_size`` feeding a
+  plain MatMul. This is the form TensorRT 10 parses for INT4 weight-only quantization: its
+  Dequantize layer takes INT4 input with a 2-D (block) scale and only zero-valued zero points
+  (TensorRT operator docs, "Dequantize": "a 2-D tensor for block quantization (supported for
+  DataType::kINT4 only)", "The zero_point must only contain zero-valued coefficients"). ORT's
+  quantizer writes no 8-bit QDQ form for MatMul ("MatMul only supports QOperator format for 8
+  bits quantization"), so int8 has only the MatMulNBits form here. ONNX Runtime itself fuses this
+  form back into MatMulNBits, with int8 activations unless the session sets
+  ``session.qdq_matmulnbits_accuracy_level`` (export.parity sets 0).
+
+The graphs are exported without constant folding, so a Linear's weight reaches its MatMul through
+a Transpose node; the quantizer only takes initializers, so those Transposes are folded first.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.errors import InvalidArgumentError
+
+from .weights import fold_weight_transposes
+
+WEIGHTS = ("float", "int8", "int4")
+FORMATS = ("matmulnbits", "qdq")
+BITS = {"int8": 8, "int4": 4}
+
+
+@dataclass
+class QuantConfig:
+    weights: str = "float"  # the layers' weights: float (as exported), int8 or int4
+    head_weights: str | None = None  # the head's; None: as ``weights``. The embedding stays float:
+    # a step reads one row of it, so quantizing it saves memory but no bandwidth
+    block_size: int = 32  # weights per scale along K; 32 keeps int4 within ~1 BLEU on the demo
+    # model (docs/quality.md); must divide every K (hidden and ffn sizes)
+    format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
+    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = the activations' float type;
+    # 4 = int8 activations (faster on CPUs with int8 dot products, less accurate)
+
+    def __post_init__(self) -> None:
+        if self.head_weights is None:
+            self.head_weights = self.weights
+        for flag, value in (("weights", self.weights), ("head_weights", self.head_weights)):
+            if value not in WEIGHTS:
+                raise InvalidArgumentError(f"{flag} must be one of {', '.join(WEIGHTS)}, got {value!r}")
+        if self.format not in FORMATS:
+            raise InvalidArgumentError(f"weights format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.format == "qdq" and "int8" in (self.weights, self.head_weights):
+            raise InvalidArgumentError(
+                "the qdq weights format is int4 only (ONNX Runtime's quantizer writes 8-bit MatMul "
+                "weights only as MatMulNBits); use --weights int4, or the matmulnbits format for int8")
+        bs = self.block_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 16 or bs & (bs - 1):
+            # MatMulNBits takes power-of-two blocks of at least 16
+            raise InvalidArgumentError(f"block_size must be a power of two >= 16, got {bs!r}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise InvalidArgumentError(f"accuracy_level must be 0 to 4, got {self.accuracy_level!r}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.weights != "float" or self.head_weights != "float"
+
+    def for_graph(self, name: str) -> str:
+        """The weights of graph ``name``: "float", "int8" or "int4"."""
+        if name == "embed":
+            return "float"
+        return self.head_weights if name == "head" else self.weights
+
+    def check_sizes(self, hidden_size: int, ffn_dim: int, embed_dim: int) -> None:
+        """Every quantized MatMul's K must be whole blocks: hidden (q/k/v/out, fc1, OPT-350m's
+        project_out), ffn (fc2), the embedding width (lm_head). Checked before any export."""
+        sizes = [("hidden size", hidden_size), ("ffn dim", ffn_dim), ("embedding width", embed_dim)]
+        bad = [f"{n} {k}" for n, k in sizes if k % self.block_size]
+        if bad:
+            raise InvalidArgumentError(
+                f"block_size {self.block_size} does not divide the model's {' and '.join(bad)}: "
+                f"weight-only quantization needs whole blocks along each weight's input dimension; "
+                f"pass --block-size with a power of two that divides them, e.g. 16")
+
+    def manifest_entry(self) -> dict:
+        """The manifest's ``weights`` field (empty: float weights, as manifests before it)."""
+        if not self.quantized:
+            return {}
+        return {"embed": "float", "layers": self.weights, "head": self.head_weights,
+                "block_size": self.block_size, "format": self.format,
+                "accuracy_level": self.accuracy_level}
+
+
+def quantize_graph(proto, weights: str, block_size: int = 32, format: str = "matmulnbits",
+                   accuracy_level: int = 0):
+    """The ``onnx.ModelProto`` ``proto`` (weights inside) with its constant MatMul weights quantized.
+
+    ``weights`` "float" returns ``proto`` unchanged. Raises InvalidArgumentError when a MatMul's K
+    is not a whole number of blocks (rather than leave it float without a word).
+    """
+    if weights == "float":
+        return proto
+    config = QuantConfig(weights=weights, block_size=block_size, format=format, accuracy_level=accuracy_level)
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer)
+
+    fold_weight_transposes(proto)
+    targets = _constant_matmuls(proto)
+    for node, k in targets:
+        if k % block_size:
+            raise InvalidArgumentError(
+                f"MatMul {node.name!r} has K = {k}, not a multiple of block_size {block_size}; pass "
+                f"--block-size with a power of two that divides the model's hidden and ffn sizes")
+    bits = BITS[weights]
+    qformat = QuantFormat.QDQ if format == "qdq" else QuantFormat.QOperator
+    algo = DefaultWeightOnlyQuantConfig(
+        block_size=block_size, is_symmetric=format == "qdq",  # TensorRT needs zero zero points
+        accuracy_level=accuracy_level or None, quant_format=qformat, op_types_to_quantize=("MatMul",),
+        bits=bits)
+    quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, algo_config=algo,
+                                     quant_format=qformat)
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.ERROR)  # it logs every node it visits at INFO
+    try:
+        quantizer.process()
+    finally:
+        log.setLevel(level)
+    out = quantizer.model.model
+    left = [n.name for n, _ in _constant_matmuls(out)]
+    if left:  # the quantizer skips what it cannot do with a log line; here that is a bug
+        raise InvalidArgumentError(f"ONNX Runtime's quantizer left MatMul(s) {left} unquantized")
+    return out
+
+
+def _constant_matmuls(proto) -> list[tuple]:
+    """(node, K) of every MatMul whose second input is a 2-D float initializer."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    out = []
+    for n in proto.graph.node:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits:
+            dims = list(inits[n.input[1]].dims)
+            if len(dims) == 2:
+                out.append((n, dims[0]))
+    return out
+
+
+def dequantized_weights(proto) -> dict[str, np.ndarray]:
+    """The float weight (K, N) each quantized MatMul multiplies by, keyed by the weight's name before
+    quantization (``q_proj.weight.T``), computed by ONNX Runtime itself: the node (and, in the QDQ
+    form, its DequantizeLinear) run on an identity matrix. For tests that replace a reference's
+    weights by exactly what the quantized graph uses."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    out = {}
+    for n in proto.graph.node:
+        if n.op_type == "MatMulNBits":
+            k = next(a.i for a in n.attribute if a.name == "K")
+            nodes, weight = [n], n.input[1].rsplit("_Q", 1)[0]
+        elif n.op_type == "MatMul" and producers.get(n.input[1], None) is not None \
+                and producers[n.input[1]].op_type == "DequantizeLinear":
+            dq = producers[n.input[1]]
+            k = inits[dq.input[0]].dims[0]
+            nodes, weight = [dq, n], dq.input[0].rsplit("_DQ_Q", 1)[0]
+        else:
+            continue
+        a_name = n.input[0]
+        dtype = np.float16 if _elem_type(proto, n) == onnx.TensorProto.FLOAT16 else np.float32
+        needed = {i for m in nodes for i in m.input if i in inits}
+        graph = helper.make_graph(
+            nodes, "dequantize", [helper.make_tensor_value_info(a_name, _elem_type(proto, n), [k, k])],
+            [helper.make_tensor_value_info(n.output[0], _elem_type(proto, n), None)],
+            [inits[i] for i in needed])
+        model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        out[weight] = session.run(None, {a_name: np.eye(k, dtype=dtype)})[0]
+    return out
+
+
+def _elem_type(proto, node) -> int:
+    """The float type of ``node``'s activations: its scales' type (the quantizer keeps them in it)."""
+    inits = {t.name: t for t in proto.graph.initializer}
+    for i in node.input[2:3]:  # MatMulNBits: scales
+        if i in inits:
+            return inits[i].data_type
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    dq = producers.get(node.input[1])
+    return inits[dq.input[1]].data_type

@@ -1,0 +1,205 @@
+"""Weight-only quantization at export (export.quantize): graphs, parity, manifest, CLI, runtime."""
+
+import copy
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from transformers import OPTForCausalLM
+
+import runtime
+from export.__main__ import main as export_main
+from export.build import BuildOptions, build
+from export.parity import QUANT_TOLERANCES, check_graph
+from export.quantize import QuantConfig, dequantized_weights
+from export.trt_compat import check_model
+from runtime.errors import ArtifactError, InvalidArgumentError
+from runtime.manifest import MANIFEST_NAME, load_manifest
+from runtime.modeling import SkipOPT, graph_module
+from tests.conftest import PROMPTS, save_tiny_checkpoint
+
+quiet = dict(log=lambda *_: None)
+BLOCK = 16  # divides the tiny model's hidden 32, ffn 64 and embedding width 32
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("quant-ckpt"), "pre_ln")
+
+
+def _build(ckpt, out, **options):
+    return build(BuildOptions(model=str(ckpt), out=str(out), progress=False, block_size=BLOCK, **options), **quiet)
+
+
+@pytest.fixture(scope="module")
+def int4_dir(ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int4") / "model"
+    _build(ckpt, out, weights="int4")
+    return out
+
+
+def _ops(path):
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_int4_artifact_quantizes_layers_and_head_and_records_it(int4_dir):
+    manifest = load_manifest(int4_dir)
+    assert manifest.weights == {"embed": "float", "layers": "int4", "head": "int4", "block_size": BLOCK,
+                                "format": "matmulnbits", "accuracy_level": 0}
+    assert manifest.quantized and manifest.graph_weights("layer_03") == "int4"
+    assert manifest.weights_label == "int4 layers, int4 head (block 16, matmulnbits), float32 embed"
+    assert "MatMulNBits" not in _ops(int4_dir / "embed.onnx")  # one row per token: not worth it
+    layer = onnx.load(str(int4_dir / "layer_00.onnx"))
+    nbits = [n for n in layer.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 6  # q, k, v, out, fc1, fc2; the attention's MatMuls on activations stay
+    assert all(next(a.i for a in n.attribute if a.name == "bits") == 4 for n in nbits)
+    assert "MatMulNBits" in _ops(int4_dir / "head.onnx")
+    checks = {g["graph"]: g for g in manifest.checks["graphs"]}
+    assert checks["head"]["weights"] == "int4" and checks["head"]["rel_tolerance"] == QUANT_TOLERANCES["int4"]
+    assert 0 < checks["layer_00"]["rel_error"] <= QUANT_TOLERANCES["int4"]
+    assert checks["embed"]["weights"] == "float" and checks["embed"]["max_abs_diff"] < 1e-5
+    fp32_bytes = 4 * sum(t.dims[0] * t.dims[1] for t in onnx.load(str(int4_dir / "embed.onnx")).graph.initializer
+                         if len(t.dims) == 2)
+    assert (int4_dir / "layer_00.onnx").stat().st_size < fp32_bytes  # packed, not float
+
+
+def test_ort_runtime_generates_from_a_quantized_artifact_close_to_float(int4_dir, ckpt, tmp_path):
+    float_dir = tmp_path / "fp32"
+    _build(ckpt, float_dir)
+    with runtime.load(int4_dir, threads=1) as gen, runtime.load(float_dir, threads=1) as ref:
+        got = next(iter(gen.stream(PROMPTS, 1, ignore_eos=True))).logits  # (B, vocab) of the prompt pass
+        want = next(iter(ref.stream(PROMPTS, 1, ignore_eos=True))).logits
+        skipped = gen.generate(PROMPTS, 8, speedup=2, ignore_eos=True)
+    assert [len(t) for t in skipped.token_ids] == [8, 8, 8]
+    assert skipped.stats.theoretical_speedup > 1.5
+    # Six int4 layers and the head, end to end: the logits move, by far less than their size.
+    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert 1e-3 < rel < 0.5, rel
+
+
+@pytest.mark.parametrize("weights,fmt", [("int4", "matmulnbits"), ("int8", "matmulnbits"), ("int4", "qdq")])
+def test_quantized_graph_equals_reference_with_its_dequantized_weights(ckpt, tmp_path, weights, fmt):
+    """The tight check: all the difference from PyTorch is the weights' rounding."""
+    out = tmp_path / "q"
+    _build(ckpt, out, weights=weights, weights_format=fmt, check=False)
+    hf = OPTForCausalLM.from_pretrained(ckpt).eval()
+    for name in ("layer_02", "head"):
+        proto = onnx.load(str(out / f"{name}.onnx"))
+        weights_used = dequantized_weights(proto)
+        assert weights_used, f"{name} has no quantized MatMul"
+        model = SkipOPT(copy.deepcopy(hf))
+        module = graph_module(model, name)
+        state = module.state_dict()
+        for key, w in weights_used.items():  # "fc1.weight.T" (K, N) -> fc1.weight (N, K)
+            target = key.removesuffix(".T")
+            assert target in state, (target, list(state))
+            assert not np.allclose(state[target].numpy(), w.T)  # rounding did change it
+            state[target] = torch.from_numpy(np.ascontiguousarray(w.T))
+        module.load_state_dict(state)
+        spec = load_manifest(out, check_hashes=False).graph(name)
+        result = check_graph(model, spec, out, "float32")  # float tolerances: atol 1e-4, rtol 1e-4
+        assert result.passed, result.line()
+
+
+def test_quantized_parity_fails_a_graph_with_the_wrong_weights(int4_dir, ckpt):
+    manifest = load_manifest(int4_dir, check_hashes=False)
+    ref = SkipOPT(OPTForCausalLM.from_pretrained(ckpt).eval())
+    assert check_graph(ref, manifest.graph("layer_01"), int4_dir, "float32", "int4").passed
+    swapped = copy.copy(manifest.graph("layer_01"))
+    swapped.file = manifest.graph("layer_04").file  # another layer's weights under layer_01's name
+    result = check_graph(ref, swapped, int4_dir, "float32", "int4")
+    assert not result.passed and result.rel_error > 3 * QUANT_TOLERANCES["int4"]
+
+
+def test_head_only_quantization_keeps_float_layers(ckpt, tmp_path):
+    out = tmp_path / "head4"
+    manifest = _build(ckpt, out, head_weights="int4")
+    assert manifest.weights["layers"] == "float" and manifest.weights["head"] == "int4"
+    assert "MatMulNBits" not in _ops(out / "layer_00.onnx")
+    assert "MatMulNBits" in _ops(out / "head.onnx")
+    layers = [g for g in manifest.checks["graphs"] if g["graph"].startswith("layer_")]
+    assert all(g["weights"] == "float" and g["max_abs_diff"] < 1e-4 for g in layers)
+
+
+def test_float_manifests_have_no_weights_field_and_old_ones_mean_float(ckpt, artifact_dir):
+    raw = json.loads((artifact_dir / MANIFEST_NAME).read_text())
+    assert "weights" not in raw
+    manifest = load_manifest(artifact_dir)
+    assert not manifest.quantized and manifest.graph_weights("head") == "float"
+    assert manifest.weights_label == "float32"
+
+
+def test_manifest_with_an_unknown_weights_format_is_refused(int4_dir, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(int4_dir, bad)
+    raw = json.loads((bad / MANIFEST_NAME).read_text())
+    raw["weights"]["layers"] = "int3"
+    (bad / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match=r"weights \{'layers': 'int3'\} are not among float, int8, int4"):
+        load_manifest(bad)
+
+
+def test_torch_backend_refuses_quantized_weights(int4_dir):
+    with pytest.raises(ArtifactError, match="torch backend reads float weights only: use the onnxruntime"):
+        runtime.load(int4_dir, backend="torch")
+
+
+def test_cli_weights_block_size_and_errors(ckpt, tmp_path, capsys):
+    out = tmp_path / "cli8"
+    assert export_main(["build", "--model", str(ckpt), "--out", str(out), "-q", "--weights", "int8",
+                        "--block-size", "16"]) == 0
+    assert load_manifest(out).weights["layers"] == "int8"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "x"), "--weights", "int3"])
+    assert "invalid choice: 'int3'" in capsys.readouterr().err
+    # block 64 does not divide hidden 32: refused before any graph is written
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "y"), "-q",
+                        "--weights", "int4", "--block-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "block_size 64 does not divide the model's hidden size 32 and embedding width 32" in err
+    assert not (tmp_path / "y").exists()
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "z"), "-q",
+                        "--weights", "int8", "--weights-format", "qdq"]) == 2
+    assert "qdq weights format is int4 only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(weights="int2"), "weights must be one of float, int8, int4"),
+    (dict(weights="int4", block_size=24), "power of two >= 16"),
+    (dict(weights="int4", format="gptq"), "weights format must be one of"),
+])
+def test_quant_config_is_validated(fields, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        QuantConfig(**fields)
+
+
+def test_tensorrt_check_of_quantized_graphs(int4_dir, ckpt, tmp_path):
+    """MatMulNBits: no TensorRT parses it (a contrib op). QDQ int4 at opset 21: 11.0 by its documents."""
+    nbits = onnx.load(str(int4_dir / "layer_00.onnx"), load_external_data=False)
+    for version, findings in check_model(nbits, "layer_00", versions="all").items():
+        errors = [f for f in findings if f.severity == "error" and f.op == "MatMulNBits"]
+        assert errors and "--weights-format qdq" in errors[0].fix, version
+    out = tmp_path / "qdq"
+    _build(ckpt, out, weights="int4", weights_format="qdq", check=False)
+    qdq = onnx.load(str(out / "layer_00.onnx"), load_external_data=False)
+    assert {n.op_type for n in qdq.graph.node} >= {"DequantizeLinear", "MatMul"}
+    assert "MatMulNBits" not in {n.op_type for n in qdq.graph.node}
+    dq = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(len(n.input) == 2 for n in dq)  # symmetric: no zero point (TensorRT wants zeros)
+    errors = {v: [f for f in fs if f.severity == "error"] for v, fs in check_model(qdq, versions="all").items()}
+    assert errors["11.0"] == []
+    assert [f.kind for f in errors["10.3"]] == ["opset"]  # documented 9-20; blocked int4 needs 21
+    assert any(f.kind == "opset" for f in errors["8.6"])
+
+
+def test_verify_passes_a_quantized_artifact_reporting_what_it_does_not_require(int4_dir, capsys):
+    assert export_main(["verify", str(int4_dir), "-q"]) == 0
+    report = capsys.readouterr().out
+    assert "int4: relative error" in report and "tolerance 0.3" in report
+    assert "not required: MatMulNBits weights are ONNX Runtime's format" in report
+    assert report.strip().endswith("PASSED")
