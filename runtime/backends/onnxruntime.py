@@ -11,6 +11,7 @@ only when asked for (its first run builds engines, which takes minutes).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,20 @@ def _import_ort():
     return onnxruntime
 
 
+_ARENA_LOCK = threading.Lock()
+_ARENA_REGISTERED = False
+
+
+def _register_shared_cpu_arena(ort) -> None:
+    """Register the process-wide CPU arena that sessions with ``session.use_env_allocators`` use."""
+    global _ARENA_REGISTERED
+    with _ARENA_LOCK:
+        if not _ARENA_REGISTERED:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, None)  # None: ONNX Runtime's default arena settings
+            _ARENA_REGISTERED = True
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
@@ -46,6 +61,11 @@ class OnnxRuntimeBackend(Backend):
                              f"(available: {available}); install onnxruntime-gpu for CUDA/TensorRT")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # One CPU arena for every session of the process, not one per graph: each arena keeps the
+        # high-water mark of its own graph's largest run, so 14 graphs' prefills held ~400 MB on
+        # OPT-125m at batch 4 x 512 tokens, against ~200 MB for one shared arena (export.measure).
+        _register_shared_cpu_arena(ort)
+        opts.add_session_config_entry("session.use_env_allocators", "1")
         # One session per graph means one thread pool per graph; spinning pools of idle sessions
         # steal the cores from the one running (measured on 2 cores: 7.7x slower per token).
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
