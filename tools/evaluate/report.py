@@ -16,7 +16,7 @@ from .targets import Target
 PROG = "python -m tools.evaluate"
 COLUMNS = ("speedup target", "policy max→min over H steps", "layers/token", "theor.", "BLEU",
            "ROUGE-L", "ΔBLEU", "slot errors", "MRs with an error", "decode ms/step",
-           "measured speedup (min–max over rounds)")
+           "measured speedup (min–max over rounds)", "prompt pass speedup")
 # Del Corro et al. 2023 (arXiv 2307.02628), OPT-1.3B (24 layers) fine-tuned on E2E per policy.
 PAPER_ROWS = ((1, 24.0, 65.8, 67.6), (2, 14.7, 66.3, 67.9), (5, 5.8, 64.2, 66.3))
 SAMPLES = 3
@@ -59,7 +59,9 @@ def policy_label(policy: dict | None) -> str:
         return "–"
     if policy["min_layers"] == policy["num_layers"]:
         return f"{policy['max_layers']}→{policy['min_layers']} (all layers)"
-    return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}"
+    shape = f", power {policy['exponent']:g}" if policy.get("decay", "linear") != "linear" else ""
+    prompt = f", prompt at {policy['max_layers']}" if policy.get("prefill") == "policy" else ""
+    return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}{shape}{prompt}"
 
 
 def speedup_cell(r: Row) -> str:
@@ -74,7 +76,7 @@ def table_cells(r: Row) -> list[str]:
             _f(r.theoretical, ".2f", "x"), _f(r.bleu, ".1f"), _f(r.rouge_l, ".1f"),
             _f(r.delta_bleu, "+.1f"), _f(se.rate if se else None, ".1f", "%"),
             _f(se.texts_with_errors_pct if se else None, ".1f", "%"),
-            _f(r.ms_per_step, ".2f"), speedup_cell(r)]
+            _f(r.ms_per_step, ".2f"), speedup_cell(r), _f(r.prefill_speedup, ".2f", "x")]
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -135,7 +137,7 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"`{s['target_column']}`): {len(data['prompts'])} unique prompts{limit} with {n_refs} "
         f"references in all ({s.get('pairs', n_refs)} rows in the file before --limit).",
         f"- Generation: greedy, until EOS or {s['max_new_tokens']} new tokens, in batches of "
-        f"{s['batch_size']} prompts (left padded); the prompt runs at full depth. Each unique prompt is "
+        f"{s['batch_size']} prompts (left padded); {_shape_text(s.get('policy_options') or {})}. Each unique prompt is "
         f"generated once per model and speedup and scored against all of its references; the text is "
         f"stripped of surrounding whitespace.",
         f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
@@ -146,6 +148,14 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"reference per prompt, averaged over prompts, x100.",
         _slots_line(summary),
     ]
+
+
+def _shape_text(options: dict) -> str:
+    decay = (f"the budget decays along a power curve, exponent {options.get('exponent', 2.0):g}"
+             if options.get("decay") == "power" else "the budget decays linearly")
+    prompt = ("the prompt runs at the first step's active set (full depth at 1x)"
+              if options.get("prefill") == "policy" else "the prompt runs at full depth")
+    return f"{decay}; {prompt}"
 
 
 def _slots_line(summary: Summary) -> str:
@@ -170,7 +180,9 @@ COLUMN_NOTES = (
     "ms/step* = decode time / decode steps, over all batches and rounds (one step = one token for "
     "every row of a batch); *measured speedup* = the same model's full-depth ms/step / this "
     "ms/step over all rounds, with in brackets the lowest and highest of the same ratio within each "
-    "round (the speedups run interleaved per batch in every round).")
+    "round (the speedups run interleaved per batch in every round); *prompt pass speedup* = the "
+    "same model's full-depth prompt-pass (prefill) time / this one's, over all batches and rounds "
+    "(1x within noise unless the prompt runs under the policy).")
 
 
 def _commands_block(data: dict) -> list[str]:
