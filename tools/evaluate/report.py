@@ -137,7 +137,8 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"`{s['target_column']}`): {len(data['prompts'])} unique prompts{limit} with {n_refs} "
         f"references in all ({s.get('pairs', n_refs)} rows in the file before --limit).",
         f"- Generation: greedy, until EOS or {s['max_new_tokens']} new tokens, in batches of "
-        f"{s['batch_size']} prompts (left padded); {_shape_text(s.get('policy_options') or {})}. Each unique prompt is "
+        f"{s['batch_size']} prompts (left padded); how the budget decays and which layers the prompt "
+        f"runs: each model's section. Each unique prompt is "
         f"generated once per model and speedup and scored against all of its references; the text is "
         f"stripped of surrounding whitespace.",
         f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
@@ -150,11 +151,13 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
     ]
 
 
-def _shape_text(options: dict) -> str:
-    decay = (f"the budget decays along a power curve, exponent {options.get('exponent', 2.0):g}"
-             if options.get("decay") == "power" else "the budget decays linearly")
+def _shape_text(policy: dict | None) -> str:
+    """How the skipping policies of a model's run decay and run the prompt (from one of them)."""
+    policy = policy or {}
+    decay = (f"the budget decays along a power curve, exponent {policy.get('exponent', 2.0):g}"
+             if policy.get("decay") == "power" else "the budget decays linearly")
     prompt = ("the prompt runs at the first step's active set (full depth at 1x)"
-              if options.get("prefill") == "policy" else "the prompt runs at full depth")
+              if policy.get("prefill") == "policy" else "the prompt runs at full depth")
     return f"{decay}; {prompt}"
 
 
@@ -195,6 +198,10 @@ def _commands_block(data: dict) -> list[str]:
     return lines + ["```", ""]
 
 
+def _skipping_policy(model: dict) -> dict | None:
+    return next((r["policy"] for r in model["runs"] if float(r["speedup"]) != 1), None)
+
+
 def _model_origin(model: dict) -> str:
     if "command" not in model:
         return ""
@@ -214,7 +221,8 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
     for model in data["models"]:
         rows = summary.for_model(model["name"])
         lines += [f"## {_cell(model['name'])}", "",
-                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)}", "",
+                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)} "
+                  f"Skipping policies: {_shape_text(_skipping_policy(model))}.", "",
                   markdown_table(rows), ""]
     lines += [
         "## The paper's rows",
