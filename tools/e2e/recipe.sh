@@ -31,8 +31,8 @@ done_ "$WORK/e2e-base" || [ -f "$WORK/e2e-init/config.json" ] || \
 done_ "$WORK/e2e-base" || python -m tools.finetune --model "$WORK/e2e-init" "${COMMON[@]}" \
     --train "$TRAIN" --out "$WORK/e2e-base" --epochs "$EPOCHS_BASE" --lr 2e-3 --val-every "$VAL_EVERY"
 # 3. distilled targets: the stage-1 model's greedy full-depth description of every training MR,
-#    kept where it has no slot error (~91% of the MRs). About 28% of the human references drop or
-#    misstate a value; fine-tuning the skipping policies on them taught the model to drop values
+#    kept where it has no slot error (~91% of the MRs). 28% of the development split's references drop
+#    or misstate a value; fine-tuning the skipping policies on them taught the model to drop values
 #    (slot errors 11.6% at full depth, 18.2% at 5x), on these it does not (docs/quality.md).
 [ -f "$WORK/e2e-distill.csv" ] || { python -m export build --model "$WORK/e2e-base" --out "$WORK/e2e-base-art" -q &&
     python -m tools.e2e distill --model "$WORK/e2e-base-art" --train "$TRAIN" --out "$WORK/e2e-distill.csv" \
