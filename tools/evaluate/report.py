@@ -177,7 +177,7 @@ COLUMN_NOTES = (
     "Columns: *policy* = the layer budget's decay, first generated step → last, over H decode steps "
     "(1 warm-up layer, then the top layers), as `generate(speedup=s)` chose it; *layers/token* = "
     "mean decoder layers run per decode step (every generated token after the first; the first "
-    "comes from the full-depth prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
+    "comes from the prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
     "the first model's full-depth BLEU; *slot errors* = the slot error rate of the texts (below); "
     "*MRs with an error* = share of the MRs whose text has at least one slot error; *decode "
     "ms/step* = decode time / decode steps, over all batches and rounds (one step = one token for "
