@@ -44,3 +44,12 @@ def test_distill_keeps_finished_faithful_descriptions_at_full_depth(tmp_path, mo
     assert [c[0] for c in fake.calls] == [MRS[:2], MRS[2:]]
     assert all(c[2].is_full_depth for c in fake.calls)
     assert "1 of 3 MRs kept (2 with a slot error or unfinished)" in capsys.readouterr().out
+
+
+def test_distill_with_nothing_faithful_says_to_train_longer(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "load", lambda directory, **kw: FakeGenerator())
+    write_csv(tmp_path / "train.csv", [Example(MRS[1], "b")], "mr", "ref")
+    assert main(["distill", "--model", "m", "--train", str(tmp_path / "train.csv"),
+                 "--out", str(tmp_path / "d.csv")]) == 2
+    assert "none of its 1 descriptions is finished and free of slot errors" in capsys.readouterr().err
+    assert not (tmp_path / "d.csv").exists()

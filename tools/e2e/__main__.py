@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime import cli
-from tools.finetune.data import Example, group_by_prompt, read_pairs, split_by_prompt, write_csv
+from tools.finetune.data import DataError, Example, group_by_prompt, read_pairs, split_by_prompt, write_csv
 
 
 @dataclass
@@ -93,6 +93,10 @@ def distill(args) -> int:
                     kept.append(Example(mr, text))
                 else:
                     dropped += 1
+    if not kept:
+        raise DataError(f"{args.model}: none of its {len(prompts)} descriptions is finished and free of "
+                        f"slot errors, so there is nothing to fine-tune on; train the full-depth model "
+                        f"longer (its descriptions are checked by tools/evaluate/slots.py)")
     write_csv(args.out, kept, args.prompt_column, args.target_column)
     print(f"{len(kept)} of {len(prompts)} MRs kept ({dropped} with a slot error or unfinished) -> {args.out}")
     return 0
