@@ -14,6 +14,7 @@ from . import cli
 from .backends import BACKENDS
 from .errors import InvalidArgumentError, PolicyError
 from .generator import load
+from .policy import DECAYS, PREFILLS
 
 ORT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -29,11 +30,11 @@ def _parser():
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
     pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
     pol.add_argument("--warmup-layers", type=int, help="bottom layers every step runs (default: the artifact's)")
-    pol.add_argument("--decay", choices=("linear", "power"),
+    pol.add_argument("--decay", choices=DECAYS,
                      help="budget curve over the horizon (default: the artifact's, else linear)")
     pol.add_argument("--exponent", type=float,
                      help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
-    pol.add_argument("--prefill", choices=("full", "policy"),
+    pol.add_argument("--prefill", choices=PREFILLS,
                      help="the prompt's layers: full depth, or the first step's active set (default: full)")
     be = p.add_argument_group("backend")
     be.add_argument("--backend", default="onnxruntime", choices=BACKENDS)

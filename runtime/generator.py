@@ -128,7 +128,7 @@ class Generator:
             policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **shape, **policy})
         if not isinstance(policy, SkipPolicy):
             raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
-        if given and isinstance(policy, SkipPolicy) and any(getattr(policy, k) != v for k, v in given.items()):
+        if given and any(getattr(policy, k) != v for k, v in given.items()):
             raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "
                               f"policy itself (dataclasses.replace)")
         if policy.num_layers != L:

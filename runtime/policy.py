@@ -3,11 +3,11 @@
 One layer budget per generation step, shared by the whole batch, decaying from ``max_layers`` to
 ``min_layers`` over ``horizon`` steps: linearly (the paper), or along a power curve
 ``min + (max - min) * (1 - t) ** exponent`` of the decay's progress t in [0, 1] (the paper's future
-work; exponent > 1 drops the budget early and flattens out, < 1 holds it high and drops late). A step runs the ``warmup_layers`` bottom
-layers plus the top ``budget - warmup_layers`` layers; the hidden state passes unchanged from the
-last warm-up layer to the first active upper layer. Because the budget never grows, each active
-set is a subset of the previous one, so every layer a token runs already holds the K/V of every
-earlier position: the KV cache is never recomputed.
+work; exponent > 1 drops the budget early and flattens out, < 1 holds it high and drops late).
+A step runs the ``warmup_layers`` bottom layers plus the top ``budget - warmup_layers`` layers; the
+hidden state passes unchanged from the last warm-up layer to the first active upper layer. Because
+the budget never grows, each active set is a subset of the previous one, so every layer a token
+runs already holds the K/V of every earlier position: the KV cache is never recomputed.
 
 Step ``g`` is the forward pass whose *input* is the g-th generated token (g = 0 for the token the
 prompt pass predicted). The prompt runs at full depth (``prefill="full"``), or at step 0's active

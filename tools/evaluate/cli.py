@@ -17,6 +17,7 @@ from pathlib import Path
 from runtime import cli
 from runtime.backends import BACKENDS
 from runtime.errors import ArtifactError, SkipDecodeError
+from runtime.policy import DECAYS, PREFILLS
 
 from . import metrics, report, targets as targets_mod
 from .run import ModelSpec, RunSettings, run_model
@@ -55,10 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 4, 5], metavar="S",
                    help="theoretical speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
                         "is always run: it is the baseline)")
-    p.add_argument("--decay", choices=("linear", "power"),
+    p.add_argument("--decay", choices=DECAYS,
                    help="budget curve of the skipping policies (default: the artifact's, else linear)")
     p.add_argument("--exponent", type=float, help="of the power decay (default 2)")
-    p.add_argument("--prefill", choices=("full", "policy"),
+    p.add_argument("--prefill", choices=PREFILLS,
                    help="the prompt's layers under a skipping policy: full depth or the first step's "
                         "active set (default: the artifact's, else full)")
     p.add_argument("--max-new-tokens", type=_positive, default=64, help="(default 64)")

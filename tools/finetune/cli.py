@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from runtime import cli
+from runtime.policy import DECAYS, PREFILLS
 
 from .train import TrainConfig, train
 
@@ -29,11 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int,
                    help="decode steps the budget decay spans (default: the model's skipdecode.json, else 64)")
     p.add_argument("--warmup-layers", type=int, default=1)
-    p.add_argument("--decay", choices=("linear", "power"), default="linear",
+    p.add_argument("--decay", choices=DECAYS, default="linear",
                    help="budget curve of the policies over the horizon (default: linear, the paper's)")
     p.add_argument("--exponent", type=float, default=2.0,
                    help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
-    p.add_argument("--prefill", choices=("full", "policy"), default="full",
+    p.add_argument("--prefill", choices=PREFILLS, default="full",
                    help="the prompt's layers under a policy: full depth (default) or the first "
                         "step's active set")
     p.add_argument("--epochs", type=int, default=10)
