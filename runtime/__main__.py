@@ -14,6 +14,7 @@ from . import cli
 from .backends import BACKENDS
 from .errors import InvalidArgumentError, PolicyError
 from .generator import load
+from .policy import DECAYS, PREFILLS
 
 ORT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -29,6 +30,12 @@ def _parser():
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
     pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
     pol.add_argument("--warmup-layers", type=int, help="bottom layers every step runs (default: the artifact's)")
+    pol.add_argument("--decay", choices=DECAYS,
+                     help="budget curve over the horizon (default: the artifact's, else linear)")
+    pol.add_argument("--exponent", type=float,
+                     help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
+    pol.add_argument("--prefill", choices=PREFILLS,
+                     help="the prompt's layers: full depth, or the first step's active set (default: full)")
     be = p.add_argument_group("backend")
     be.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
     be.add_argument("--device", help="cpu, cuda or cuda:N (torch backend; onnxruntime: picks its "
@@ -90,6 +97,7 @@ def _run(args) -> int:
             def streamer(event):
                 print(event.texts[0], end="", flush=True)
         result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup, policy=policy,
+                              decay=args.decay, exponent=args.exponent, prefill=args.prefill,
                               do_sample=args.do_sample, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               ignore_eos=args.ignore_eos, stop_strings=args.stop, streamer=streamer)

@@ -2,7 +2,8 @@
 
 One worker thread owns the backend. Callers submit requests (one per ``generate``/``stream`` call,
 one row per prompt) from any thread; a FIFO queue admits a request when enough of the ``max_batch``
-KV slots are free, runs its prompt at full depth (the prefill), and from then on the request's rows
+KV slots are free, runs its prompt (the prefill: at full depth, or at the first step's active set
+when the policy says ``prefill="policy"``), and from then on the request's rows
 decode together with every other running row, one token per step. A row leaves when it finishes
 and its slot is reused at once.
 
@@ -207,13 +208,14 @@ class Engine:
         request.events.put(_DONE)
 
     def _prefill(self, r: Request) -> None:
-        """The prompt at full depth, on the request's rows alone; K/V to positions [0, T0)."""
+        """The prompt through the policy's prefill layers (all, or step 0's active set, which holds
+        every later step's), on the request's rows alone; K/V to positions [0, T0)."""
         backend, L = self.backend, self.num_layers
         B, T0 = r.input_ids.shape
         slots = np.array(r.slots)
         start = time.perf_counter()
         hidden = backend.embed(r.input_ids, r.attention_mask)
-        for i in range(L):
+        for i in r.policy.prefill_layers():
             hidden = backend.layer(i, hidden, r.attention_mask, slots, np.zeros(B, np.int64))
         r.logits = backend.head(hidden)  # (B, V)
         self.valid[slots, :T0] = r.attention_mask

@@ -98,13 +98,17 @@ class Generator:
     def num_layers(self) -> int:
         return self.manifest.model.num_layers
 
-    def policy_for(self, max_new_tokens: int, policy=None, speedup: float | None = None) -> SkipPolicy:
+    def policy_for(self, max_new_tokens: int, policy=None, speedup: float | None = None, *,
+                   decay: str | None = None, exponent: float | None = None,
+                   prefill: str | None = None) -> SkipPolicy:
         """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest
         default (see the module-level ``policy_for``)."""
-        return policy_for(self.manifest, max_new_tokens, policy, speedup)
+        return policy_for(self.manifest, max_new_tokens, policy, speedup, decay=decay,
+                          exponent=exponent, prefill=prefill)
 
     def stream(self, prompts: str | Sequence[str], max_new_tokens: int = 32, *, policy=None,
-               speedup: float | None = None, do_sample: bool = False, temperature: float = 1.0,
+               speedup: float | None = None, decay: str | None = None, exponent: float | None = None,
+               prefill: str | None = None, do_sample: bool = False, temperature: float = 1.0,
                top_k: int = 50, top_p: float = 1.0, seed: int | None = None,
                eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
                stop_strings: str | Sequence[str] | None = None) -> GenerationStream:
@@ -115,7 +119,8 @@ class Generator:
                                  self.manifest.model.eos_token_id, ignore_eos)
         stops = validate.check_stop_strings(stop_strings)
         sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed)
-        chosen = self.policy_for(max_new_tokens, policy, speedup)
+        chosen = self.policy_for(max_new_tokens, policy, speedup, decay=decay, exponent=exponent,
+                                 prefill=prefill)
         if len(prompts) > self.max_batch:
             raise InvalidArgumentError(
                 f"{len(prompts)} prompts exceed max_batch {self.max_batch} of this Generator (its KV "
@@ -156,28 +161,40 @@ class Generator:
         self.close()
 
 
-def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None) -> SkipPolicy:
+def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None, *,
+               decay: str | None = None, exponent: float | None = None,
+               prefill: str | None = None) -> SkipPolicy:
     """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest default.
 
     A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
     must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
     first new token comes from the full-depth prompt pass), so the decay spans the generation.
+    ``decay``, ``exponent`` and ``prefill`` (SkipPolicy's fields) override the manifest's; a
+    speedup target is then met under that decay curve.
     """
     L = manifest.model.num_layers
     default = manifest.policy
     horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
     if policy is not None and speedup is not None:
         raise PolicyError("pass either policy= or speedup=, not both")
+    given = {k: v for k, v in (("decay", decay), ("exponent", exponent), ("prefill", prefill))
+             if v is not None}
+    shape = {k: default[k] for k in ("decay", "exponent", "prefill") if k in default} | given
+    if shape.get("decay", "linear") == "linear" and "exponent" not in given:
+        shape.pop("exponent", None)  # a power decay's exponent means nothing to a linear one
     if speedup is not None:
         return SkipPolicy.for_speedup(L, speedup, horizon=horizon,
-                                      warmup_layers=default.get("warmup_layers", 1))
+                                      warmup_layers=default.get("warmup_layers", 1), **shape)
     if policy is None:
         return SkipPolicy(L, default["max_layers"], default["min_layers"],
-                          default["warmup_layers"], horizon)
+                          default["warmup_layers"], horizon, **shape)
     if isinstance(policy, dict):
-        policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **policy})
+        policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **shape, **policy})
     if not isinstance(policy, SkipPolicy):
         raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
+    if given and any(getattr(policy, k) != v for k, v in given.items()):
+        raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "
+                          f"policy itself (dataclasses.replace)")
     if policy.num_layers != L:
         raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}")
     return policy
@@ -215,6 +232,8 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
     speedup / policy: a theoretical speedup target (e.g. 2 picks min/max layers for L/2 layers on
         average over max_new_tokens steps), or a SkipPolicy / dict of its fields; neither = the
         artifact's default policy (full depth unless set at export).
+    decay ("linear" | "power"), exponent, prefill ("full" | "policy"): the policy's shape (SkipPolicy's
+        fields of those names), overriding the artifact's; with speedup, the target is met under it.
     do_sample, temperature, top_k, top_p, seed: sampling, as in transformers.
     eos_token_id (int or list; default the model's), ignore_eos, stop_strings: when a row ends.
     streamer: called with a TokenEvent after every step.

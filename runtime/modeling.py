@@ -267,9 +267,9 @@ class SkipOPT(nn.Module):
     @torch.no_grad()
     def greedy(self, input_ids, attention_mask, max_new_tokens: int, policy: SkipPolicy | None = None,
                eos_token_id: int | None = None, pad_token_id: int = 1) -> ReferenceOutput:
-        """Greedy decoding under ``policy``: prompt at full depth, step g runs its active set."""
+        """Greedy decoding under ``policy``: the prompt runs its prefill layers, step g its active set."""
         policy = policy or SkipPolicy.full_depth(self.num_layers)
-        logits, past = self(input_ids, attention_mask)
+        logits, past = self(input_ids, attention_mask, active=policy.prefill_layers())
         out = ReferenceOutput(tokens=input_ids.new_zeros((input_ids.shape[0], 0)))
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
         for g in range(max_new_tokens):

@@ -1,14 +1,17 @@
 """The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in DESIGN.md section 1.
 
-One layer budget per generation step, shared by the whole batch, decaying linearly from
-``max_layers`` to ``min_layers`` over ``horizon`` steps. A step runs the ``warmup_layers`` bottom
-layers plus the top ``budget - warmup_layers`` layers; the hidden state passes unchanged from the
-last warm-up layer to the first active upper layer. Because the budget never grows, each active
-set is a subset of the previous one, so every layer a token runs already holds the K/V of every
-earlier position: the KV cache is never recomputed.
+One layer budget per generation step, shared by the whole batch, decaying from ``max_layers`` to
+``min_layers`` over ``horizon`` steps: linearly (the paper), or along a power curve
+``min + (max - min) * (1 - t) ** exponent`` of the decay's progress t in [0, 1] (the paper's future
+work; exponent > 1 drops the budget early and flattens out, < 1 holds it high and drops late).
+A step runs the ``warmup_layers`` bottom layers plus the top ``budget - warmup_layers`` layers; the
+hidden state passes unchanged from the last warm-up layer to the first active upper layer. Because
+the budget never grows, each active set is a subset of the previous one, so every layer a token
+runs already holds the K/V of every earlier position: the KV cache is never recomputed.
 
 Step ``g`` is the forward pass whose *input* is the g-th generated token (g = 0 for the token the
-prompt pass predicted). The prompt itself always runs at full depth.
+prompt pass predicted). The prompt runs at full depth (``prefill="full"``), or at step 0's active
+set (``prefill="policy"``): every later set is a subset of it, so the KV cache is still complete.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class SkipPolicy:
     min_layers: int  # budget once the decay reaches the horizon (>= warmup_layers)
     warmup_layers: int = 1  # bottom layers every step runs; the paper uses 1
     horizon: int = 128  # generation steps the decay spans; later steps stay at min_layers
+    decay: str = "linear"  # budget curve over the horizon: "linear" (the paper) or "power"
+    exponent: float = 2.0  # "power" only: budget = min + (max - min) * (1 - t) ** exponent
+    prefill: str = "full"  # the prompt's layers: "full" depth, or "policy" (step 0's active set)
 
     def __post_init__(self) -> None:
         L, lo, hi, w, h = (self.num_layers, self.min_layers, self.max_layers,
@@ -53,6 +59,7 @@ class SkipPolicy:
                 f"max_layers ({hi}) must be <= num_layers ({L}): the model has {L} decoder layers")
         if h < 1:
             raise PolicyError(f"horizon must be >= 1, got {h}")
+        _check_shape(self.decay, self.exponent, self.prefill)
 
     # -- construction -------------------------------------------------------------------------
 
@@ -64,12 +71,15 @@ class SkipPolicy:
 
     @classmethod
     def for_speedup(cls, num_layers: int, speedup: float, horizon: int = 128,
-                    warmup_layers: int = 1) -> "SkipPolicy":
-        """The policy whose theoretical speedup over ``horizon`` steps is closest to ``speedup``.
+                    warmup_layers: int = 1, decay: str = "linear", exponent: float = 2.0,
+                    prefill: str = "full") -> "SkipPolicy":
+        """The policy whose theoretical speedup over ``horizon`` steps is closest to ``speedup``,
+        under the given decay curve (the theoretical speedup counts decode steps only).
 
         Among the candidates that tie, prefer max/min close to 2 (the paper's Table 2 settings
         are about 2:1, e.g. 16/8 for 2x on 24 layers) and then the larger budgets.
         """
+        _check_shape(decay, exponent, prefill)
         if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
             raise PolicyError(f"speedup must be a finite number, got {speedup!r}")
         if horizon < 1:
@@ -84,12 +94,13 @@ class SkipPolicy:
         best = None
         for lo in range(lo_bound, num_layers + 1):
             for hi in range(lo, num_layers + 1):
-                achieved = _speedup(num_layers, hi, lo, horizon)
+                achieved = _speedup(num_layers, hi, lo, horizon, decay, exponent)
                 key = (round(abs(achieved - speedup), 9), abs(math.log(hi / lo) - math.log(2)), -hi, -lo)
                 if best is None or key < best[0]:
                     best = (key, hi, lo)
         _, hi, lo = best
-        return cls(num_layers, hi, lo, warmup_layers=warmup_layers, horizon=horizon)
+        return cls(num_layers, hi, lo, warmup_layers=warmup_layers, horizon=horizon, decay=decay,
+                   exponent=exponent, prefill=prefill)
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -99,13 +110,17 @@ class SkipPolicy:
 
     def budget(self, step: int) -> int:
         """Layers run by generation step ``step`` (0-based), warm-up layers included."""
-        return _budget(self.max_layers, self.min_layers, self.horizon, step)
+        return _budget(self.max_layers, self.min_layers, self.horizon, step, self.decay, self.exponent)
 
     def active_layers(self, step: int) -> tuple[int, ...]:
         """Indices of the layers step ``step`` runs, ascending."""
         b = self.budget(step)
         w = self.warmup_layers
         return tuple(range(w)) + tuple(range(self.num_layers - (b - w), self.num_layers))
+
+    def prefill_layers(self) -> tuple[int, ...]:
+        """Indices of the layers the prompt runs, ascending."""
+        return self.active_layers(0) if self.prefill == "policy" else tuple(range(self.num_layers))
 
     def mean_budget(self, steps: int | None = None) -> float:
         steps = self.horizon if steps is None else steps
@@ -118,31 +133,60 @@ class SkipPolicy:
         return self.num_layers / self.mean_budget(steps)
 
     def to_dict(self) -> dict:
-        return {"num_layers": self.num_layers, "max_layers": self.max_layers,
-                "min_layers": self.min_layers, "warmup_layers": self.warmup_layers,
-                "horizon": self.horizon}
+        """The fields; decay, exponent and prefill only where they differ from the paper's
+        (linear, full-depth prompt), so the dicts and manifests of such policies stay as they were."""
+        d = {"num_layers": self.num_layers, "max_layers": self.max_layers,
+             "min_layers": self.min_layers, "warmup_layers": self.warmup_layers,
+             "horizon": self.horizon}
+        if self.decay != "linear":
+            d.update(decay=self.decay, exponent=self.exponent)
+        if self.prefill != "full":
+            d["prefill"] = self.prefill
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SkipPolicy":
-        return cls(**{k: d[k] for k in ("num_layers", "max_layers", "min_layers",
-                                        "warmup_layers", "horizon")})
+        return cls(**{k: d[k] for k in ("num_layers", "max_layers", "min_layers", "warmup_layers",
+                                        "horizon", "decay", "exponent", "prefill") if k in d})
 
     def __str__(self) -> str:
+        shape = "" if self.decay == "linear" else f" ({self.decay} decay, exponent {self.exponent:g})"
+        prompt = ", prompt at step 0's layers" if self.prefill == "policy" else ""
         return (f"SkipPolicy(L={self.num_layers}, layers {self.max_layers}->{self.min_layers} over "
-                f"{self.horizon} steps, warm-up {self.warmup_layers}, "
+                f"{self.horizon} steps{shape}, warm-up {self.warmup_layers}{prompt}, "
                 f"theoretical speedup {self.theoretical_speedup():.2f}x)")
 
 
-def _budget(max_layers: int, min_layers: int, horizon: int, step: int) -> int:
+DECAYS = ("linear", "power")
+PREFILLS = ("full", "policy")
+
+
+def _check_shape(decay, exponent, prefill) -> None:
+    if decay not in DECAYS:
+        raise PolicyError(f"decay must be one of {', '.join(DECAYS)}, got {decay!r}")
+    if (isinstance(exponent, bool) or not isinstance(exponent, (int, float))
+            or not math.isfinite(exponent) or exponent <= 0):
+        raise PolicyError(f"exponent must be a finite number > 0 (1 = linear), got {exponent!r}")
+    if prefill not in PREFILLS:
+        raise PolicyError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+
+
+def _budget(max_layers: int, min_layers: int, horizon: int, step: int, decay: str = "linear",
+            exponent: float = 2.0) -> int:
     if step < 0:
         raise PolicyError(f"step must be >= 0, got {step}")
     t = min(max(step / max(horizon - 1, 1), 0.0), 1.0)
+    if decay == "linear":
+        x = (1.0 - t) * max_layers + t * min_layers
+    else:  # (1 - t) ** exponent falls from 1 to 0 as t goes 0 -> 1 and never rises
+        x = min_layers + (1.0 - t) ** exponent * (max_layers - min_layers)
     # round() is banker's rounding; floor(x + 0.5) matches the usual round-half-up of the paper's code
-    b = math.floor((1.0 - t) * max_layers + t * min_layers + 0.5)
+    b = math.floor(x + 0.5)
     return min(max(b, min_layers), max_layers)
 
 
 @lru_cache(maxsize=4096)
-def _speedup(num_layers: int, max_layers: int, min_layers: int, horizon: int) -> float:
-    total = sum(_budget(max_layers, min_layers, horizon, g) for g in range(horizon))
+def _speedup(num_layers: int, max_layers: int, min_layers: int, horizon: int, decay: str = "linear",
+             exponent: float = 2.0) -> float:
+    total = sum(_budget(max_layers, min_layers, horizon, g, decay, exponent) for g in range(horizon))
     return num_layers * horizon / total

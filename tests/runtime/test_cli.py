@@ -19,6 +19,7 @@ from runtime.version import __version__
     (["--max-layers", "3"], "error: --max-layers and --min-layers go together"),
     (["--max-layers", "3", "--min-layers", "4"], "error: min_layers (4) must be <= max_layers (3)"),
     (["--speedup", "2", "--max-layers", "3", "--min-layers", "2"], "error: pass --speedup or --max-layers"),
+    (["--speedup", "2", "--decay", "power", "--exponent", "0"], "error: exponent must be a finite number > 0"),
     (["--max-new-tokens", "100"], "exceeds max_length 64 of this Generator (the model's max_position_embeddings is 64); lower max_new_tokens to at most"),
     (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (["--device", "cuda:1"], "error: --device for the onnxruntime backend is cpu or cuda, got 'cuda:1'")])
@@ -50,6 +51,14 @@ def test_json_stop_ignore_eos_and_policy(artifact_dir, capsys):
         assert main(argv + ["--stop", stop]) == 0
         first = json.loads(capsys.readouterr().out.splitlines()[0])
         assert first["text"] == stop
+
+
+def test_policy_shape_options(artifact_dir, capsys):
+    argv = [str(artifact_dir), "Hello, my name is", "--json", "--max-new-tokens", "8", "--ignore-eos",
+            "--speedup", "2", "--decay", "power", "--exponent", "3", "--prefill", "policy", "--no-check-hashes"]
+    assert main(argv) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (row["policy"]["decay"], row["policy"]["exponent"], row["policy"]["prefill"]) == ("power", 3.0, "policy")
 
 
 def test_version_and_defaults_in_help(capsys):

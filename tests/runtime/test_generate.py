@@ -121,6 +121,40 @@ def test_skip_policy_matches_reference_and_runs_only_active_layers(generator, hf
     assert [s.layers for s in result.stats.steps] == [policy.active_layers(g) for g in range(len(result.stats.steps))]
 
 
+@pytest.mark.parametrize("shape", [{"decay": "power", "exponent": 2.0}, {"prefill": "policy"},
+                                   {"decay": "power", "exponent": 0.5, "prefill": "policy"}])
+def test_policy_shape_matches_reference_tokens_and_logits(generator, hf_model, tokenizer, spy, shape):
+    L = generator.num_layers
+    policy = SkipPolicy(L, 5, 2, warmup_layers=1, horizon=NEW - 1, **shape)
+    enc = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    expected = SkipOPT(hf_model).greedy(enc["input_ids"], enc["attention_mask"], NEW, policy, eos_token_id=2)
+    with generator.stream(PROMPTS, NEW, policy=policy) as stream:
+        logits = [event.logits for event in stream]
+    result = stream.result
+    assert padded(result.token_ids, expected.tokens.shape[1]) == expected.tokens.tolist()
+    for step, (ours, ref) in enumerate(zip(logits, expected.step_logits)):
+        np.testing.assert_allclose(ours, ref.numpy(), atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
+    # the prompt runs its prefill layers only (step 0's set under prefill="policy")
+    want = ["embed", *policy.prefill_layers(), "head"]
+    for g in range(result.stats.new_tokens - 1):
+        want += ["embed", *policy.active_layers(g), "head"]
+    assert spy.calls == want
+    assert policy.prefill_layers() == (tuple(range(L)) if policy.prefill == "full" else (0, L - 4, L - 3, L - 2, L - 1))
+
+
+def test_generate_shape_options_choose_the_policy(generator):
+    L = generator.num_layers
+    result = generator.generate(PROMPTS[0], 16, speedup=2, decay="power", exponent=3.0, prefill="policy")
+    assert result.policy == SkipPolicy.for_speedup(L, 2, horizon=15, decay="power", exponent=3.0,
+                                                   prefill="policy")
+    mine = generator.policy_for(16, {"max_layers": 4, "min_layers": 2}, prefill="policy")
+    assert (mine.max_layers, mine.prefill, mine.decay) == (4, "policy", "linear")
+    with pytest.raises(PolicyError, match="decay must be one of linear, power, got 'cubic'"):
+        generator.generate(PROMPTS[0], 4, speedup=2, decay="cubic")
+    with pytest.raises(PolicyError, match="conflict with the SkipPolicy passed"):
+        generator.generate(PROMPTS[0], 4, policy=SkipPolicy(L, 4, 2), prefill="policy")
+
+
 def test_stats_report_budgets_and_speedup(generator):
     result = generator.generate(PROMPTS, 16, speedup=2, ignore_eos=True)
     stats, policy = result.stats, result.policy

@@ -1,4 +1,5 @@
 import itertools
+import math
 
 import pytest
 
@@ -6,15 +7,19 @@ from runtime.errors import PolicyError
 from runtime.policy import SkipPolicy
 
 
+SHAPES = ({}, {"decay": "power", "exponent": 2.0}, {"decay": "power", "exponent": 0.5},
+          {"decay": "power", "exponent": 3.7, "prefill": "policy"})
+
+
 def all_policies():
     for L in (1, 2, 5, 12, 24):
         for w, lo, hi in itertools.product(range(0, 3), range(1, L + 1), range(1, L + 1)):
             if w <= lo <= hi <= L:
-                for horizon in (1, 2, 7, 32):
-                    yield SkipPolicy(L, hi, lo, warmup_layers=w, horizon=horizon)
+                for horizon, shape in itertools.product((1, 2, 7, 32), SHAPES):
+                    yield SkipPolicy(L, hi, lo, warmup_layers=w, horizon=horizon, **shape)
 
 
-@pytest.mark.parametrize("policy", list(all_policies())[::7], ids=str)
+@pytest.mark.parametrize("policy", list(all_policies())[::13], ids=str)
 def test_invariants(policy):
     L, w = policy.num_layers, policy.warmup_layers
     steps = range(policy.horizon + 5)
@@ -33,6 +38,9 @@ def test_invariants(policy):
         assert upper == list(range(L - len(upper), L)), "the top layers are kept, the middle skipped"
         assert set(active) <= previous, "active sets are nested"
         previous = set(active)
+    prompt = set(policy.prefill_layers())
+    assert prompt == (set(policy.active_layers(0)) if policy.prefill == "policy" else set(range(L)))
+    assert set(policy.active_layers(0)) <= prompt, "the prompt's KV holds every layer a step runs"
 
 
 def test_full_depth_is_the_plain_model():
@@ -87,3 +95,55 @@ def test_for_speedup_out_of_range():
 def test_dict_round_trip():
     p = SkipPolicy(24, 16, 8, warmup_layers=2, horizon=50)
     assert SkipPolicy.from_dict(p.to_dict()) == p
+
+
+def test_power_decay_formula_and_exponent_1_is_linear():
+    p = SkipPolicy(12, 8, 2, horizon=11, decay="power", exponent=2.0)
+    # budget = floor(2 + 6 * (1 - g / 10) ** 2 + 0.5)
+    assert [p.budget(g) for g in range(12)] == [8, 7, 6, 5, 4, 4, 3, 3, 2, 2, 2, 2]
+    concave = SkipPolicy(12, 8, 2, horizon=11, decay="power", exponent=0.5)
+    assert [concave.budget(g) for g in range(12)] == [
+        math.floor(2 + 6 * (1 - min(g / 10, 1)) ** 0.5 + 0.5) for g in range(12)]
+    assert [concave.budget(g) for g in range(12)][:3] == [8, 8, 7]
+    for hi, lo, h in itertools.product(range(1, 13), range(1, 13), (1, 5, 32, 64)):
+        if lo <= hi:
+            linear = SkipPolicy(12, hi, lo, horizon=h)
+            power1 = SkipPolicy(12, hi, lo, horizon=h, decay="power", exponent=1)
+            assert [linear.budget(g) for g in range(h + 2)] == [power1.budget(g) for g in range(h + 2)]
+
+
+@pytest.mark.parametrize("speedup", [1.5, 2, 3, 4, 5])
+@pytest.mark.parametrize("exponent", [0.5, 2.0, 3.0])
+def test_for_speedup_under_power_decay(speedup, exponent):
+    p = SkipPolicy.for_speedup(12, speedup, horizon=32, decay="power", exponent=exponent, prefill="policy")
+    assert (p.decay, p.exponent, p.prefill) == ("power", exponent, "policy")
+    assert abs(p.theoretical_speedup() - speedup) < 0.35
+    # the search is over the power curve's own budgets, not the linear ones
+    assert p.theoretical_speedup() == pytest.approx(
+        12 * 32 / sum(p.budget(g) for g in range(32)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"decay": "cosine"}, r"decay must be one of linear, power, got 'cosine'"),
+    ({"decay": "power", "exponent": 0}, r"exponent must be a finite number > 0 \(1 = linear\), got 0"),
+    ({"decay": "power", "exponent": -1.5}, r"exponent must be a finite number > 0"),
+    ({"decay": "power", "exponent": float("nan")}, r"exponent must be a finite number > 0"),
+    ({"exponent": True}, r"exponent must be a finite number > 0 .*got True"),
+    ({"exponent": "2"}, r"exponent must be a finite number > 0 .*got '2'"),
+    ({"prefill": "half"}, r"prefill must be one of full, policy, got 'half'"),
+])
+def test_bad_shape_is_a_policy_error(kwargs, message):
+    with pytest.raises(PolicyError, match=message):
+        SkipPolicy(12, 8, 4, **kwargs)
+    with pytest.raises(PolicyError, match=message):
+        SkipPolicy.for_speedup(12, 2, **kwargs)
+
+
+def test_shape_round_trips_and_linear_dicts_keep_their_keys():
+    p = SkipPolicy(24, 16, 8, warmup_layers=2, horizon=50, decay="power", exponent=1.5, prefill="policy")
+    assert SkipPolicy.from_dict(p.to_dict()) == p
+    assert p.to_dict()["decay"] == "power" and p.to_dict()["prefill"] == "policy"
+    assert "power decay, exponent 1.5" in str(p) and "prompt at step 0's layers" in str(p)
+    linear = SkipPolicy(24, 16, 8)
+    assert set(linear.to_dict()) == {"num_layers", "max_layers", "min_layers", "warmup_layers", "horizon"}
+    assert SkipPolicy.from_dict(linear.to_dict()) == linear

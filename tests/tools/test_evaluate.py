@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+import math
 import sys
 
 import pytest
@@ -297,3 +298,37 @@ def test_end_to_end_on_the_tiny_model(artifact_dir, tmp_path, capsys):
     # --render reproduces the page from the raw results without generating
     assert main(["--render", str(raw), "--out", str(out)]) == 0
     assert out.read_text() == page
+
+
+def test_policy_shape_options_and_prompt_pass_speedup(artifact_dir, tmp_path, capsys):
+    import runtime
+
+    data = _write_csv(tmp_path / "val.csv", DATA_ROWS)
+    out, raw = tmp_path / "quality.md", tmp_path / "quality.json"
+    rc = main(["--data", str(data), "--prompt-column", "mr", "--target-column", "ref",
+               "--model", f"tiny={artifact_dir}", "--speedups", "1", "3", "--decay", "power",
+               "--exponent", "2", "--prefill", "policy", "--max-new-tokens", "4", "--threads", "1",
+               "-q", "--out", str(out), "--json", str(raw)])
+    assert rc == 0, capsys.readouterr().err
+    results = json.loads(raw.read_text())
+    runs = {r["speedup"]: r for r in results["models"][0]["runs"]}
+    with runtime.load(artifact_dir, threads=1) as gen:
+        want = gen.policy_for(4, speedup=3, decay="power", exponent=2.0, prefill="policy")
+    assert runs[3.0]["policy"] == want.to_dict() and want.prefill == "policy"
+    assert runs[1.0]["policy"]["min_layers"] == 6 and "prefill" not in runs[1.0]["policy"]
+    assert all(r["timing"]["prefill_seconds"] > 0 for r in runs.values())
+    page = out.read_text()
+    assert f"over {want.horizon}, power 2, prompt at {want.max_layers} |" in page
+    assert "Skipping policies: the budget decays along a power curve, exponent 2; the prompt runs at " \
+           "the first step's active set" in page
+
+
+def test_prompt_pass_speedup_is_full_depth_time_over_this_one():
+    data = fabricated()
+    for model in data["models"]:
+        for run, seconds in zip(model["runs"], (0.3, 0.2, 0.1)):
+            run["timing"]["prefill_seconds"] = seconds
+    s = summary_mod.summarize(data)
+    assert s.find("tuned", 5.0).prefill_speedup == pytest.approx(3)
+    assert s.find("tuned", 1.0).prefill_speedup == pytest.approx(1)
+    assert math.isnan(summary_mod.summarize(fabricated()).find("tuned", 2.0).prefill_speedup)  # older JSON

@@ -35,13 +35,15 @@ def test_layer_mask_runs_prompt_at_full_depth_and_the_policy_after():
     assert (mask[0, 1:] <= mask[0, :-1]).all()
 
 
-@pytest.mark.parametrize("variant", ["pre_ln", "post_ln_350m"])
-def test_masked_parallel_pass_equals_step_by_step_decoding(variant):
+@pytest.mark.parametrize("variant, shape", [
+    ("pre_ln", {}), ("post_ln_350m", {}),
+    ("pre_ln", {"decay": "power", "exponent": 2.0, "prefill": "policy"}), ("pre_ln", {"prefill": "policy"})])
+def test_masked_parallel_pass_equals_step_by_step_decoding(variant, shape):
     """The training pass under a policy gives, at every target position, the logits that decoding
     the same tokens step by step under that policy gives (teacher forcing)."""
     torch.manual_seed(0)
     model = SkipOPT(OPTForCausalLM(tiny_config(variant)).eval())
-    policies = [SkipPolicy(6, 5, 2, horizon=5), SkipPolicy(6, 3, 3, horizon=8)]
+    policies = [SkipPolicy(6, 5, 2, horizon=5, **shape), SkipPolicy(6, 3, 3, horizon=8, **shape)]
     prompt_lens, lengths = [4, 7], [12, 10]  # different prompts, right padding in the batch
     T = max(lengths)
     ids = torch.randint(4, 512, (2, T))
@@ -55,7 +57,8 @@ def test_masked_parallel_pass_equals_step_by_step_decoding(variant):
     for b in range(2):
         p, n, policy = prompt_lens[b], lengths[b], policies[b]
         row = ids[b:b + 1, :n]
-        logits, past = model(row[:, :p], torch.ones(1, p, dtype=torch.long))  # prompt: full depth
+        logits, past = model(row[:, :p], torch.ones(1, p, dtype=torch.long),
+                             active=policy.prefill_layers())  # the prompt's layers
         torch.testing.assert_close(parallel[b, p - 1], logits[0, -1], atol=1e-5, rtol=1e-5)
         for g in range(n - p):
             t = p + g
@@ -70,6 +73,16 @@ def test_policy_sampler_uses_the_runtime_policies():
     assert sampler.policies() == [SkipPolicy.for_speedup(12, s, horizon=32) for s in (1.0, 2.0, 5.0)]
     drawn = sampler.sample(200, random.Random(0))
     assert set(drawn) == set(sampler.policies())
+    power = PolicySampler(12, (2.0, 5.0), horizon=32, decay="power", exponent=3.0, prefill="policy")
+    assert power.policies() == [SkipPolicy.for_speedup(12, s, horizon=32, decay="power", exponent=3.0,
+                                                       prefill="policy") for s in (2.0, 5.0)]
+
+
+def test_layer_mask_under_prefill_policy_runs_the_prompt_at_step_0s_layers():
+    policy = SkipPolicy(6, 4, 2, warmup_layers=1, horizon=4, prefill="policy")
+    mask = layer_mask([policy], torch.tensor([3]), seq_len=6)  # (B, T, L)
+    first = torch.tensor([i in policy.active_layers(0) for i in range(6)])
+    assert all(torch.equal(mask[0, t], first) for t in range(4))
 
 
 def test_collate_puts_loss_on_target_tokens_only():
@@ -207,3 +220,22 @@ def test_export_build_keeps_the_trained_horizon(tiny_dir, tmp_path):
     assert manifest.policy["horizon"] == 6
     gen = runtime.load(tmp_path / "art", threads=1)
     assert gen.policy_for(max_new_tokens=40, speedup=2.0) == SkipPolicy.for_speedup(6, 2.0, horizon=6)
+
+
+def test_export_build_keeps_the_trained_policy_shape(tiny_dir, tmp_path):
+    import runtime
+    from export.build import BuildOptions, build
+
+    out = train(_config(tiny_dir, tmp_path, epochs=1, speedups=(2.0,), horizon=6, decay="power",
+                        exponent=3.0, prefill="policy"))
+    meta = json.loads((out / "skipdecode.json").read_text())
+    assert (meta["decay"], meta["exponent"], meta["prefill"]) == ("power", 3.0, "policy")
+    manifest = build(BuildOptions(model=str(out), out=str(tmp_path / "art"), progress=False),
+                     log=lambda *_: None)
+    assert (manifest.policy["decay"], manifest.policy["prefill"]) == ("power", "policy")
+    gen = runtime.load(tmp_path / "art", threads=1)
+    want = SkipPolicy.for_speedup(6, 2.0, horizon=6, decay="power", exponent=3.0, prefill="policy")
+    assert gen.policy_for(max_new_tokens=40, speedup=2.0) == want
+    assert gen.policy_for(max_new_tokens=40, speedup=2.0, decay="linear", prefill="full") == \
+        SkipPolicy.for_speedup(6, 2.0, horizon=6)
+    gen.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 from runtime import cli
 from runtime.backends import BACKENDS
 from runtime.errors import ArtifactError, SkipDecodeError
+from runtime.policy import DECAYS, PREFILLS
 
 from . import metrics, report, targets as targets_mod
 from .run import ModelSpec, RunSettings, run_model
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 4, 5], metavar="S",
                    help="theoretical speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
                         "is always run: it is the baseline)")
+    p.add_argument("--decay", choices=DECAYS,
+                   help="budget curve of the skipping policies (default: the artifact's, else linear)")
+    p.add_argument("--exponent", type=float, help="of the power decay (default 2)")
+    p.add_argument("--prefill", choices=PREFILLS,
+                   help="the prompt's layers under a skipping policy: full depth or the first step's "
+                        "active set (default: the artifact's, else full)")
     p.add_argument("--max-new-tokens", type=_positive, default=64, help="(default 64)")
     p.add_argument("--batch-size", type=_positive, default=16, help="prompts per batch (default 16)")
     p.add_argument("--backend", choices=BACKENDS, default="onnxruntime", help="(default onnxruntime)")
@@ -133,13 +140,16 @@ def measure(args, argv: list[str], log) -> dict:
         f"{len(specs)} model(s) x speedups {', '.join(f'{s:g}' for s in speedups)}")
     settings = RunSettings(speedups=speedups, max_new_tokens=args.max_new_tokens,
                            batch_size=args.batch_size, backend=args.backend, threads=args.threads,
-                           timing_rounds=args.timing_rounds, seed=args.seed, progress=not args.quiet)
+                           timing_rounds=args.timing_rounds, seed=args.seed, progress=not args.quiet,
+                           policy_options={k: v for k, v in (("decay", args.decay), ("exponent", args.exponent),
+                                                             ("prefill", args.prefill)) if v is not None})
     data = {"tool": "tools.evaluate", "argv": argv, "machine": machine_info(),
             "settings": {"data": args.data, "prompt_column": args.prompt_column,
                          "target_column": args.target_column, "limit": args.limit,
                          "pairs": evalset.pairs, "max_new_tokens": args.max_new_tokens,
                          "batch_size": args.batch_size, "speedups": speedups, "backend": args.backend,
-                         "threads": args.threads, "timing_rounds": args.timing_rounds, "seed": args.seed},
+                         "threads": args.threads, "timing_rounds": args.timing_rounds, "seed": args.seed,
+                         "policy_options": settings.policy_options},
             "prompts": evalset.prompts, "references": evalset.references, "models": []}
     for spec in specs:
         data["models"].append(run_model(spec, evalset.prompts, settings))

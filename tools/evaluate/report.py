@@ -16,7 +16,7 @@ from .targets import Target
 PROG = "python -m tools.evaluate"
 COLUMNS = ("speedup target", "policy max→min over H steps", "layers/token", "theor.", "BLEU",
            "ROUGE-L", "ΔBLEU", "slot errors", "MRs with an error", "decode ms/step",
-           "measured speedup (min–max over rounds)")
+           "measured speedup (min–max over rounds)", "prompt pass speedup")
 # Del Corro et al. 2023 (arXiv 2307.02628), OPT-1.3B (24 layers) fine-tuned on E2E per policy.
 PAPER_ROWS = ((1, 24.0, 65.8, 67.6), (2, 14.7, 66.3, 67.9), (5, 5.8, 64.2, 66.3))
 SAMPLES = 3
@@ -59,7 +59,9 @@ def policy_label(policy: dict | None) -> str:
         return "–"
     if policy["min_layers"] == policy["num_layers"]:
         return f"{policy['max_layers']}→{policy['min_layers']} (all layers)"
-    return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}"
+    shape = f", power {policy['exponent']:g}" if policy.get("decay", "linear") != "linear" else ""
+    prompt = f", prompt at {policy['max_layers']}" if policy.get("prefill") == "policy" else ""
+    return f"{policy['max_layers']}→{policy['min_layers']} over {policy['horizon']}{shape}{prompt}"
 
 
 def speedup_cell(r: Row) -> str:
@@ -74,7 +76,7 @@ def table_cells(r: Row) -> list[str]:
             _f(r.theoretical, ".2f", "x"), _f(r.bleu, ".1f"), _f(r.rouge_l, ".1f"),
             _f(r.delta_bleu, "+.1f"), _f(se.rate if se else None, ".1f", "%"),
             _f(se.texts_with_errors_pct if se else None, ".1f", "%"),
-            _f(r.ms_per_step, ".2f"), speedup_cell(r)]
+            _f(r.ms_per_step, ".2f"), speedup_cell(r), _f(r.prefill_speedup, ".2f", "x")]
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -135,7 +137,8 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"`{s['target_column']}`): {len(data['prompts'])} unique prompts{limit} with {n_refs} "
         f"references in all ({s.get('pairs', n_refs)} rows in the file before --limit).",
         f"- Generation: greedy, until EOS or {s['max_new_tokens']} new tokens, in batches of "
-        f"{s['batch_size']} prompts (left padded); the prompt runs at full depth. Each unique prompt is "
+        f"{s['batch_size']} prompts (left padded); how the budget decays and which layers the prompt "
+        f"runs: each model's section. Each unique prompt is "
         f"generated once per model and speedup and scored against all of its references; the text is "
         f"stripped of surrounding whitespace.",
         f"- Timing: for each batch the speedups run in turn, in an order shuffled per batch (seed "
@@ -146,6 +149,16 @@ def _settings_lines(data: dict, summary: Summary) -> list[str]:
         f"reference per prompt, averaged over prompts, x100.",
         _slots_line(summary),
     ]
+
+
+def _shape_text(policy: dict | None) -> str:
+    """How the skipping policies of a model's run decay and run the prompt (from one of them)."""
+    policy = policy or {}
+    decay = (f"the budget decays along a power curve, exponent {policy.get('exponent', 2.0):g}"
+             if policy.get("decay") == "power" else "the budget decays linearly")
+    prompt = ("the prompt runs at the first step's active set (full depth at 1x)"
+              if policy.get("prefill") == "policy" else "the prompt runs at full depth")
+    return f"{decay}; {prompt}"
 
 
 def _slots_line(summary: Summary) -> str:
@@ -164,13 +177,15 @@ COLUMN_NOTES = (
     "Columns: *policy* = the layer budget's decay, first generated step → last, over H decode steps "
     "(1 warm-up layer, then the top layers), as `generate(speedup=s)` chose it; *layers/token* = "
     "mean decoder layers run per decode step (every generated token after the first; the first "
-    "comes from the full-depth prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
+    "comes from the prompt pass); *theor.* = L / layers/token; *ΔBLEU* = BLEU minus "
     "the first model's full-depth BLEU; *slot errors* = the slot error rate of the texts (below); "
     "*MRs with an error* = share of the MRs whose text has at least one slot error; *decode "
     "ms/step* = decode time / decode steps, over all batches and rounds (one step = one token for "
     "every row of a batch); *measured speedup* = the same model's full-depth ms/step / this "
     "ms/step over all rounds, with in brackets the lowest and highest of the same ratio within each "
-    "round (the speedups run interleaved per batch in every round).")
+    "round (the speedups run interleaved per batch in every round); *prompt pass speedup* = the "
+    "same model's full-depth prompt-pass (prefill) time / this one's, over all batches and rounds "
+    "(1x within noise unless the prompt runs under the policy).")
 
 
 def _commands_block(data: dict) -> list[str]:
@@ -181,6 +196,10 @@ def _commands_block(data: dict) -> list[str]:
              f"then `{PROG} --render` of their JSON files into this page:", "", "```"]
     lines += [f"{command_line(c)}" for c in commands]
     return lines + ["```", ""]
+
+
+def _skipping_policy(model: dict) -> dict | None:
+    return next((r["policy"] for r in model["runs"] if float(r["speedup"]) != 1), None)
 
 
 def _model_origin(model: dict) -> str:
@@ -202,7 +221,8 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
     for model in data["models"]:
         rows = summary.for_model(model["name"])
         lines += [f"## {_cell(model['name'])}", "",
-                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)}", "",
+                  f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)} "
+                  f"Skipping policies: {_shape_text(_skipping_policy(model))}.", "",
                   markdown_table(rows), ""]
     lines += [
         "## The paper's rows",

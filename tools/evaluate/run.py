@@ -31,27 +31,30 @@ class RunSettings:
     seed: int = 0
     progress: bool = True
     load_options: dict = field(default_factory=dict)  # extra runtime.load keyword arguments
+    policy_options: dict = field(default_factory=dict)  # decay / exponent / prefill of the skipping policies
 
 
 def batch_slices(n: int, size: int) -> list[range]:
     return [range(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def generation_kwargs(generator, speedup: float, max_new_tokens: int) -> dict:
+def generation_kwargs(generator, speedup: float, max_new_tokens: int, policy_options: dict | None = None) -> dict:
     """Keyword arguments of ``generate`` for a speedup target. Full depth is an explicit policy:
-    without one the artifact's default policy applies, which may skip layers."""
+    without one the artifact's default policy applies, which may skip layers. ``policy_options``
+    (decay, exponent, prefill) shape the skipping policies; full depth has no shape."""
     from runtime.policy import SkipPolicy
 
     if speedup == 1:
         return {"policy": SkipPolicy.full_depth(generator.num_layers, horizon=max(max_new_tokens - 1, 1))}
-    generator.policy_for(max_new_tokens, speedup=speedup)  # a PolicyError now, not mid-run
-    return {"speedup": speedup}
+    options = dict(policy_options or {})
+    generator.policy_for(max_new_tokens, speedup=speedup, **options)  # a PolicyError now, not mid-run
+    return {"speedup": speedup, **options}
 
 
 def _empty_run(speedup: float, n: int) -> dict:
     return {"speedup": speedup, "policy": None, "hypotheses": [None] * n, "decode_steps": 0,
             "layers_run": 0, "generated_tokens": 0, "prefill_seconds": 0.0,
-            "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0,
+            "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0, "prefill_seconds": 0.0,
                        "round_decode_seconds": [], "round_decode_steps": []}}
 
 
@@ -67,7 +70,8 @@ def run_model(spec: ModelSpec, prompts: list[str], settings: RunSettings) -> dic
     options.setdefault("max_batch", settings.batch_size)  # KV slots for one evaluation batch
     generator = runtime.load(spec.directory, backend=settings.backend, **options)
     try:
-        kwargs = {s: generation_kwargs(generator, s, settings.max_new_tokens) for s in settings.speedups}
+        kwargs = {s: generation_kwargs(generator, s, settings.max_new_tokens, settings.policy_options)
+                  for s in settings.speedups}
         runs = {s: _empty_run(s, len(prompts)) for s in settings.speedups}
         # untimed warm-up: every layer's session runs once, in a prefill and in a decode step
         generator.generate(prompts[:1], min(2, settings.max_new_tokens),
@@ -104,6 +108,7 @@ def _record(run: dict, result, rows: range, first_round: bool) -> None:
     stats = result.stats
     run["timing"]["decode_seconds"] += stats.decode_seconds
     run["timing"]["decode_steps"] += len(stats.steps)
+    run["timing"]["prefill_seconds"] += stats.prefill_seconds
     run["timing"]["round_decode_seconds"][-1] += stats.decode_seconds
     run["timing"]["round_decode_steps"][-1] += len(stats.steps)
     if not first_round:

@@ -30,6 +30,7 @@ class Row:
     hypotheses: list[str]
     slot_errors: slots_mod.SlotSummary | None = None  # E2E MRs only: faithfulness of the hypotheses
     round_speedups: list[float] = field(default_factory=list)  # measured speedup within each round
+    prefill_speedup: float = NAN  # full depth's prompt-pass time / this one's, over all rounds
 
     @property
     def speedup_spread(self) -> tuple[float, float]:
@@ -92,6 +93,8 @@ def summarize(data: dict) -> Summary:
         for r, run in zip(model_rows, model["runs"]):
             r.measured_speedup = ratio(full.ms_per_step, r.ms_per_step) if full else NAN
             if full_run:
+                r.prefill_speedup = ratio(full_run["timing"].get("prefill_seconds"),
+                                          run["timing"].get("prefill_seconds"))
                 r.round_speedups = [ratio(f, m) for f, m in zip(_round_ms(full_run["timing"]),
                                                                  _round_ms(run["timing"]))]
         rows += model_rows

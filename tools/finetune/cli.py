@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from runtime import cli
+from runtime.policy import DECAYS, PREFILLS
 
 from .train import TrainConfig, train
 
@@ -29,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int,
                    help="decode steps the budget decay spans (default: the model's skipdecode.json, else 64)")
     p.add_argument("--warmup-layers", type=int, default=1)
+    p.add_argument("--decay", choices=DECAYS, default="linear",
+                   help="budget curve of the policies over the horizon (default: linear, the paper's)")
+    p.add_argument("--exponent", type=float, default=2.0,
+                   help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
+    p.add_argument("--prefill", choices=PREFILLS, default="full",
+                   help="the prompt's layers under a policy: full depth (default) or the first "
+                        "step's active set")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -54,7 +62,8 @@ def main(argv=None) -> int:
         model=args.model, train=args.train, val=args.val, out=args.out,
         prompt_column=args.prompt_column, target_column=args.target_column,
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
-        warmup_layers=args.warmup_layers, epochs=args.epochs, batch_size=args.batch_size,
+        warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
+        prefill=args.prefill, epochs=args.epochs, batch_size=args.batch_size,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -16,14 +16,20 @@ from runtime.policy import SkipPolicy
 def layer_mask(policies: list[SkipPolicy], prompt_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
     """(B, T, L) bool: does row b's position t run layer l when decoding under policies[b].
 
-    Positions before prompt_len are the prompt (full depth). Position prompt_len + g holds the
-    g-th generated token, the input of decode step g, so it runs policy.active_layers(g).
+    Positions before prompt_len are the prompt: they run policy.prefill_layers() (full depth, or
+    step 0's active set). Position prompt_len + g holds the g-th generated token, the input of
+    decode step g, so it runs policy.active_layers(g).
     """
     L = policies[0].num_layers
     mask = torch.ones((len(policies), seq_len, L), dtype=torch.bool)
     for b, (policy, p) in enumerate(zip(policies, prompt_lens.tolist())):
-        if not policy.is_full_depth and seq_len > p:
-            mask[b, p:] = _step_table(policy, seq_len)[:seq_len - p]
+        if policy.is_full_depth:
+            continue
+        table = _step_table(policy, seq_len)  # (seq_len, L)
+        if policy.prefill == "policy":
+            mask[b, :p] = table[0]
+        if seq_len > p:
+            mask[b, p:] = table[:seq_len - p]
     return mask
 
 
@@ -80,10 +86,15 @@ class PolicySampler:
     speedups: tuple[float, ...] = (1.0,)  # full depth only: plain fine-tuning
     horizon: int = 64  # decode steps the decay spans; the runtime must use the same (manifest)
     warmup_layers: int = 1  # the paper's setting
+    decay: str = "linear"  # the budget curve (SkipPolicy.decay); the paper's is linear
+    exponent: float = 2.0  # of the "power" decay
+    prefill: str = "full"  # the prompt's layers (SkipPolicy.prefill); the paper runs it at full depth
 
     def policies(self) -> list[SkipPolicy]:
         return [SkipPolicy.for_speedup(self.num_layers, s, horizon=self.horizon,
-                                       warmup_layers=self.warmup_layers) for s in self.speedups]
+                                       warmup_layers=self.warmup_layers, decay=self.decay,
+                                       exponent=self.exponent, prefill=self.prefill)
+                for s in self.speedups]
 
     def sample(self, batch_size: int, rng: random.Random) -> list[SkipPolicy]:
         choices = self.policies()

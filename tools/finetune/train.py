@@ -43,6 +43,9 @@ class TrainConfig:
     speedups: tuple[float, ...] = (1.0,)  # policies sampled per row; (1.0,) = plain fine-tuning
     horizon: int | None = None  # decay span in decode steps; None: the model's skipdecode.json, else 64
     warmup_layers: int = 1  # bottom layers every step runs (the paper: 1)
+    decay: str = "linear"  # budget curve of the policies: "linear" (the paper) or "power"
+    exponent: float = 2.0  # of the "power" decay (SkipPolicy.exponent)
+    prefill: str = "full"  # the prompt's layers under a policy: "full" or "policy" (step 0's set)
     epochs: int = 10
     batch_size: int = 32
     lr: float = 5e-4
@@ -182,7 +185,8 @@ def train(cfg: TrainConfig) -> Path:
     base_meta = state["base_meta"] if state else meta
     horizon = cfg.horizon or base_meta.get("horizon") or 64
     L = model.config.num_hidden_layers
-    sampler = PolicySampler(L, tuple(cfg.speedups), horizon, cfg.warmup_layers)
+    sampler = PolicySampler(L, tuple(cfg.speedups), horizon, cfg.warmup_layers, cfg.decay,
+                            cfg.exponent, cfg.prefill)
     sampler.policies()  # validate the speedups now, not after the first epoch
 
     limit = model.config.max_position_embeddings
@@ -216,6 +220,8 @@ def train(cfg: TrainConfig) -> Path:
     def run_meta(val_loss=None) -> dict:
         return {**base_meta, "format": "skipdecode-finetune", "horizon": horizon,
                 "warmup_layers": cfg.warmup_layers, "speedups": list(cfg.speedups),
+                # the policy shape the runtime must use for this model (export puts it in the manifest)
+                "decay": cfg.decay, "exponent": cfg.exponent, "prefill": cfg.prefill,
                 "policies": [p.to_dict() for p in sampler.policies()], "separator": cfg.separator,
                 "trained_from": base_meta.get("trained_from", []) + [{
                     "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
