@@ -53,7 +53,8 @@ def test_first_build_writes_every_engine(artifact_dir, tmp_path):
         plan = tmp_path / entry.plan
         assert entry.plan == f"{spec.name}.plan" and plan.stat().st_size == entry.plan_bytes
         assert sha256_file(plan) == entry.plan_sha256
-        assert entry.source == {spec.file: artifact.files[spec.file]["sha256"]}
+        # the graph and the weights it reads (weights.bin, shared by every graph)
+        assert entry.source == {rel: artifact.files[rel]["sha256"] for rel in (spec.file, spec.data_file)}
         assert entry.profiles == [p.to_dict() for p in graph_profiles(spec, config, 32)]  # the artifacts' page
         assert entry.settings_key == em.settings_key
     assert (tmp_path / TIMING_CACHE).read_bytes() == ",".join(names).encode()
