@@ -335,3 +335,16 @@ def test_worker_process_prints_one_json_line(tiny):
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout.strip().splitlines()[-1])
     assert record["generated_tokens"] == 6
+
+
+def test_quantized_rows_floor_counts_their_own_weight_bytes():
+    from tools.bench.cli import model_info
+    from tools.bench.results import row_weight_bytes
+
+    model = model_info({"dtype": "float32", "hidden_size": 2048, "ffn_dim": 8192, "vocab_size": 50272})
+    assert row_weight_bytes("ort", model) == (model["layer_bytes"], model["head_bytes"])
+    layer, head = row_weight_bytes("ort-int4", model)
+    # 4 bits + a 4-byte scale and a 4-bit zero point per 32 weights: 0.156 of fp32 for the matmuls
+    assert 0.150 < layer / model["layer_bytes"] < 0.165 and 0.150 < head / model["head_bytes"] < 0.165
+    assert row_weight_bytes("ort-int4head", model) == (model["layer_bytes"], head)
+    assert 0.28 < row_weight_bytes("ort-int8", model)[0] / model["layer_bytes"] < 0.30

@@ -6,6 +6,10 @@ import math
 from dataclasses import dataclass
 
 from . import stats
+from .rows import QUANTIZED
+
+QUANT_BITS = {"int8": 8, "int4": 4}
+QUANT_BLOCK = 32  # the quantized rows' exports use export's default block size
 
 
 @dataclass
@@ -60,7 +64,7 @@ def build_rows(data: dict) -> list[ResultRow]:
                 row.reason = f"{len(errors)} round(s) failed: {errors[0]}"
         elif errors and not row.reason:
             row.reason = errors[0]
-        layer, head = model["layer_bytes"], model["head_bytes"]
+        layer, head = row_weight_bytes(row.backend, model)
         if row.figures:
             row.floor_s = stats.floor_seconds(row.figures.avg_layers, layer, head, bandwidth)
             row.distance = stats.ratio(row.figures.token_median_s, row.floor_s)
@@ -74,6 +78,29 @@ def build_rows(data: dict) -> list[ResultRow]:
                                                           full.figures.decode_tokens_per_s)
             row.realised = stats.realised_fraction(row.measured_speedup, row.theoretical)
     return out
+
+
+def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
+    """(one layer's, the head's) weight bytes as the row's own export stores them: float, or for the
+    quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: block 32, a
+    scale of the model's dtype and a zero point per block); biases and layer norms stay float."""
+    layers, head = QUANTIZED.get(backend, ("float", "float"))
+    if (layers, head) == ("float", "float"):
+        return model["layer_bytes"], model["head_bytes"]
+    from export.plan import quantized_bytes
+
+    D, F, V = model["hidden_size"], model["ffn_dim"], model["vocab_size"]
+    size = 2 if model["dtype"] == "float16" else 4
+
+    def matmuls(shapes, precision):
+        if precision == "float":
+            return sum(k * n for k, n in shapes) * size
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], QUANT_BLOCK, size, symmetric=False)
+                   for k, n in shapes)
+
+    small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms
+    return (matmuls([(D, D)] * 4 + [(D, F), (F, D)], layers) + small,
+            matmuls([(D, V)], head) + 2 * D * size)
 
 
 def find(rows: list[ResultRow], arch: str, batch: int, prompt: int, backend: str,
