@@ -184,9 +184,11 @@ def check_length(longest: int, max_new_tokens: int, limit: int, **message) -> No
 
 
 def check_device(device) -> str | None:
-    """A backend device: None (the backend's default), "cpu", "cuda" or "cuda:N" that PyTorch sees.
+    """A backend device: None (the backend's default), "cpu", "cuda" or "cuda:N".
 
-    Checked at load so that a machine without a GPU gets the fix, not a backend's stack trace.
+    Only the spelling is checked here; whether the device exists is the backend's to say (torch:
+    PyTorch sees it; ONNX Runtime: this onnxruntime offers its provider), so the ONNX Runtime path
+    never imports torch to ask.
     """
     if device is None:
         return None
@@ -194,18 +196,6 @@ def check_device(device) -> str | None:
     kind, _, index = text.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
         raise InvalidArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if kind == "cuda":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise InvalidArgumentError(
-                f"device={text!r}: no CUDA device is visible to PyTorch (torch {torch.__version__}, "
-                f"CUDA build: {torch.version.cuda or 'no'}); use device='cpu', or install a CUDA "
-                f"build of torch on a machine with a GPU")
-        if index and int(index) >= count:
-            raise InvalidArgumentError(
-                f"device={text!r}: only {count} CUDA device(s) are visible; use cuda:0 .. cuda:{count - 1}")
     return text
 
 

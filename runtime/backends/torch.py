@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, InvalidArgumentError
 from ..manifest import REBUILD_HINT, Manifest
 from .base import Backend, check_slots
 from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
@@ -147,12 +147,12 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"device={str(device)!r}: no CUDA device is visible to PyTorch (torch "
                 f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use device='cpu', "
                 f"or install a CUDA build of torch on a machine with a GPU")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device={str(device)!r}: only {torch.cuda.device_count()} CUDA "
+            raise InvalidArgumentError(f"device={str(device)!r}: only {torch.cuda.device_count()} CUDA "
                              f"device(s) are visible; use cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     return dev
 

@@ -102,3 +102,13 @@ def test_too_long_names_the_limit_it_broke():
                                         last_resort="load with a larger max_length")
     assert message == ("prompt of 70 tokens + max_new_tokens 64 = 134 exceeds max_length 64 of this "
                        "Generator; load with a larger max_length")
+
+
+def test_onnxruntime_cuda_without_its_provider_names_onnxruntime_gpu(artifact_dir):
+    """The ONNX Runtime path asks ONNX Runtime, not PyTorch, whether it can use a GPU."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime offers CUDA")
+    with pytest.raises(ValueError, match="CUDAExecutionProvider.*onnxruntime-gpu"):
+        runtime.load(artifact_dir, device="cuda", check_hashes=False)
