@@ -17,7 +17,8 @@ from ..errors import SkipDecodeError
 from ..stats import GenerationResult
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
-POLICY_FIELDS = ("max_layers", "min_layers", "warmup_layers", "horizon")
+# SkipPolicy's fields a request may set; decay/exponent/prefill: the shape options (runtime.policy)
+POLICY_FIELDS = ("max_layers", "min_layers", "warmup_layers", "horizon", "decay", "exponent", "prefill")
 
 
 class RequestError(SkipDecodeError, ValueError):
@@ -54,7 +55,7 @@ class CompletionRequest:
     stop: list[str]
     ignore_eos: bool  # extension (as vLLM): generate max_tokens even past EOS, for benchmarks
     speedup: float | None  # extension: SkipDecode theoretical speedup target
-    policy: dict | None  # extension: SkipPolicy fields (max_layers, min_layers, warmup_layers, horizon)
+    policy: dict | None  # extension: SkipPolicy fields (POLICY_FIELDS)
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments of ``Generator.stream`` / ``runtime.generate`` for this request."""

@@ -40,3 +40,17 @@ def test_bool_is_not_a_number():
     with pytest.raises(RequestError) as info:
         parse_completion({"prompt": "hi", "max_tokens": True}, "m", max_batch=8)
     assert info.value.param == "max_tokens" and info.value.status == 400
+
+
+def test_policy_object_takes_the_decay_shape_and_generates_as_generate_does(generator):
+    policy = {"max_layers": 5, "min_layers": 2, "decay": "power", "exponent": 2.0, "prefill": "policy"}
+    req = parse_completion({"prompt": "hi", "temperature": 0, "policy": policy}, "m", max_batch=8)
+    assert req.policy == policy
+    ours = generator.generate(["hello there"], 6, **{**req.generate_kwargs(), "stop_strings": None})
+    chosen = generator.policy_for(6, policy=policy)
+    assert (chosen.decay, chosen.exponent, chosen.prefill) == ("power", 2.0, "policy")
+    assert ours.token_ids == generator.generate(["hello there"], 6, policy=chosen).token_ids
+    with pytest.raises(RequestError) as info:
+        parse_completion({"prompt": "hi", "policy": {"max_layers": 5, "min_layers": 2, "shape": 1}}, "m",
+                         max_batch=8)
+    assert info.value.param == "policy.shape"
