@@ -33,11 +33,11 @@ import numpy as np
 
 from runtime.errors import InvalidArgumentError
 
+from .plan import QUANT_BITS
 from .weights import fold_weight_transposes
 
 WEIGHTS = ("float", "int8", "int4")
 FORMATS = ("matmulnbits", "qdq")
-BITS = {"int8": 8, "int4": 4}
 
 
 @dataclass
@@ -121,7 +121,7 @@ def quantize_graph(proto, weights: str, block_size: int = 32, format: str = "mat
             raise InvalidArgumentError(
                 f"MatMul {node.name!r} has K = {k}, not a multiple of block_size {block_size}; pass "
                 f"--block-size with a power of two that divides the model's hidden and ffn sizes")
-    bits = BITS[weights]
+    bits = QUANT_BITS[weights]
     qformat = QuantFormat.QDQ if format == "qdq" else QuantFormat.QOperator
     algo = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=format == "qdq",  # TensorRT needs zero zero points

@@ -25,8 +25,6 @@ from export.measure import run_probe
 
 from .runner import REPO
 
-_DTYPE_BYTES = {1: 4, 10: 2, 11: 8, 7: 8, 6: 4, 2: 1, 3: 1, 16: 2, 9: 1}  # onnx TensorProto types
-_PACKED_4BIT = (21, 22)  # UINT4, INT4: two values a byte
 
 _VERIFY = """
 import json, resource, sys
@@ -39,8 +37,11 @@ print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
 def weight_bytes(directory: Path) -> int:
     """Bytes of the artifact's initializers, each external tensor once (by file and offset)."""
     import onnx
+    from onnx.helper import tensor_dtype_to_np_dtype
 
     from runtime.manifest import load_manifest
+
+    packed = (onnx.TensorProto.UINT4, onnx.TensorProto.INT4)  # two values a byte
 
     manifest = load_manifest(directory, check_hashes=False)
     seen, total = set(), 0
@@ -52,7 +53,8 @@ def weight_bytes(directory: Path) -> int:
             if key not in seen:
                 seen.add(key)
                 n = int(np.prod(t.dims, dtype=np.int64))
-                total += -(-n // 2) if t.data_type in _PACKED_4BIT else n * _DTYPE_BYTES[t.data_type]
+                total += (-(-n // 2) if t.data_type in packed
+                          else n * np.dtype(tensor_dtype_to_np_dtype(t.data_type)).itemsize)
     return total
 
 

@@ -8,9 +8,6 @@ from dataclasses import dataclass
 from . import stats
 from .rows import QUANTIZED
 
-QUANT_BITS = {"int8": 8, "int4": 4}
-QUANT_BLOCK = 32  # the quantized rows' exports use export's default block size
-
 
 @dataclass
 class ResultRow:
@@ -87,7 +84,8 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     layers, head = QUANTIZED.get(backend, ("float", "float"))
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
-    from export.plan import quantized_bytes
+    from export.build import BuildOptions  # the quantized rows' exports use its block size
+    from export.plan import QUANT_BITS, quantized_bytes
 
     D, F, V = model["hidden_size"], model["ffn_dim"], model["vocab_size"]
     size = 2 if model["dtype"] == "float16" else 4
@@ -95,7 +93,7 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     def matmuls(shapes, precision):
         if precision == "float":
             return sum(k * n for k, n in shapes) * size
-        return sum(quantized_bytes(k, n, QUANT_BITS[precision], QUANT_BLOCK, size, symmetric=False)
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BuildOptions.block_size, size, symmetric=False)
                    for k, n in shapes)
 
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms
