@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
-from runtime.modeling import SkipOPT, graph_module
-from .onnx_export import example_inputs
+if TYPE_CHECKING:
+    from runtime.modeling import SkipOPT
 
 # (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds
 # every matmul to 11 bits of mantissa, so hidden states of magnitude ~10 move by ~1e-2.
@@ -75,27 +75,55 @@ def ort_session(path: Path, threads: int = 1):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str,
-                weights: str = "float") -> GraphCheck:
-    atol, rtol = TOLERANCES[dtype]
-    rel_tol = QUANT_TOLERANCES.get(weights)
-    worst_rel = 0.0
-    session = ort_session(Path(directory) / spec.file)
+@dataclass
+class Case:
+    """One input shape of a graph's check: the inputs and what PyTorch made of them. Plain numpy,
+    so ``export verify`` can compute them in a process that holds the PyTorch model and compare
+    them in one that never imports torch (export.reference)."""
+    batch: int
+    sequence: int
+    past: int
+    inputs: dict[str, np.ndarray]
+    expected: list[np.ndarray]  # per output, as float32
+
+
+def torch_cases(model: SkipOPT, spec: GraphSpec) -> list[Case]:
+    """Run the PyTorch module behind ``spec`` on every shape of ``CASES``."""
+    import torch
+
+    from runtime.modeling import graph_module
+
+    from .onnx_export import example_inputs
+
     module = graph_module(model, spec.name)
-    max_diff, worst_excess, worst = 0.0, -np.inf, ""
+    cases = []
     for seed, (batch, seq, past) in enumerate(CASES):
         inputs = example_inputs(model, spec, batch, seq, past, seed=seed + 1)
         with torch.no_grad():
             expected = module(*inputs.values())
         expected = expected if isinstance(expected, tuple) else (expected,)
-        got = session.run(None, {k: v.numpy() for k, v in inputs.items()})
-        for out_spec, g, e in zip(spec.outputs, got, expected):
-            e = e.float().numpy()
+        cases.append(Case(batch, seq, past, {k: v.numpy() for k, v in inputs.items()},
+                          [e.float().numpy() for e in expected]))
+    return cases
+
+
+def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
+            weights: str = "float") -> GraphCheck:
+    """Run the exported graph on each case's inputs in ONNX Runtime and judge it against PyTorch."""
+    atol, rtol = TOLERANCES[dtype]
+    rel_tol = QUANT_TOLERANCES.get(weights)
+    worst_rel = 0.0
+    session = ort_session(Path(directory) / spec.file)
+    max_diff, worst_excess, worst = 0.0, -np.inf, ""
+    for case in cases:
+        got = session.run(None, case.inputs)
+        for out_spec, g, e in zip(spec.outputs, got, case.expected):
             g = g.astype(np.float32)
+            where = f"batch {case.batch}, sequence {case.sequence}, past {case.past}"
             if g.shape != e.shape:
                 raise VerificationError(
                     f"{spec.name}: output {out_spec.name} has shape {g.shape} in ONNX Runtime but "
-                    f"{e.shape} in PyTorch for batch {batch}, sequence {seq}, past {past}")
+                    f"{e.shape} in PyTorch for {where}")
             diff = np.abs(g - e)
             max_diff = max(max_diff, float(diff.max(initial=0.0)))
             if rel_tol is not None:
@@ -105,11 +133,16 @@ def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str,
             else:
                 excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
             if excess > worst_excess:
-                worst_excess, worst = excess, f"{out_spec.name} (batch {batch}, sequence {seq}, past {past})"
+                worst_excess, worst = excess, f"{out_spec.name} ({where})"
     passed = bool(worst_excess <= 0 and np.isfinite(max_diff))
     if rel_tol is None:
         return GraphCheck(spec.name, max_diff, atol, rtol, passed, worst)
     return GraphCheck(spec.name, max_diff, atol, rtol, passed, worst, weights, worst_rel, rel_tol)
+
+
+def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str,
+                weights: str = "float") -> GraphCheck:
+    return compare(spec, torch_cases(model, spec), directory, dtype, weights)
 
 
 def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: str,

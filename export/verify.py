@@ -10,19 +10,14 @@
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import torch
 
-from runtime.errors import HubDownloadError, ModelNotFoundError
-from runtime.generator import load, policy_for
+from runtime.generator import load
 from runtime.manifest import load_manifest
 
-from . import checkpoint, parity
-from runtime.modeling import SkipOPT
+from . import parity, reference
 
 DEFAULT_PROMPTS = ("Hello, my name is", "The weather today is", "Paris is the capital of")
 # Greedy logits of a whole generation, fp32 artifact vs transformers: errors grow with depth and
@@ -45,36 +40,25 @@ class Report:
         return not self.failures
 
 
-def reference_model(manifest, model_override: str | None):
-    """The PyTorch model the artifact was exported from (or ``model_override``)."""
-    src = manifest.source
-    dtype = torch.float16 if manifest.dtype == "float16" else torch.float32
-    if model_override is None and src.get("kind") == "random":
-        source = checkpoint.resolve(src["location"], random_weights=src["location"] != checkpoint.TINY_RANDOM)
-        return checkpoint.load(source, dtype=dtype, seed=src.get("seed", 0))
-    spec = model_override or src.get("location") or src.get("model")
-    try:
-        return checkpoint.load(checkpoint.resolve(spec), dtype=dtype)
-    except (ModelNotFoundError, HubDownloadError) as exc:
-        raise type(exc)(f"{exc}\nverify needs the checkpoint the artifact was exported from; pass it "
-                        f"with --model DIR") from exc
-
-
 def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new_tokens: int = 16,
            speedup: float = 2.0, log=print, progress: bool = True) -> Report:
     report = Report()
     manifest = load_manifest(directory, check_hashes="full")  # every byte, whatever the fingerprints say
     report.add("files", True, f"manifest schema {manifest.schema_version}, {len(manifest.files)} "
                               f"files match their sha256")
-    hf_model, _ = reference_model(manifest, model)
-    ref = SkipOPT(hf_model)
-    if manifest.model.num_layers != ref.num_layers or manifest.model.vocab_size != ref.config.vocab_size:
+    # PyTorch and transformers run in a child process that exits before any ONNX Runtime session
+    # opens here: the two never hold the weights at once (export.reference).
+    torch_side = reference.run(directory, model, list(prompts), max_new_tokens, speedup, progress)
+    if torch_side.mismatch:
         report.add("source", False, "the reference checkpoint's shape differs from the artifact's; "
                                     "pass the checkpoint it was exported from with --model")
         return report
 
-    results = parity.check_all(ref, manifest.graphs, directory, manifest.dtype, progress=progress,
-                               weights=manifest.graph_weights)
+    from tqdm.auto import tqdm
+
+    results = [parity.compare(spec, torch_side.cases[spec.name], directory, manifest.dtype,
+                              manifest.graph_weights(spec.name))
+               for spec in tqdm(manifest.graphs, desc="check vs torch", unit="graph", disable=not progress)]
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
@@ -101,53 +85,15 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
         note = " (not required: MatMulNBits weights are ONNX Runtime's format)" if ort_only and not r.passed else ""
         report.add(f"TensorRT {r.version} parser", r.passed or ort_only, r.summary + note + details)
 
-    references = _references(directory, manifest, hf_model, ref, list(prompts), max_new_tokens, speedup)
-    # The PyTorch models go before the runtime loads: the two never hold the weights at once, so
-    # verify peaks near one copy of the weights, not two (issue 12: within 2x of the weights).
-    del hf_model, ref, results
-    gc.collect()
     gen = load(directory, check_hashes=False)
     try:
-        _end_to_end(report, gen, references, manifest.dtype, exact=not manifest.quantized)
+        _end_to_end(report, gen, torch_side.references, manifest.dtype, exact=not manifest.quantized)
     finally:
         gen.close()
     return report
 
 
-@dataclass
-class _References:
-    """What the PyTorch side produced, kept so its models can be freed before the runtime loads."""
-    prompts: list[str]
-    max_new_tokens: int
-    hf_tokens: list[list[int]]  # transformers' greedy tokens at full depth
-    hf_logits: list[np.ndarray]  # per step (B, V)
-    policy: object  # the SkipPolicy of the skip check
-    skip_tokens: list[list[int]]  # the skip-aware reference's greedy tokens under ``policy``
-    skip_layers: list[int]  # layers it ran at each step
-
-
-def _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, speedup) -> _References:
-    from transformers import AutoTokenizer
-
-    m = manifest.model
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(directory) / manifest.tokenizer_dir))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token_id = m.pad_token_id
-    enc = tokenizer(prompts, padding=True, return_tensors="pt")
-    with torch.no_grad():  # full depth: transformers' generate (greedy, same EOS handling)
-        hf = hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                               eos_token_id=m.eos_token_id, pad_token_id=m.pad_token_id,
-                               output_logits=True, return_dict_in_generate=True)
-    policy = policy_for(manifest, max_new_tokens, speedup=speedup)
-    expected = ref.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens, policy,
-                          eos_token_id=m.eos_token_id, pad_token_id=m.pad_token_id)
-    return _References(prompts, max_new_tokens, hf.sequences[:, enc["input_ids"].shape[1]:].tolist(),
-                       [step.float().numpy() for step in hf.logits], policy,
-                       expected.tokens.tolist(), expected.step_layers)
-
-
-def _end_to_end(report, gen, refs: _References, dtype, exact=True):
+def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     """``exact``: require tokens (fp32) and logits to match; False for quantized weights, whose
     difference from the float reference is the quantization's, bounded per graph above."""
     eos = gen.manifest.model.eos_token_id
