@@ -64,6 +64,15 @@ def artifact_dir(checkpoint_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fp16_artifact_dir(checkpoint_dir, tmp_path_factory):
+    """The fp16 export of ``checkpoint_dir``."""
+    out = tmp_path_factory.mktemp("fp16-artifact") / "model"
+    build(BuildOptions(model=str(checkpoint_dir), out=str(out), dtype="float16", progress=False),
+          log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="session")
 def generator(artifact_dir):
     import runtime
 

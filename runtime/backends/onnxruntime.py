@@ -11,7 +11,9 @@ only when asked for (its first run builds engines, which takes minutes).
 
 from __future__ import annotations
 
+import platform
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,11 @@ def _register_shared_cpu_arena(ort) -> None:
             _ARENA_REGISTERED = True
 
 
+def _x86_cpu_only(providers) -> bool:
+    names = {p if isinstance(p, str) else p[0] for p in providers}
+    return names == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
@@ -74,6 +81,13 @@ class OnnxRuntimeBackend(Backend):
             opts.intra_op_num_threads = threads
         self.providers = providers
         self.manifest = manifest
+        if manifest.dtype == "float16" and _x86_cpu_only(providers):
+            warnings.warn(
+                "this float16 artifact runs on ONNX Runtime's CPU provider, whose x86 kernels compute "
+                "in float32: it holds float32 copies of the weights (2.5x-2.9x the artifact's weight "
+                "bytes, docs/benchmarks.md 'Memory') and runs no faster than float32. On a CPU, build "
+                "with --dtype fp32, or --weights int8/int4 for a smaller footprint; float16 is for "
+                "the CUDA and TensorRT providers", stacklevel=2)
         directory = Path(directory)
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a

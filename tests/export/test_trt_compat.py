@@ -40,14 +40,6 @@ def _versions():
         yield pytest.param(v, marks=marks, id=f"trt{v}")
 
 
-@pytest.fixture(scope="module")
-def fp16_artifact_dir(checkpoint_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp16-artifact") / "model"
-    build(BuildOptions(model=str(checkpoint_dir), out=str(out), dtype="float16", progress=False),
-          log=lambda *_: None)
-    return out
-
-
 @pytest.fixture(params=["fp32", "fp16"])
 def export_dir(request, artifact_dir):
     return artifact_dir if request.param == "fp32" else request.getfixturevalue("fp16_artifact_dir")

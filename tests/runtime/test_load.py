@@ -1,5 +1,7 @@
 import json
+import platform
 import shutil
+import warnings
 
 import pytest
 
@@ -92,3 +94,14 @@ def test_layer_count_mismatch(copy):
     edit_manifest(copy, lambda d: d["model"].update(num_layers=d["model"]["num_layers"] + 1))
     with pytest.raises(ArtifactError, match="lists graphs .* expected .* for a 7-layer model"):
         runtime.load(copy)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="ONNX Runtime's fp16 CPU kernels differ on ARM64; the warning is for x86")
+def test_fp16_on_an_x86_cpu_warns_and_names_the_fix(fp16_artifact_dir, artifact_dir):
+    with pytest.warns(UserWarning, match=r"x86 kernels compute in float32.*--dtype fp32, or "
+                                         r"--weights int8/int4"):
+        runtime.load(fp16_artifact_dir, threads=1).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runtime.load(artifact_dir, threads=1).close()  # float32: nothing to say

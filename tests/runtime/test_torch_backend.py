@@ -268,18 +268,11 @@ def test_cuda_equals_cpu(artifact_dir, torch_generator, policy):
         gen.close()
 
 
-@pytest.fixture(scope="module")
-def fp16_artifact(checkpoint_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp16") / "model"
-    build(BuildOptions(model=str(checkpoint_dir), out=str(out), dtype="float16", progress=False), **quiet)
-    return out
-
-
-def test_fp16_matches_onnxruntime_fp16(fp16_artifact):
-    ours = runtime.load(fp16_artifact, backend="torch")
-    theirs = runtime.load(fp16_artifact, threads=1)
+def test_fp16_matches_onnxruntime_fp16(fp16_artifact_dir):
+    ours = runtime.load(fp16_artifact_dir, backend="torch")
+    theirs = runtime.load(fp16_artifact_dir, threads=1)
     try:
-        assert load_manifest(fp16_artifact).dtype == "float16"
+        assert load_manifest(fp16_artifact_dir).dtype == "float16"
         assert ours.backend.hf_model.lm_head.weight.dtype == torch.float16
         a = next(iter(ours.stream(PROMPTS, 1))).logits
         b = next(iter(theirs.stream(PROMPTS, 1))).logits
@@ -293,9 +286,9 @@ def test_fp16_matches_onnxruntime_fp16(fp16_artifact):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
-def test_fp16_cuda_matches_onnxruntime_fp16(fp16_artifact):
-    ours = TorchBackend(fp16_artifact, load_manifest(fp16_artifact), device="cuda")
-    theirs = runtime.load(fp16_artifact, threads=1)
+def test_fp16_cuda_matches_onnxruntime_fp16(fp16_artifact_dir):
+    ours = TorchBackend(fp16_artifact_dir, load_manifest(fp16_artifact_dir), device="cuda")
+    theirs = runtime.load(fp16_artifact_dir, threads=1)
     try:
         ids = theirs.tokenizer(PROMPTS, padding=True, return_tensors="np")
         ids, mask = ids["input_ids"].astype(np.int64), ids["attention_mask"].astype(np.int64)
