@@ -12,12 +12,9 @@ import sys
 
 from . import cli
 from .backends import BACKENDS
-from .errors import InvalidArgumentError, PolicyError
+from .errors import PolicyError
 from .generator import load
 from .policy import DECAYS, PREFILLS
-
-ORT_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
-
 
 def _parser():
     p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.",
@@ -38,8 +35,9 @@ def _parser():
                      help="the prompt's layers: full depth, or the first step's active set (default: full)")
     be = p.add_argument_group("backend")
     be.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
-    be.add_argument("--device", help="cpu, cuda or cuda:N (torch backend; onnxruntime: picks its "
-                                     "CPU or CUDA provider); default: the backend's")
+    be.add_argument("--device", help="cpu, cuda or cuda:N (onnxruntime: cuda keeps the KV cache and "
+                                     "hidden states on the GPU through IOBinding); default: the "
+                                     "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
@@ -77,11 +75,10 @@ def _backend_options(args) -> dict:
     options = {"threads": args.threads}
     if args.backend == "torch" and args.device:
         options["device"] = args.device
+    elif args.backend == "onnxruntime" and args.device == "cpu":
+        options["providers"] = ["CPUExecutionProvider"]  # the plain backend: numpy buffers in place
     elif args.backend == "onnxruntime" and args.device:
-        # a device is a provider list here; load() checks that ONNX Runtime offers them
-        if args.device not in ORT_PROVIDERS:
-            raise InvalidArgumentError(f"--device for the onnxruntime backend is cpu or cuda, got {args.device!r}")
-        options["providers"] = ORT_PROVIDERS[args.device]
+        options["device"] = args.device  # the IOBinding backend; it checks the device exists
     elif args.backend == "tensorrt":
         options = {"engine_dir": args.engine_dir} if args.engine_dir else {}
     return {k: v for k, v in options.items() if v is not None}

@@ -22,7 +22,7 @@ from runtime.version import __version__
     (["--speedup", "2", "--decay", "power", "--exponent", "0"], "error: exponent must be a finite number > 0"),
     (["--max-new-tokens", "100"], "exceeds max_length 64 of this Generator (the model's max_position_embeddings is 64); lower max_new_tokens to at most"),
     (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-    (["--device", "cuda:1"], "error: --device for the onnxruntime backend is cpu or cuda, got 'cuda:1'")])
+    (["--device", "tpu"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'")])
 def test_user_errors_exit_2_with_one_line(artifact_dir, capsys, argv, message):
     assert main([str(artifact_dir), "Hello", "--no-check-hashes", *argv]) == 2
     err = capsys.readouterr().err
@@ -76,7 +76,7 @@ def test_cuda_device_without_cuda_onnxruntime(artifact_dir, capsys):
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("onnxruntime-gpu offers CUDA here")
-    assert main([str(artifact_dir), "Hello", "--device", "cuda", "--no-check-hashes"]) == 2
+    assert main([str(artifact_dir), "Hello", "--device", "cuda:1", "--no-check-hashes"]) == 2
     err = capsys.readouterr().err
-    assert "error: ONNX Runtime providers ['CUDAExecutionProvider'] are not available here" in err
-    assert "install onnxruntime-gpu (instead of onnxruntime)" in err
+    assert "error: device='cuda:1' needs ONNX Runtime's CUDAExecutionProvider, which this onnxruntime" in err
+    assert "install onnxruntime-gpu instead of onnxruntime (never both), or use device='cpu'" in err
