@@ -36,6 +36,7 @@ gives the tokens the plain path gives.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +44,12 @@ import torch
 
 MIN_WIDTH = 32  # smallest past bucket: shorter pasts cost little to over-read, and need fewer graphs
 WARMUP_RUNS = 2  # eager runs on a side stream before a capture (cuBLAS handles, lazy allocations)
+# Captured steps kept at once. Each keeps its static inputs and logits (up to 1.6 MB at batch 8 with
+# OPT's vocabulary) and its kernels; the key space is sets x batch buckets x width buckets (up to
+# 24 x 4 x 7 = 672 for OPT-1.3B with 2048 positions and traffic of every budget), far more than a
+# workload revisits: one generation under a 16->8 policy uses ~16 keys per batch bucket. The least
+# recently replayed step goes first, and is captured again if it comes back.
+MAX_GRAPHS = 128
 
 
 def _pow2_at_least(n: int) -> int:
@@ -103,18 +110,28 @@ class CudaGraphCapture:
 
 
 class GraphCache:
-    """Built and captured steps by key; ``build(key)`` makes a step object with a ``run()``."""
+    """Built and captured steps by key, at most ``max_steps`` of them (least recently used out);
+    ``build(key)`` makes a step object with a ``run()``."""
 
-    def __init__(self, capture: Callable[[Callable[[], None]], Callable[[], None]]):
-        self.capture = capture
-        self.steps: dict[GraphKey, tuple[object, Callable[[], None]]] = {}
+    def __init__(self, capture: Callable[[Callable[[], None]], Callable[[], None]],
+                 max_steps: int = MAX_GRAPHS):
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.capture, self.max_steps = capture, max_steps
+        self.steps: OrderedDict[GraphKey, tuple[object, Callable[[], None]]] = OrderedDict()
+        self.captures = 0  # how many captures so far, evicted steps captured again included
 
     def get(self, key: GraphKey, build: Callable[[GraphKey], object]):
         """(step, replay) for ``key``, built and captured on first use."""
         found = self.steps.get(key)
-        if found is None:
-            step = build(key)
-            found = self.steps[key] = (step, self.capture(step.run))
+        if found is not None:
+            self.steps.move_to_end(key)
+            return found
+        if len(self.steps) >= self.max_steps:
+            self.steps.popitem(last=False)  # its graph and static tensors go with it
+        step = build(key)
+        found = self.steps[key] = (step, self.capture(step.run))
+        self.captures += 1
         return found
 
     def clear(self) -> None:
@@ -137,5 +154,5 @@ def default_capture(device: torch.device, cuda_graphs: bool | None):
     return CudaGraphCapture(device)
 
 
-__all__ = ["CudaGraphCapture", "EagerCapture", "GraphCache", "GraphKey", "MIN_WIDTH", "batch_bucket",
+__all__ = ["CudaGraphCapture", "EagerCapture", "GraphCache", "GraphKey", "MAX_GRAPHS", "MIN_WIDTH", "batch_bucket",
            "default_capture", "width_bucket"]

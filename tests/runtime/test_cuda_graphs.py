@@ -99,6 +99,28 @@ def test_graph_cache_builds_and_captures_once_per_key():
     assert capture.captured == 3  # new buffers, new graphs
 
 
+def test_graph_cache_keeps_the_most_recently_used_steps():
+    capture, built = CountingCapture(), []
+
+    class Step:
+        def __init__(self, key):
+            built.append(key)
+
+        def run(self):
+            pass
+
+    cache = GraphCache(capture, max_steps=2)
+    a, b, c = (GraphKey((0, 5), 1, w) for w in (32, 64, 128))
+    cache.get(a, Step), cache.get(b, Step)
+    cache.get(a, Step)  # a is now the most recent: b goes when c comes
+    cache.get(c, Step)
+    assert list(cache.steps) == [a, c] and capture.captured == 3
+    cache.get(b, Step)  # captured again
+    assert list(cache.steps) == [c, b] and built == [a, b, c, b] and cache.captures == 4
+    with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
+        GraphCache(capture, max_steps=0)
+
+
 def test_default_capture():
     assert default_capture(torch.device("cpu"), None) is None  # off on the CPU unless asked
     assert default_capture(torch.device("cpu"), False) is None
