@@ -79,43 +79,41 @@ def test_batch_bucket_refuses_what_the_slots_cannot_hold(needed):
         batch_bucket(needed, 8)
 
 
-def test_graph_cache_builds_and_captures_once_per_key():
-    capture, built = CountingCapture(), []
+class Built(list):
+    """The keys a GraphCache built steps for: ``cache.get(key, built.step)``."""
 
     class Step:
-        def __init__(self, key):
-            built.append(key)
-
         def run(self):
             pass
 
+    def step(self, key):
+        self.append(key)
+        return self.Step()
+
+
+def test_graph_cache_builds_and_captures_once_per_key():
+    capture, built = CountingCapture(), Built()
+
     cache = GraphCache(capture)
     a, b = GraphKey((0, 1, 5), 1, 32), GraphKey((0, 5), 1, 32)
-    first = cache.get(a, Step)
-    assert cache.get(a, Step) is first and cache.get(b, Step) is not first
+    first = cache.get(a, built.step)
+    assert cache.get(a, built.step) is first and cache.get(b, built.step) is not first
     assert built == [a, b] and capture.captured == 2
     cache.clear()
-    cache.get(a, Step)
+    cache.get(a, built.step)
     assert capture.captured == 3  # new buffers, new graphs
 
 
 def test_graph_cache_keeps_the_most_recently_used_steps():
-    capture, built = CountingCapture(), []
-
-    class Step:
-        def __init__(self, key):
-            built.append(key)
-
-        def run(self):
-            pass
+    capture, built = CountingCapture(), Built()
 
     cache = GraphCache(capture, max_steps=2)
     a, b, c = (GraphKey((0, 5), 1, w) for w in (32, 64, 128))
-    cache.get(a, Step), cache.get(b, Step)
-    cache.get(a, Step)  # a is now the most recent: b goes when c comes
-    cache.get(c, Step)
+    cache.get(a, built.step), cache.get(b, built.step)
+    cache.get(a, built.step)  # a is now the most recent: b goes when c comes
+    cache.get(c, built.step)
     assert list(cache.steps) == [a, c] and capture.captured == 3
-    cache.get(b, Step)  # captured again
+    cache.get(b, built.step)  # captured again
     assert list(cache.steps) == [c, b] and built == [a, b, c, b] and cache.captures == 4
     with pytest.raises(ValueError, match="max_steps must be >= 1, got 0"):
         GraphCache(capture, max_steps=0)
