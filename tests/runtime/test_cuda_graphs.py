@@ -93,7 +93,6 @@ class Built(list):
 
 def test_graph_cache_builds_and_captures_once_per_key():
     capture, built = CountingCapture(), Built()
-
     cache = GraphCache(capture)
     a, b = GraphKey((0, 1, 5), 1, 32), GraphKey((0, 5), 1, 32)
     first = cache.get(a, built.step)
@@ -106,7 +105,6 @@ def test_graph_cache_builds_and_captures_once_per_key():
 
 def test_graph_cache_keeps_the_most_recently_used_steps():
     capture, built = CountingCapture(), Built()
-
     cache = GraphCache(capture, max_steps=2)
     a, b, c = (GraphKey((0, 5), 1, w) for w in (32, 64, 128))
     cache.get(a, built.step), cache.get(b, built.step)
