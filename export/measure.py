@@ -24,6 +24,24 @@ def _status_bytes(field: str) -> int:
     raise OSError(f"/proc/self/status has no {field}")
 
 
+def resident_by_mapping(weights_file: str = "weights.bin") -> dict:
+    """Resident bytes now, split by what backs them (/proc/self/smaps): anonymous memory (heap,
+    packed weights, the KV cache), pages of the artifact's ``weights_file`` that are mapped (the
+    embedding rows read), and every other file (the libraries' code and data)."""
+    out = {"anonymous": 0, "weights_file": 0, "other_files": 0}
+    kind = "anonymous"
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=6)
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header line
+                path = head[5].strip() if len(head) > 5 else ""
+                kind = ("weights_file" if path.endswith(weights_file)
+                        else "other_files" if path.startswith("/") else "anonymous")
+            elif head[0] == "Rss:":
+                out[kind] += int(head[1]) * 1024  # kB
+    return out
+
+
 def _prompt(tokenizer, length: int) -> str:
     """A text that tokenizes to ``length`` ids (BOS included) with this tokenizer, as near as a
     round trip through decode allows."""
@@ -43,8 +61,10 @@ def probe(directory, batch: int, tokens: int, prompt: int) -> dict:
     if new < 1:
         raise SkipDecodeError(f"--prompt {prompt} leaves no room for new tokens in --tokens {tokens}")
     gen.generate([text] * batch, max_new_tokens=new, ignore_eos=True)
+    resident = resident_by_mapping()
     gen.close()
     return {"baseline_rss_bytes": baseline, "loaded_rss_bytes": loaded, "peak_rss_bytes": _status_bytes("VmHWM"),
+            "resident_after_generate_bytes": resident,
             "rows": batch, "positions": prompt_len + new, "prompt_tokens": prompt_len}
 
 

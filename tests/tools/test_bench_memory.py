@@ -14,3 +14,15 @@ def test_prints_a_row_per_artifact_with_its_ratio(artifact_dir, capsys):
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[0] == str(artifact_dir) and cells[1] == "float32"
     assert float(cells[4].rstrip("x")) > 1  # a process costs more than its weights
+    anonymous, mapped, other = (float(x.replace(",", "")) for x in cells[6].split(" / "))
+    assert anonymous > 0 and other > 0 and mapped >= 0
+
+
+def test_resident_split_adds_up_to_the_rss(generator):
+    from export.measure import _status_bytes, resident_by_mapping
+
+    generator.generate("Hello", 4)  # an artifact's weights.bin is mapped in this process
+    parts = resident_by_mapping()
+    rss = _status_bytes("VmRSS")
+    assert all(v > 0 for v in parts.values()), parts
+    assert abs(sum(parts.values()) - rss) < 0.02 * rss

@@ -8,7 +8,8 @@ of every initializer of every graph, a tensor that several graphs share (the tie
 ``weights.bin``) counted once. Issue 12's targets: load + generate within 1.15x, verify within 2x.
 
 Peak RSS counts file pages the process has mapped and touched (ONNX Runtime maps ``weights.bin``)
-as well as its own memory.
+as well as its own memory; the table splits what is resident after generating into anonymous
+memory (packed weights, KV cache, heap), mapped pages of ``weights.bin`` and other files (code).
 """
 
 from __future__ import annotations
@@ -85,15 +86,18 @@ def main(argv=None) -> int:
     p.add_argument("--verify", action="store_true", help="also measure `python -m export verify`")
     args = p.parse_args(argv)
     mb = lambda n: f"{n / 2**20:,.0f}"  # noqa: E731
-    print("| artifact | dtype | weights MiB | load + generate peak RSS MiB | ratio | RSS after load MiB |"
+    print("| artifact | dtype | weights MiB | load + generate peak RSS MiB | ratio | RSS after load MiB | "
+          "after generate: anonymous / weights.bin mapped / other files MiB |"
           + (" verify peak RSS MiB | ratio |" if args.verify else ""))
-    print("|---|---|---|---|---|---|" + ("---|---|" if args.verify else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if args.verify else ""))
     for art in args.artifacts:
         manifest = json.loads((art / "manifest.json").read_text())
         weights = weight_bytes(art)
         run = run_probe(art.resolve(), args.batch, args.tokens, args.prompt)
+        parts = run["resident_after_generate_bytes"]
         row = (f"| {art} | {manifest['dtype']} | {mb(weights)} | {mb(run['peak_rss_bytes'])} | "
-               f"{run['peak_rss_bytes'] / weights:.2f}x | {mb(run['loaded_rss_bytes'])} |")
+               f"{run['peak_rss_bytes'] / weights:.2f}x | {mb(run['loaded_rss_bytes'])} | "
+               f"{' / '.join(mb(parts[k]) for k in ('anonymous', 'weights_file', 'other_files'))} |")
         if args.verify:
             v = _child(_VERIFY, str(art.resolve()))
             row += f" {mb(v['peak'])} | {v['peak'] / weights:.2f}x{'' if v['passed'] else ' (FAILED)'} |"
