@@ -56,6 +56,10 @@ def test_installed_wheel_finds_the_demo_model(tmp_path):
     location, version = done.stdout.split()
     assert Path(location) == target / "skipdecode_models" / "opt-e2e-skipdecode"
     assert (Path(location) / "model.safetensors").stat().st_size > 1_000_000 and version
+    from runtime.backends.onnxruntime_cuda import HELPERS  # the IOBinding backend reads these at load
+
+    shipped = {p.name for p in (target / "runtime" / "backends" / "iobinding_graphs").glob("*.onnx")}
+    assert shipped == {f"{name}_{dtype}.onnx" for name in HELPERS for dtype in ("float32", "float16")}
 
 
 def test_console_scripts_exist_and_are_documented():

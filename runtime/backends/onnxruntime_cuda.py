@@ -22,7 +22,8 @@ which ONNX Runtime's Python API does not offer. Three ways were weighed:
 
 The flat index of element (page p, slot s, head h, dim d, offset o) splits into a per-(row,
 position) base, computed on the host (R x T int64: a few bytes per step), plus a constant
-per-(h, d) grid baked into the scatter graph (``_kv_graphs``). Rows a layer skips are simply not
+per-(h, d) grid (``kv_grids``, uploaded once). The helper graphs depend on the dtype only and ship
+in ``iobinding_graphs/``, so this backend needs onnxruntime, not the onnx package. Rows a layer skips are simply not
 scattered; their hidden states are kept by a ``Where`` graph.
 
 ``device="cpu"`` runs all of this on the CPU provider (IOBinding with 'cpu' OrtValues): slower
@@ -30,6 +31,8 @@ than ``OnnxRuntimeBackend`` there, and meant for the tests.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -47,37 +50,44 @@ class IOBindingDeviceError(SkipDecodeError, ValueError):
     """A device the IOBinding backend cannot bind, or whose provider this ONNX Runtime lacks."""
 
 
-def _kv_graphs(nh: int, hd: int, page: int, dtype: str) -> dict[str, bytes]:
-    """The helper graphs (serialized ModelProtos): scatter into K and V, keep rows, take last rows.
+HELPER_GRAPHS = Path(__file__).with_name("iobinding_graphs")  # shipped: the runtime needs no onnx
+HELPERS = ("scatter", "keep", "last")
+_IR_VERSION = 8  # pinned, so the shipped bytes do not depend on the onnx that wrote them (ORT >= 1.14 reads 8)
 
-    k/v: cache (N,) flat, new (B, nh, T, hd), rows (R,), base (R, T) -> cache (N,) with
-         cache[base[r, t] + grid[h, d]] = new[rows[r], h, t, d]
+
+def helper_graph_file(name: str, dtype: str) -> Path:
+    return HELPER_GRAPHS / f"{name}_{dtype}.onnx"
+
+
+def build_helper_graphs(dtype: str) -> dict[str, bytes]:
+    """The helper graphs (serialized ModelProtos) for ``dtype``, written with the onnx package.
+
+    The runtime reads the copies shipped in ``iobinding_graphs/`` instead (tests/runtime/
+    test_onnxruntime_iobinding.py checks they are equal; ``write_helper_graphs()`` rewrites them).
+
+    scatter: cache (N,) flat, new (B, nh, T, hd), rows (R,), base (R, T), grid (1, nh, 1, hd) ->
+             cache (N,) with cache[base[r, t] + grid[0, h, 0, d]] = new[rows[r], h, t, d]
     keep: update (B,) bool, out (B, T, D), hidden (B, T, D) -> where(update, out, hidden)
     last: hidden (B, T, D), rows (R,) -> hidden[rows, -1:] (R, 1, D)
     """
     from onnx import TensorProto, helper
 
     t = _ONNX_TYPE[dtype]
-    h, d = np.arange(nh)[:, None], np.arange(hd)[None, :]
-    grids = {"k": h * (hd * page) + d * page,  # K (p, s, h, d, o): o is the innermost axis
-             "v": h * (page * hd) + d}  # V (p, s, h, o, d): d is the innermost axis
     value = helper.make_tensor_value_info
-    graphs = {}
-    for name, grid in grids.items():
-        consts = [helper.make_tensor("grid", TensorProto.INT64, [1, nh, 1, hd], grid.ravel().tolist()),
-                  helper.make_tensor("axes", TensorProto.INT64, [2], [1, 3]),
-                  helper.make_tensor("flat", TensorProto.INT64, [1], [-1])]
-        nodes = [helper.make_node("Gather", ["new", "rows"], ["picked"], axis=0),  # (R, nh, T, hd)
-                 helper.make_node("Unsqueeze", ["base", "axes"], ["base4"]),  # (R, 1, T, 1)
-                 helper.make_node("Add", ["base4", "grid"], ["where4"]),  # (R, nh, T, hd)
-                 helper.make_node("Reshape", ["where4", "flat"], ["where"]),
-                 helper.make_node("Reshape", ["picked", "flat"], ["updates"]),
-                 helper.make_node("ScatterElements", ["cache", "where", "updates"], ["written"], axis=0)]
-        graph = helper.make_graph(nodes, f"kv_scatter_{name}", [
-            value("cache", t, ["N"]), value("new", t, ["B", nh, "T", hd]),
-            value("rows", TensorProto.INT64, ["R"]), value("base", TensorProto.INT64, ["R", "T"])],
-            [value("written", t, ["N"])], consts)
-        graphs[name] = graph
+    graphs = {"scatter": helper.make_graph(
+        [helper.make_node("Gather", ["new", "rows"], ["picked"], axis=0),  # (R, nh, T, hd)
+         helper.make_node("Unsqueeze", ["base", "axes"], ["base4"]),  # (R, 1, T, 1)
+         helper.make_node("Add", ["base4", "grid"], ["where4"]),  # (R, nh, T, hd)
+         helper.make_node("Reshape", ["where4", "flat"], ["where"]),
+         helper.make_node("Reshape", ["picked", "flat"], ["updates"]),
+         helper.make_node("ScatterElements", ["cache", "where", "updates"], ["written"], axis=0)],
+        "kv_scatter",
+        [value("cache", t, ["N"]), value("new", t, ["B", "nh", "T", "hd"]),
+         value("rows", TensorProto.INT64, ["R"]), value("base", TensorProto.INT64, ["R", "T"]),
+         value("grid", TensorProto.INT64, [1, "nh", 1, "hd"])],
+        [value("written", t, ["N"])],
+        [helper.make_tensor("axes", TensorProto.INT64, [2], [1, 3]),
+         helper.make_tensor("flat", TensorProto.INT64, [1], [-1])])}
     graphs["keep"] = helper.make_graph(
         [helper.make_node("Reshape", ["update", "col"], ["update3"]),
          helper.make_node("Where", ["update3", "out", "hidden"], ["kept"])], "keep_rows",
@@ -92,8 +102,24 @@ def _kv_graphs(nh: int, hd: int, page: int, dtype: str) -> dict[str, bytes]:
         [helper.make_tensor("start", TensorProto.INT64, [1], [-1]),
          helper.make_tensor("end", TensorProto.INT64, [1], [np.iinfo(np.int64).max]),
          helper.make_tensor("axis", TensorProto.INT64, [1], [1])])
-    return {k: helper.make_model(g, opset_imports=[helper.make_opsetid("", _OPSET)]).SerializeToString()
+    return {k: helper.make_model(g, ir_version=_IR_VERSION, producer_name="skipdecode-edge",
+                                 opset_imports=[helper.make_opsetid("", _OPSET)]).SerializeToString()
             for k, g in graphs.items()}
+
+
+def write_helper_graphs() -> None:
+    """Rewrite the shipped helper graphs (after changing ``build_helper_graphs``)."""
+    HELPER_GRAPHS.mkdir(exist_ok=True)
+    for dtype in _ONNX_TYPE:
+        for name, data in build_helper_graphs(dtype).items():
+            helper_graph_file(name, dtype).write_bytes(data)
+
+
+def kv_grids(nh: int, hd: int, page: int) -> dict[str, np.ndarray]:
+    """Flat offset of (head h, dim d) within one (page, slot) cell of the K and V buffers: (1, nh, 1, hd)."""
+    h, d = np.arange(nh)[:, None], np.arange(hd)[None, :]
+    return {"k": (h * (hd * page) + d * page)[None, :, None, :],  # K (p, s, h, d, o): o innermost
+            "v": (h * (page * hd) + d)[None, :, None, :]}  # V (p, s, h, o, d): d innermost
 
 
 class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
@@ -117,12 +143,13 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
                 + ["CPUExecutionProvider"]
         super().__init__(directory, manifest, providers=providers, threads=threads)
         self._bindings = {name: s.io_binding() for name, s in self._sessions.items()}
-        helpers = _kv_graphs(self._nh, self._hd, self._page, manifest.dtype)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        self._helpers = {k: ort.InferenceSession(g, opts, providers=providers) for k, g in helpers.items()}
+        self._helpers = {k: ort.InferenceSession(str(helper_graph_file(k, manifest.dtype)), opts,
+                                                 providers=providers) for k in HELPERS}
         self._helper_bindings = {k: s.io_binding() for k, s in self._helpers.items()}
         self._ort = ort
+        self._grids = {k: self._to_device(g) for k, g in kv_grids(self._nh, self._hd, self._page).items()}
         self._zero_key = self._zero_value = None  # (1, slots, ...) device zeros: a prefill's empty past
 
     # -- device memory ---------------------------------------------------------------------
@@ -209,14 +236,15 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
 
     def _scatter(self, which: str, buffer, new, rows: np.ndarray, base: np.ndarray) -> None:
         """Write ``new[rows]`` into ``buffer`` in place: its output is bound to its own address."""
-        b = self._helper_bindings[which]
+        b = self._helper_bindings["scatter"]
         size = int(np.prod(buffer.shape()))
         self._bind(b, "cache", buffer, (size,))
+        b.bind_ortvalue_input("grid", self._grids[which])
         b.bind_ortvalue_input("new", new)
         b.bind_cpu_input("rows", rows.astype(np.int64))
         b.bind_cpu_input("base", np.ascontiguousarray(base, dtype=np.int64))
         b.bind_output("written", self.device_type, self.device_id, self._dtype.type, [size], buffer.data_ptr())
-        self._helpers[which].run_with_iobinding(b)
+        self._helpers["scatter"].run_with_iobinding(b)
 
     def head(self, hidden, rows=None):
         hidden = self._on_device(hidden)
@@ -244,7 +272,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     def close(self):
         super().close()
         self._helpers.clear()
-        self._bindings, self._helper_bindings = {}, {}
+        self._bindings, self._helper_bindings, self._grids = {}, {}, {}
         self._zero_key = self._zero_value = None
 
 

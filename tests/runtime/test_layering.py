@@ -82,7 +82,7 @@ LIGHT_CHECK = """
 import sys
 import runtime
 assert 'onnxruntime' not in sys.modules, 'import runtime imported onnxruntime before a load'
-gen = runtime.load(sys.argv[1], threads=1)
+gen = runtime.load(sys.argv[1], threads=1, **eval(sys.argv[2]))
 result = gen.generate(["Hello, my name is", "Paris"], 4, speedup=2)
 gen.close()
 assert len(result.texts) == 2 and all(len(ids) == 4 for ids in result.token_ids), result
@@ -92,9 +92,12 @@ assert 'onnxruntime' in sys.modules  # the check above saw a real load
 """
 
 
-def test_onnxruntime_path_imports_neither_torch_nor_transformers(artifact_dir):
-    # a fresh interpreter: this test process has imported torch and transformers long ago
-    done = subprocess.run([sys.executable, "-c", LIGHT_CHECK, str(artifact_dir)], cwd=ROOT,
+@pytest.mark.parametrize("options", ["{}", "{'device': 'cpu'}"], ids=["plain", "iobinding"])
+def test_onnxruntime_path_imports_neither_torch_nor_transformers(artifact_dir, options):
+    # a fresh interpreter: this test process has imported torch and transformers long ago. The
+    # IOBinding backend (device=...) is what onnxruntime-gpu gets by default: on a Jetson with
+    # only the runtime installed, it must not need the onnx package either.
+    done = subprocess.run([sys.executable, "-c", LIGHT_CHECK, str(artifact_dir), options], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -11,7 +11,8 @@ import pytest
 import runtime
 from runtime.backends import create_backend
 from runtime.backends.onnxruntime import OnnxRuntimeBackend
-from runtime.backends.onnxruntime_cuda import IOBindingDeviceError, OnnxRuntimeIOBindingBackend
+from runtime.backends.onnxruntime_cuda import (HELPERS, IOBindingDeviceError, OnnxRuntimeIOBindingBackend,
+                                               build_helper_graphs, helper_graph_file)
 from runtime.manifest import load_manifest
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
@@ -61,6 +62,16 @@ def test_cuda_without_the_provider_says_how_to_fix_it(artifact_dir):
 def test_unknown_device(artifact_dir):
     with pytest.raises(IOBindingDeviceError, match="binds 'cuda', 'cuda:N' or 'cpu'"):
         OnnxRuntimeIOBindingBackend(artifact_dir, load_manifest(artifact_dir), device="tpu")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_shipped_helper_graphs_are_what_the_builder_writes(dtype):
+    built = build_helper_graphs(dtype)
+    assert sorted(built) == sorted(HELPERS)
+    for name, data in built.items():
+        assert helper_graph_file(name, dtype).read_bytes() == data, (
+            f"{helper_graph_file(name, dtype)} is stale; rewrite it with python -c 'from "
+            f"runtime.backends.onnxruntime_cuda import write_helper_graphs; write_helper_graphs()'")
 
 
 @pytest.mark.parametrize("options", [{}, dict(speedup=2),
