@@ -185,8 +185,9 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
 
     def _run(self, session, binding, outputs_to: str | None = None) -> list:
         """Run with the inputs bound; outputs on the device (or ``outputs_to``), as OrtValues."""
+        device, index = (outputs_to, 0) if outputs_to else (self.device_type, self.device_id)  # the host is device 0
         for out in session.get_outputs():
-            binding.bind_output(out.name, outputs_to or self.device_type, self.device_id)
+            binding.bind_output(out.name, device, index)
         session.run_with_iobinding(binding)
         return binding.get_outputs()
 
