@@ -108,7 +108,8 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     report.add("full depth vs transformers", same or dtype == "float16" or not exact,
                f"{len(prompts)} prompts, {max_new_tokens} new tokens, greedy: "
                + ("identical tokens" if same else f"tokens differ ({_agreement(ours, hf_tokens)})"))
-    diff = _logit_diff(step_logits, refs.hf_logits, ours, hf_tokens)
+    running = [len(t) for t in stream.result.token_ids]  # steps each row ran, its EOS included
+    diff = _logit_diff(step_logits, refs.hf_logits, ours, hf_tokens, running)
     tol = E2E_LOGIT_ATOL[dtype]
     report.add("full depth logits", diff <= tol or not exact,
                f"max |diff| {diff:.2e} over the steps where tokens agree "
@@ -129,13 +130,17 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
                + ("" if layers_ok else "; layers run differ from the policy's active sets"))
 
 
-def _logit_diff(ours_logits, hf_logits, ours_tokens, hf_tokens) -> float:
-    """Max |logit diff| over the steps at which both sides have fed the same tokens so far."""
+def _logit_diff(ours_logits, hf_logits, ours_tokens, hf_tokens, running) -> float:
+    """Max |logit diff| over the steps at which both sides have fed the same tokens so far, on
+    the rows still generating (``running[r]``: steps row r ran). A row that has emitted EOS is
+    done: transformers keeps computing logits for it on pad tokens, the runtime does not."""
     worst = 0.0
     for step, (ours, theirs) in enumerate(zip(ours_logits, hf_logits)):
         if [t[:step] for t in ours_tokens] != [t[:step] for t in hf_tokens]:
             break
-        worst = max(worst, float(np.abs(ours - theirs).max()))
+        rows = [r for r, n in enumerate(running) if step < n]
+        if rows:
+            worst = max(worst, float(np.abs(ours[rows] - theirs[rows]).max()))
     return worst
 
 

@@ -1,0 +1,21 @@
+"""export.verify's comparisons."""
+
+import numpy as np
+
+from export.verify import _logit_diff
+
+
+def test_logit_diff_skips_rows_that_have_finished():
+    """Row 1 emits EOS at step 0: transformers' later logits for it (on pad tokens) are not ours."""
+    ours = [np.zeros((2, 4)), np.zeros((2, 4)), np.zeros((2, 4))]
+    theirs = [np.zeros((2, 4)), np.array([[0.5, 0, 0, 0], [9.0, 0, 0, 0]]), np.zeros((2, 4))]
+    tokens = [[3, 3, 3], [2, 1, 1]]  # row 1 padded after its EOS (2)
+    assert _logit_diff(ours, theirs, tokens, tokens, running=[3, 1]) == 0.5
+    assert _logit_diff(ours, theirs, tokens, tokens, running=[3, 3]) == 9.0
+
+
+def test_logit_diff_stops_where_the_tokens_part():
+    ours = [np.zeros((1, 2)), np.zeros((1, 2)), np.ones((1, 2))]
+    theirs = [np.zeros((1, 2))] * 3
+    assert _logit_diff(ours, theirs, [[1, 2, 3]], [[1, 5, 3]], running=[3]) == 0.0  # step 2 fed 2 vs 5
+    assert _logit_diff(ours, theirs, [[1, 2, 3]], [[1, 2, 3]], running=[3]) == 1.0
