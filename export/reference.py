@@ -3,7 +3,7 @@
 Everything verify needs from PyTorch and transformers is computed here and handed back as numpy:
 each graph's outputs on the check shapes (export.parity.Case), transformers' greedy tokens and
 logits at full depth, and the skip-aware reference's tokens under a policy. The process then exits,
-so torch, transformers and the checkpoint's weights (~250 MB of libraries plus one copy of the
+so torch, transformers and the checkpoint's weights (~370 MB of libraries plus one copy of the
 weights) are gone before verify loads ONNX Runtime sessions: verify's peak is the larger of the
 two sides, not their sum (issue 12: within 2x of the weights).
 
