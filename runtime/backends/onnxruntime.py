@@ -12,6 +12,7 @@ only when asked for (its first run builds engines, which takes minutes).
 from __future__ import annotations
 
 import platform
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -45,6 +46,16 @@ def _register_shared_cpu_arena(ort) -> None:
             info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
             ort.create_and_register_allocator(info, None)  # None: ONNX Runtime's default arena settings
             _ARENA_REGISTERED = True
+
+
+def _outside_runtime() -> int:
+    """The ``stacklevel`` that makes a warning name the first caller outside the runtime package
+    (the user's ``runtime.load`` or ``generate``), whichever path led here."""
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _x86_cpu_only(providers) -> bool:
@@ -87,7 +98,7 @@ class OnnxRuntimeBackend(Backend):
                 "in float32: it holds float32 copies of the weights (2.5x-2.9x the artifact's weight "
                 "bytes, docs/benchmarks.md 'Memory') and runs no faster than float32. On a CPU, build "
                 "with --dtype fp32, or --weights int8/int4 for a smaller footprint; float16 is for "
-                "the CUDA and TensorRT providers", stacklevel=2)
+                "the CUDA and TensorRT providers", stacklevel=_outside_runtime())
         directory = Path(directory)
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a

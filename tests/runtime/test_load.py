@@ -100,8 +100,9 @@ def test_layer_count_mismatch(copy):
                     reason="ONNX Runtime's fp16 CPU kernels differ on ARM64; the warning is for x86")
 def test_fp16_on_an_x86_cpu_warns_and_names_the_fix(fp16_artifact_dir, artifact_dir):
     with pytest.warns(UserWarning, match=r"x86 kernels compute in float32.*--dtype fp32, or "
-                                         r"--weights int8/int4"):
+                                         r"--weights int8/int4") as caught:
         runtime.load(fp16_artifact_dir, threads=1).close()
+    assert caught[0].filename == __file__  # it names the caller's line, not the runtime's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         runtime.load(artifact_dir, threads=1).close()  # float32: nothing to say

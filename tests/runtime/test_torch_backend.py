@@ -268,6 +268,7 @@ def test_cuda_equals_cpu(artifact_dir, torch_generator, policy):
         gen.close()
 
 
+@pytest.mark.filterwarnings("ignore:this float16 artifact runs on ONNX Runtime's CPU provider")
 def test_fp16_matches_onnxruntime_fp16(fp16_artifact_dir):
     ours = runtime.load(fp16_artifact_dir, backend="torch")
     theirs = runtime.load(fp16_artifact_dir, threads=1)
