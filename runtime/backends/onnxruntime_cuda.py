@@ -22,9 +22,9 @@ which ONNX Runtime's Python API does not offer. Three ways were weighed:
 
 The flat index of element (page p, slot s, head h, dim d, offset o) splits into a per-(row,
 position) base, computed on the host (R x T int64: a few bytes per step), plus a constant
-per-(h, d) grid (``kv_grids``, uploaded once). The helper graphs depend on the dtype only and ship
-in ``iobinding_graphs/``, so this backend needs onnxruntime, not the onnx package. Rows a layer skips are simply not
-scattered; their hidden states are kept by a ``Where`` graph.
+per-(h, d) grid (``kv_grids``, uploaded once). Rows a layer skips are simply not scattered; their
+hidden states are kept by a ``Where`` graph. The helper graphs depend on the dtype only and ship in
+``iobinding_graphs/``, so this backend needs onnxruntime, not the onnx package.
 
 ``device="cpu"`` runs all of this on the CPU provider (IOBinding with 'cpu' OrtValues): slower
 than ``OnnxRuntimeBackend`` there, and meant for the tests.
