@@ -10,6 +10,7 @@ from runtime import cli
 from runtime.errors import PolicyError, SkipDecodeError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
+from .plan import BLOCK_SIZE
 from .quantize import FORMATS, WEIGHTS
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
@@ -51,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the layers' and head's MatMul weights (default: float, the --dtype)")
     q.add_argument("--head-weights", choices=WEIGHTS,
                    help="the head's alone, e.g. --head-weights int4 with float layers (default: --weights)")
-    q.add_argument("--block-size", type=int, default=32,
-                   help="weights per scale along each weight's input dimension (default 32)")
+    q.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help="weights per scale along each weight's input dimension (default %(default)s)")
     q.add_argument("--weights-format", choices=FORMATS, default="matmulnbits",
                    help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
                         "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")

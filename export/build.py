@@ -28,6 +28,7 @@ from . import checkpoint, parity
 from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
+from .plan import BLOCK_SIZE
 from .quantize import QuantConfig
 
 TOKENIZER_DIR = "tokenizer"
@@ -48,7 +49,7 @@ class BuildOptions:
     progress: bool = True  # progress bars on stderr
     weights: str = "float"  # layers' weights: float (the dtype's), int8 or int4 (export.quantize)
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
-    block_size: int = 32  # weights per quantization scale (export.quantize.QuantConfig)
+    block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
 
 

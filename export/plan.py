@@ -34,6 +34,10 @@ GiB = 1024**3
 WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "float32": 4, "float16": 2}
 QUANT_BITS = {"int8": 8, "int4": 4}
+# Weights per quantization scale along K: ONNX Runtime's quantizer CLI default, and what keeps int4
+# within ~1 BLEU on the demo model (docs/quality.md). Every default block size of export, plan and
+# tools.bench is this one.
+BLOCK_SIZE = 32
 # Runtime overhead of one process on the ONNX Runtime CPU backend: Python, numpy, onnxruntime,
 # tokenizers, one session per graph and the tokenizer. Measured here (x86, 2026-11-23, after the
 # runtime stopped importing torch and transformers): `python -m export plan DIR --measure --tokens
@@ -73,7 +77,7 @@ class Workload:
     batch: int = 1  # rows decoded together, the load's max_batch
     prompt: int = 256  # longest prompt prefilled at once: the prefill's attention scores grow with its square
     page_size: int = 32  # KV positions per page (the export's default); capacity is whole pages
-    block_size: int = 32  # MatMulNBits quantization block along K (ONNX Runtime's quantizer CLI default)
+    block_size: int = BLOCK_SIZE  # MatMulNBits quantization block along K
     symmetric: bool = False  # True: no zero points (ONNX Runtime's MatMul4BitsQuantizer defaults to asymmetric)
 
     def check(self, arch: Arch) -> None:

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.errors import InvalidArgumentError
+from runtime.manifest import WEIGHT_FORMATS as WEIGHTS
 
-from .plan import QUANT_BITS
+from .plan import BLOCK_SIZE, QUANT_BITS
 from .weights import fold_weight_transposes
 
-WEIGHTS = ("float", "int8", "int4")
 FORMATS = ("matmulnbits", "qdq")
 
 
@@ -45,8 +45,7 @@ class QuantConfig:
     weights: str = "float"  # the layers' weights: float (as exported), int8 or int4
     head_weights: str | None = None  # the head's; None: as ``weights``. The embedding stays float:
     # a step reads one row of it, so quantizing it saves memory but no bandwidth
-    block_size: int = 32  # weights per scale along K; 32 keeps int4 within ~1 BLEU on the demo
-    # model (docs/quality.md); must divide every K (hidden and ffn sizes)
+    block_size: int = BLOCK_SIZE  # weights per scale along K; must divide every K (hidden, ffn)
     format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
     accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = the activations' float type;
     # 4 = int8 activations (faster on CPUs with int8 dot products, less accurate)
@@ -100,7 +99,7 @@ class QuantConfig:
                 "accuracy_level": self.accuracy_level}
 
 
-def quantize_graph(proto, weights: str, block_size: int = 32, format: str = "matmulnbits",
+def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: str = "matmulnbits",
                    accuracy_level: int = 0):
     """The ``onnx.ModelProto`` ``proto`` (weights inside) with its constant MatMul weights quantized.
 
@@ -109,7 +108,8 @@ def quantize_graph(proto, weights: str, block_size: int = 32, format: str = "mat
     """
     if weights == "float":
         return proto
-    config = QuantConfig(weights=weights, block_size=block_size, format=format, accuracy_level=accuracy_level)
+    # validates the arguments, with the messages the CLI gives
+    QuantConfig(weights=weights, block_size=block_size, format=format, accuracy_level=accuracy_level)
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer)

@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from runtime.manifest import TRANSPOSED
+
 WEIGHTS_FILE = "weights.bin"  # one file for the whole artifact, beside the graphs
 ALIGNMENT = 4096  # each tensor starts on a page: mappable in place, and aligned for SIMD loads
 INLINE_LIMIT = 1024  # smaller tensors (scalars, tiny biases) stay inside the .onnx, as onnx does
@@ -73,9 +75,6 @@ def tie_head(model: onnx.ModelProto) -> bool:
         graph.node.remove(node)
         return True
     return False
-
-
-TRANSPOSED = ".T"  # suffix of a folded initializer's name: ``q_proj.weight.T`` is q_proj.weight^T
 
 
 def fold_weight_transposes(model: onnx.ModelProto) -> int:

@@ -20,6 +20,9 @@ SCHEMA_VERSION = 2  # 2: layers read a paged past in place and return only the n
 KV_LAYOUT = "paged"  # see runtime.modeling.PagedOPTLayer
 WEIGHT_KINDS = ("embed", "layers", "head")  # the manifest's ``weights`` keys that name a format
 WEIGHT_FORMATS = ("float", "int8", "int4")
+# A linear weight W that a graph stores transposed, in the (in, out) layout MatMul reads, is named
+# W + TRANSPOSED ("q_proj.weight.T"): export.weights writes it, the torch backend reads it back.
+TRANSPOSED = ".T"
 MANIFEST_NAME = "manifest.json"
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"

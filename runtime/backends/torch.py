@@ -25,14 +25,13 @@ import numpy as np
 import torch
 
 from ..errors import ArtifactError, InvalidArgumentError
-from ..manifest import REBUILD_HINT, Manifest
+from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest
 from .base import Backend, check_slots
 from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # under self_attn. in the HF layer
-TRANSPOSED = ".T"  # export.weights: a weight W stored transposed is named "W.T"
 
 
 # -- weights -----------------------------------------------------------------------------------

@@ -79,13 +79,12 @@ def build_rows(data: dict) -> list[ResultRow]:
 
 def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     """(one layer's, the head's) weight bytes as the row's own export stores them: float, or for the
-    quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: block 32, a
+    quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: BLOCK_SIZE, a
     scale of the model's dtype and a zero point per block); biases and layer norms stay float."""
     layers, head = QUANTIZED.get(backend, ("float", "float"))
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
-    from export.build import BuildOptions  # the quantized rows' exports use its block size
-    from export.plan import QUANT_BITS, quantized_bytes
+    from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes  # the quantized rows' exports use BLOCK_SIZE
 
     D, F, V = model["hidden_size"], model["ffn_dim"], model["vocab_size"]
     size = 2 if model["dtype"] == "float16" else 4
@@ -93,7 +92,7 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     def matmuls(shapes, precision):
         if precision == "float":
             return sum(k * n for k, n in shapes) * size
-        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BuildOptions.block_size, size, symmetric=False)
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BLOCK_SIZE, size, symmetric=False)
                    for k, n in shapes)
 
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms

@@ -20,8 +20,9 @@ import sys
 import time
 
 from .hf_generate import peak_rss_bytes, timed_generate, timing_record
+from .rows import QUANTIZED
 
-KINDS = ("hf", "torch", "ort", "ort-nospin", "ort-int4", "ort-int4head", "ort-int8")
+KINDS = ("hf", "torch", "ort", "ort-nospin", *QUANTIZED)
 
 
 def measure_hf(spec: dict) -> dict:
