@@ -149,8 +149,6 @@ def main(argv=None) -> int:
 
 
 def _plan(args) -> int:
-    from pathlib import Path as P
-
     from . import plan as pm
 
     specs = args.models or pm.all_aliases()
@@ -159,7 +157,7 @@ def _plan(args) -> int:
     for spec in specs:
         arch = pm.resolve_arch(spec)
         page = args.page_size
-        if P(spec).is_dir():
+        if Path(spec).is_dir():
             from runtime.manifest import load_manifest
 
             manifest = load_manifest(spec, check_hashes=False)
@@ -174,7 +172,7 @@ def _plan(args) -> int:
         for weights in pm.check_formats(args.weights or default_formats):
             plans.append(pm.plan(arch, weights, workload))
         if args.measure:
-            if not P(spec).is_dir():
+            if not Path(spec).is_dir():
                 raise pm.PlanError(f"--measure loads an artifact: {spec!r} is not a directory; build one with "
                                    f"`python -m export build --model {spec} --random-weights --out DIR`")
             measures.append((plans[-1], workload))

@@ -156,7 +156,3 @@ class SharedWeights:
                 entry.key, entry.value = k, v
             referenced += length
         return referenced
-
-    @property
-    def unique_bytes(self) -> int:
-        return sum(length for _, length in self._offsets.values())

@@ -16,6 +16,7 @@ from .errors import PolicyError
 from .generator import load
 from .policy import DECAYS, PREFILLS
 
+
 def _parser():
     p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.",
                    epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
