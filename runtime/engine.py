@@ -1,19 +1,28 @@
-"""Continuous batching with per-row SkipDecode budgets.
+"""Continuous batching with per-row SkipDecode budgets, one synchronous step at a time.
 
-One worker thread owns the backend. Callers submit requests (one per ``generate``/``stream`` call,
-one row per prompt) from any thread; a FIFO queue admits a request when enough of the ``max_batch``
-KV slots are free, runs its prompt (the prefill: at full depth, or at the first step's active set
-when the policy says ``prefill="policy"``), and from then on the request's rows
-decode together with every other running row, one token per step. A row leaves when it finishes
-and its slot is reused at once.
+``Engine.step()`` is one scheduling round: admit waiting rows into free rows of the KV cache, run
+one chunk of the joining request's prompt (the prefill: at full depth, or at the first step's
+active set when the policy says ``prefill="policy"``), then one decode step of every row that
+decodes, one token each. A row leaves when it finishes and its KV row is reused at once. Nothing
+in it starts a thread: an embedded app's control loop drives it through ``Stepper``
+(runtime/generator.py), and ``Generator.generate``/``stream`` drive it from one worker thread that
+calls the same ``step()`` while there is work.
+
+Rows, not requests, are what the cache holds: each prompt of a call is a ``Sequence`` with its own
+step g, token and random stream, so a call of more prompts than rows runs its rows as rows free
+up, and each row's tokens are those of its prompt run alone. The rows of one call that are
+admitted together prefill together.
 
 Per-row budgets (DESIGN.md section 1, "continuous/dynamic batching"): each row keeps its own policy
 and its own step g, so its active set is ``policy.active_layers(g)``, whatever the other rows do.
 The sets are nested (warm-up layers plus a top block), so a step runs the union of the rows' sets,
 layer by layer, and each layer updates exactly the rows whose set holds it; the others pass their
 hidden state through unchanged. A row never runs a layer it skipped at an earlier step (its budget
-only shrinks), so every layer it runs holds its complete past, and its tokens are those it would
-produce alone.
+only shrinks), so every layer it runs holds its complete past.
+
+Chunked prefill: while other rows decode, a joining prompt runs ``prefill_chunk`` tokens per
+round, so a running row waits at most one chunk between two tokens (as vLLM's chunked prefill,
+Sarathi-Serve); with nothing decoding, the prompt runs whole.
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import Backend
+from .backends.base import DecodeStep, run_layers
 from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
+from .kvcache import KVCache
 from .policy import SkipPolicy
 from .sampling import SamplingConfig, select
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
@@ -45,9 +56,24 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 _DONE = object()  # the last item of a request's event queue, after its result or error
 
 
-@dataclass(eq=False)  # identity: a request is found in the engine's lists by what it is
+@dataclass(eq=False)  # identity: a row is found in the cache by what it is
+class Sequence:
+    """One row of a request: its KV row while seated, its own step and random stream."""
+
+    request: "Request"
+    index: int  # its row in the request (the prompt's position in the call)
+    rng: np.random.Generator
+    row: int = -1  # its row in the KV cache while seated, else -1
+    step: int = 0  # generation step g of the next token it selects
+    token: int = 0  # the token it runs at its next decode step
+    text: str = ""
+    reason: str | None = None  # why it stopped: "eos", "stop" or "length"
+    logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
+
+
+@dataclass(eq=False)
 class Request:
-    """One generate/stream call: its rows are admitted together and step in lockstep."""
+    """One generate/stream call: a Sequence per prompt, one event queue for the caller."""
 
     input_ids: np.ndarray  # (B, T0) int64, left padded
     attention_mask: np.ndarray  # (B, T0) int64
@@ -59,59 +85,69 @@ class Request:
     detok: list[IncrementalDetokenizer]
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, _DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
-    slots: list[int] = field(default_factory=list)  # slot of each row while it runs
-    step: int = 0  # generation step g of the next token this request selects
-    texts: list[str] = field(default_factory=list)
-    finished: np.ndarray | None = None  # (B,) bool
-    reasons: list[str | None] = field(default_factory=list)  # why each row stopped
-    logits: np.ndarray | None = None  # (B, V) fp32: the scores of the next token of every row
-    tokens: np.ndarray | None = None  # (B,) the tokens the rows run at the next decode step
+    admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
     stats: GenerationStats | None = None
 
     def __post_init__(self) -> None:
-        B = self.input_ids.shape[0]
-        self.rng = np.random.default_rng(self.sampling.seed)
-        self.texts = [""] * B
-        self.finished = np.zeros(B, dtype=bool)
-        self.reasons = [None] * B
-        self.slots = [-1] * B
+        B, T0 = self.input_ids.shape
+        # A random stream per row: a row samples what it would alone, wherever it is seated.
+        seeds = np.random.SeedSequence(self.sampling.seed).spawn(B)
+        self.seqs = [Sequence(self, b, np.random.default_rng(seeds[b])) for b in range(B)]
+        self.stats = GenerationStats(0, B, T0, 0)
 
     @property
     def rows(self) -> int:
         return self.input_ids.shape[0]
 
+    @property
+    def done(self) -> bool:
+        return all(s.reason is not None for s in self.seqs)
+
+
+@dataclass(eq=False)
+class Prefill:
+    """The joining rows' prompt, run a chunk per round."""
+
+    request: Request
+    seqs: list[Sequence]
+    input_ids: np.ndarray  # (k, T) the rows' prompts, their common left padding cut
+    attention_mask: np.ndarray  # (k, T)
+    done: int = 0  # prompt columns already run
+
 
 class Engine:
-    """The scheduler and decode loop. It talks to the backend only through ``Backend``."""
+    """The scheduler and decode loop over a KV cache. It talks to the backend only through ``Backend``."""
 
     def __init__(self, backend: Backend, num_layers: int, pad_token_id: int, max_batch: int,
-                 capacity: int, max_queue: int | None = None):
+                 capacity: int, page: int, max_queue: int | None = None, prefill_chunk: int | None = None):
         self.backend, self.num_layers, self.pad = backend, num_layers, pad_token_id
-        self.max_batch, self.max_queue = max_batch, max_queue
-        backend.allocate(max_batch, capacity)
-        width = backend.past_width(capacity)  # a paged backend rounds up to whole pages
-        self.owner: list[Request | None] = [None] * max_batch  # slot -> request
-        self.row_of = np.zeros(max_batch, dtype=np.int64)  # slot -> row index in its request
-        self.length = np.zeros(max_batch, dtype=np.int64)  # positions each slot's row holds
-        self.valid = np.zeros((max_batch, width), dtype=np.int64)  # the rows' attention masks
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.cache = KVCache(backend.kv_storage(), max_batch, capacity, page)
+        self.waiting: deque[Request] = deque()  # requests with rows not yet seated, in arrival order
+        self.running: list[Request] = []  # requests with seated rows
+        self.prefill: Prefill | None = None
         self.lock = threading.Condition()
         self.closing = self.cancelling = False
         self.thread: threading.Thread | None = None
+        self.stepper = None  # the Stepper driving this engine, if an app drives it
 
     # -- the callers' side -------------------------------------------------------------------
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, thread: bool = True) -> None:
         with self.lock:
             if self.closing:
                 raise EngineClosedError("this Generator is closed; load the artifact again")
+            if thread and self.stepper is not None:
+                raise EngineClosedError(
+                    "this Generator is driven by a step loop (Generator.stepper()); add the request "
+                    "there, or close the stepper first")
             if self.max_queue is not None and len(self.waiting) >= self.max_queue:
                 raise QueueFullError(
                     f"{len(self.waiting)} requests are already waiting (max_queue {self.max_queue}); "
                     f"retry later or load with a larger max_queue / max_batch")
+            request.stats.num_layers = self.num_layers
             self.waiting.append(request)
-            if self.thread is None:
+            if thread and self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="skipdecode-engine", daemon=True)
                 self.thread.start()
             self.lock.notify()
@@ -132,165 +168,200 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    # -- the worker --------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def owner(self) -> list:
+        """The request of each KV row (None = free)."""
+        return [None if s is None else s.request for s in self.cache.owners]
+
+    # -- the worker thread: a driver of step() -----------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._loop()
+            while True:
+                with self.lock:
+                    while not (self.busy or self.closing):
+                        self.lock.wait()
+                    if self.closing and not self.busy:
+                        return
+                self.step()
         except BaseException as exc:  # a bug in the engine itself: fail every caller, never hang them
-            with self.lock:
-                self.closing = True
-                for r in [*self.running, *self.waiting]:
-                    r.events.put(exc)
-                    r.events.put(_DONE)
-                self.running, self.waiting = [], deque()
+            self._fail_all(exc)
             raise
 
-    def _loop(self) -> None:
-        while True:
-            with self.lock:
-                while not (self.waiting or self.running or self.closing):
-                    self.lock.wait()
-                if self.cancelling:
-                    for r in [*self.running, *self.waiting]:
-                        self._end(r, EngineClosedError("the Generator was closed while this request ran"))
-                    self.waiting.clear()
-                if self.closing and not (self.waiting or self.running):
-                    return
-                for r in [r for r in self.running if r.cancelled]:
-                    self._end(r, None)
-                for r in [r for r in self.waiting if r.cancelled]:
-                    self.waiting.remove(r)
-                    r.events.put(_DONE)
-                admitted = []
-                while self.waiting and self.waiting[0].rows <= self.owner.count(None):
-                    admitted.append(self._seat(self.waiting.popleft()))
-            for r in admitted:
-                self._guard([r], self._prefill, r)
-            for r in list(self.running):
-                if r.logits is not None:
-                    self._guard([r], self._emit, r)
-            if any(self.owner):
-                self._guard(list(self.running), self._decode_step)
+    def _fail_all(self, exc: BaseException) -> None:
+        with self.lock:
+            self.closing = True
+            for r in [*self.running, *self.waiting]:
+                r.events.put(exc)
+                r.events.put(_DONE)
+            self.running, self.waiting, self.prefill = [], deque(), None
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One round: cancellations, admission, a prefill chunk, a decode step. True while
+        requests remain (running or waiting)."""
+        with self.lock:
+            if self.cancelling:
+                for r in [*self.running, *self.waiting]:
+                    self._end(r, EngineClosedError("the Generator was closed while this request ran"))
+            for r in [r for r in (*self.running, *self.waiting) if r.cancelled]:
+                self._end(r, None)
+            if self.prefill is None:
+                self._admit()
+        if self.prefill is not None:
+            self._guard([self.prefill.request], self._prefill_chunk)
+        if self.cache.decoding:
+            self._guard(list(self.running), self._decode)
+        with self.lock:
+            return self.busy
 
     def _guard(self, requests, fn, *args) -> None:
         """Run fn; an exception fails the requests it concerns, never the engine or the others."""
         try:
             fn(*args)
         except BaseException as exc:  # noqa: BLE001 - delivered to the caller, who re-raises it
-            for r in requests:
-                self._end(r, exc)
+            with self.lock:
+                for r in requests:
+                    self._end(r, exc)
 
-    def _seat(self, request: Request) -> Request:
-        free = [s for s, owner in enumerate(self.owner) if owner is None]
-        request.slots = free[: request.rows]
-        for b, s in enumerate(request.slots):
-            self.owner[s], self.row_of[s] = request, b
-        self.running.append(request)
-        return request
-
-    def _free(self, request: Request, row: int) -> None:
-        s = request.slots[row]
-        if s >= 0 and self.owner[s] is request:
-            self.owner[s] = None
-            self.valid[s, : self.length[s]] = 0
-            self.length[s] = 0
-        request.slots[row] = -1
+    def _admit(self) -> None:
+        """Seat the next waiting rows (of the first waiting request) in the free KV rows."""
+        if not self.waiting or not self.cache.free:
+            return
+        r = self.waiting[0]
+        k = min(r.rows - r.admitted, self.cache.free)
+        seqs = r.seqs[r.admitted: r.admitted + k]
+        r.admitted += k
+        if r.admitted == r.rows:
+            self.waiting.popleft()
+        if r not in self.running:
+            self.running.append(r)
+        self.cache.seat(seqs)
+        picked = slice(seqs[0].index, seqs[-1].index + 1)
+        mask = r.attention_mask[picked]
+        first = int(np.argmax(mask.any(axis=0)))  # the columns every seated row pads are cut
+        self.prefill = Prefill(r, seqs, r.input_ids[picked, first:], mask[:, first:])
 
     def _end(self, request: Request, outcome) -> None:
-        """Free the request's slots and deliver ``outcome`` (a result, an exception, or None)."""
-        for b in range(request.rows):
-            self._free(request, b)
+        """Free the request's rows and deliver ``outcome`` (a result, an exception, or None)."""
+        if self.prefill is not None and self.prefill.request is request:
+            self.prefill = None
+            self.cache.promote()  # nothing joins any more: what is left of the group decodes
+        for s in request.seqs:
+            if s.row >= 0:
+                self.cache.release(s.row)
         if request in self.running:
             self.running.remove(request)
+        if request in self.waiting:
+            self.waiting.remove(request)
         if outcome is not None:
             request.events.put(outcome)
         request.events.put(_DONE)
 
-    def _prefill(self, r: Request) -> None:
-        """The prompt through the policy's prefill layers (all, or step 0's active set, which holds
-        every later step's), on the request's rows alone; K/V to positions [0, T0)."""
-        backend, L = self.backend, self.num_layers
-        B, T0 = r.input_ids.shape
-        slots = np.array(r.slots)
-        start = time.perf_counter()
-        hidden = backend.embed(r.input_ids, r.attention_mask)
-        for i in r.policy.prefill_layers():
-            hidden = backend.layer(i, hidden, r.attention_mask, slots, np.zeros(B, np.int64))
-        r.logits = backend.head(hidden)  # (B, V)
-        self.valid[slots, :T0] = r.attention_mask
-        self.length[slots] = T0
-        r.stats = GenerationStats(L, B, T0, 0, prefill_seconds=time.perf_counter() - start)
+    def _prefill_chunk(self) -> None:
+        """One chunk of the joining rows' prompt through the policy's prefill layers (all, or step
+        0's active set, which holds every later step's); K/V to the rows' next positions."""
+        p, backend, cache = self.prefill, self.backend, self.cache
+        r = p.request
+        seqs = sorted(p.seqs, key=lambda s: s.row)  # departures may have reordered the block
+        order = [p.seqs.index(s) for s in seqs]
+        start, k = seqs[0].row, len(seqs)
+        total = p.input_ids.shape[1]
+        chunk = total - p.done
+        if self.prefill_chunk and cache.decoding:  # rows are waiting for their next token
+            chunk = min(chunk, self.prefill_chunk)
+        cols = slice(p.done, p.done + chunk)
+        ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
+        began = time.perf_counter()
+        cache.reserve(start, start + k, chunk)
+        mask = cache.mask(start, start + k, new)  # (k, W + T)
+        hidden = backend.embed(ids, mask)  # (k, T, D)
+        hidden = run_layers(backend, cache, start, hidden, mask, r.policy.prefill_layers())
+        cache.advance(start, start + k, new)
+        p.done += chunk
+        logits = backend.head(hidden) if p.done == total else None  # (k, V)
+        r.stats.prefill_seconds += time.perf_counter() - began
+        if logits is not None:
+            with self.lock:
+                self.prefill = None
+                cache.promote()
+            for j, s in enumerate(seqs):
+                s.logits = logits[j]
+            self._emit(seqs)
 
-    def _emit(self, r: Request) -> None:
-        """Select every row's next token, stream it, retire finished rows (and the request)."""
-        g, last = r.step, r.step == r.max_new_tokens - 1
-        tokens = select(r.logits, r.sampling, r.rng)  # (B,)
-        tokens[r.finished] = self.pad
-        event = TokenEvent(g, [None] * r.rows, [""] * r.rows, [False] * r.rows, r.logits, [None] * r.rows)
-        for b in np.flatnonzero(~r.finished):
-            token = int(tokens[b])
-            detok, before = r.detok[b], r.texts[b]
-            delta = detok.add(token)
-            if token in r.eos or last:
-                delta += detok.flush()
-            text = before + delta
-            hit = _first_stop(text, r.stops, len(before))
-            if hit is not None:
-                text = text[:hit]
-            event.token_ids[b], event.texts[b] = token, text[len(before):]
-            r.texts[b] = text
-            reason = "eos" if token in r.eos else "stop" if hit is not None else "length" if last else None
-            if reason is not None:
-                r.finished[b], r.reasons[b] = True, reason
-                event.finish_reasons[b] = reason
-                self._free(r, b)
-        event.finished = r.finished.tolist()
-        r.stats.new_tokens = g + 1
-        r.logits = None
-        r.events.put(event)
-        if r.finished.all():
-            result = GenerationResult(r.texts, [d.tokens for d in r.detok], r.stats, r.policy,
-                                      list(r.reasons))
-            self._end(r, result)
-        else:
-            r.tokens = tokens
-
-    def _decode_step(self) -> None:
-        """One token for every running row: embed, the union of the rows' active sets, head."""
-        backend, S = self.backend, self.max_batch
-        live = [s for s in range(S) if self.owner[s] is not None]
-        start = time.perf_counter()
-        sets = {s: self.owner[s].policy.active_layers(self.owner[s].step) for s in live}
-        ids = np.full((S, 1), self.pad, dtype=np.int64)
-        for s in live:
-            ids[s, 0] = self.owner[s].tokens[self.row_of[s]]
-        past = backend.past_width(int(self.length.max()))
-        mask = np.zeros((S, past + 1), dtype=np.int64)  # (S, P + 1)
-        mask[:, :past] = self.valid[:, :past]
-        mask[live, past] = 1
-        positions = self.length.copy()
-        layers = sorted(set().union(*sets.values()))
-        updates = []
-        for i in layers:
-            update = np.zeros(S, dtype=bool)
-            update[[s for s in live if i in sets[s]]] = True
-            updates.append(update)
-        logits = backend.decode(ids, mask, positions, layers, updates, np.array(live))  # (len(live), V)
-        seconds = time.perf_counter() - start
-        self.valid[live, self.length[live]] = 1
-        self.length[live] += 1
-        requests = dict.fromkeys(self.owner[s] for s in live)  # each once, in slot order
-        for r in requests:
-            r.logits = np.zeros((r.rows, logits.shape[1]), np.float32)  # finished rows stay 0
-        for k, s in enumerate(live):
-            self.owner[s].logits[self.row_of[s]] = logits[k]
-        for r in requests:
-            rows = tuple(int(self.row_of[s]) for s in live if self.owner[s] is r)
+    def _decode(self) -> None:
+        """One token for every decoding row: embed, the union of the rows' active sets, head."""
+        cache = self.cache
+        R = cache.decoding
+        seqs = cache.owners[:R]
+        sets = [s.request.policy.active_layers(s.step) for s in seqs]
+        layers = sorted(set().union(*sets))
+        updates = [np.array([i in active for active in sets]) for i in layers]
+        ids = np.array([[s.token] for s in seqs], dtype=np.int64)  # (R, 1)
+        began = time.perf_counter()
+        cache.reserve(0, R, 1)
+        new = np.ones((R, 1), dtype=np.int64)
+        step = DecodeStep(ids, cache.mask(0, R, new), layers, updates)
+        logits = self.backend.decode(step, cache)  # (R, V)
+        cache.advance(0, R, new)
+        seconds = time.perf_counter() - began
+        groups: dict[tuple, list[int]] = {}
+        for j, s in enumerate(seqs):
+            s.logits = logits[j]
+            groups.setdefault((s.request, s.step), []).append(j)
+        for (r, g), members in groups.items():
             r.stats.decode_seconds += seconds
-            r.stats.steps.append(StepStats(r.step, r.policy.budget(r.step), sets[r.slots[rows[0]]],
-                                           seconds, self.num_layers, rows, tuple(layers)))
-            r.step += 1
+            r.stats.steps.append(StepStats(g, r.policy.budget(g), sets[members[0]], seconds,
+                                           self.num_layers, tuple(seqs[j].index for j in members),
+                                           tuple(layers)))
+        for s in seqs:
+            s.step += 1
+        self._emit(seqs)
+
+    def _emit(self, seqs: list[Sequence]) -> None:
+        """Select each row's next token, stream it (one event per request and step), retire
+        finished rows, and finished requests."""
+        groups: dict[tuple, list[Sequence]] = {}
+        for s in seqs:
+            groups.setdefault((s.request, s.step), []).append(s)
+        for (r, g), members in sorted(groups.items(), key=lambda item: item[0][1]):
+            last = g == r.max_new_tokens - 1
+            B = r.rows
+            logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
+            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B)
+            for s in members:
+                b = s.index
+                logits[b] = s.logits
+                token = int(select(s.logits[None, :], r.sampling, s.rng)[0])
+                detok, before = r.detok[b], s.text
+                delta = detok.add(token)
+                if token in r.eos or last:
+                    delta += detok.flush()
+                text = before + delta
+                hit = _first_stop(text, r.stops, len(before))
+                if hit is not None:
+                    text = text[:hit]
+                event.token_ids[b], event.texts[b] = token, text[len(before):]
+                s.text, s.token, s.logits = text, token, None
+                reason = "eos" if token in r.eos else "stop" if hit is not None else "length" if last else None
+                if reason is not None:
+                    s.reason = event.finish_reasons[b] = reason
+                    if s.row >= 0:
+                        self.cache.release(s.row)
+            event.finished = [s.reason is not None for s in r.seqs]
+            r.stats.new_tokens = max(r.stats.new_tokens, g + 1)
+            r.events.put(event)
+        for r in dict.fromkeys(s.request for s in seqs):
+            if r.done:
+                result = GenerationResult([s.text for s in r.seqs], [d.tokens for d in r.detok], r.stats,
+                                          r.policy, [s.reason for s in r.seqs])
+                with self.lock:
+                    self._end(r, result)
 
 
 def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:

@@ -5,6 +5,7 @@ A Generator is thread-safe: every ``generate``/``stream`` call becomes a request
 
 from __future__ import annotations
 
+import queue
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,7 +22,10 @@ from .sampling import SamplingConfig
 from .stats import GenerationResult, TokenEvent
 from .tokenizer import load_tokenizer
 
-DEFAULT_MAX_BATCH = 8  # KV slots when load() is not told; a TensorRT build may allow fewer
+DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
+# Prompt tokens a joining request runs per round while other rows decode: a running row waits at
+# most one chunk between two tokens (docs/benchmarks.md, "A prompt joins")
+DEFAULT_PREFILL_CHUNK = 64
 
 
 class GenerationStream:
@@ -73,7 +77,8 @@ class Generator:
     """An artifact loaded onto a backend, ready to generate. Build with ``runtime.load``."""
 
     def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int | None = None,
-                 max_length: int | None = None, max_queue: int | None = None):
+                 max_length: int | None = None, max_queue: int | None = None,
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
@@ -88,11 +93,13 @@ class Generator:
             if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
                 bound = f"in [{low}, {high}] (max_position_embeddings)" if high else f">= {low}"
                 raise InvalidArgumentError(f"{name} must be an int {bound}, got {value!r}")
-        if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 0):
-            raise InvalidArgumentError(f"max_queue must be None or an int >= 0, got {max_queue!r}")
+        for name, value in (("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
+            low = 1 if name == "prefill_chunk" else 0
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise InvalidArgumentError(f"{name} must be None or an int >= {low}, got {value!r}")
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, manifest.model.pad_token_id,
-                             max_batch, max_length, max_queue)
+                             max_batch, max_length, manifest.page_size, max_queue, prefill_chunk)
 
     @property
     def num_layers(self) -> int:
@@ -106,13 +113,19 @@ class Generator:
         return policy_for(self.manifest, max_new_tokens, policy, speedup, decay=decay,
                           exponent=exponent, prefill=prefill)
 
-    def stream(self, prompts: str | Sequence[str], max_new_tokens: int = 32, *, policy=None,
-               speedup: float | None = None, decay: str | None = None, exponent: float | None = None,
-               prefill: str | None = None, do_sample: bool = False, temperature: float = 1.0,
-               top_k: int = 50, top_p: float = 1.0, seed: int | None = None,
-               eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
-               stop_strings: str | Sequence[str] | None = None) -> GenerationStream:
+    def stream(self, prompts: str | Sequence[str], max_new_tokens: int = 32, **kwargs) -> GenerationStream:
         """Like ``generate``, but yields a TokenEvent per step as tokens are produced."""
+        request = self.request(prompts, max_new_tokens, **kwargs)
+        self.engine.submit(request)
+        return GenerationStream(self.engine, request)
+
+    def request(self, prompts: str | Sequence[str], max_new_tokens: int = 32, *, policy=None,
+                speedup: float | None = None, decay: str | None = None, exponent: float | None = None,
+                prefill: str | None = None, do_sample: bool = False, temperature: float = 1.0,
+                top_k: int = 50, top_p: float = 1.0, seed: int | None = None,
+                eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
+                stop_strings: str | Sequence[str] | None = None) -> Request:
+        """The engine request of a ``generate`` call, checked and tokenized (not yet submitted)."""
         prompts = validate.check_prompts(prompts)
         max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
         eos = validate.check_eos(eos_token_id, self.manifest.model.vocab_size,
@@ -121,23 +134,24 @@ class Generator:
         sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed)
         chosen = self.policy_for(max_new_tokens, policy, speedup, decay=decay, exponent=exponent,
                                  prefill=prefill)
-        if len(prompts) > self.max_batch:
-            raise InvalidArgumentError(
-                f"{len(prompts)} prompts exceed max_batch {self.max_batch} of this Generator (its KV "
-                f"slots); load with runtime.load(..., max_batch={len(prompts)}) or split the batch")
         enc = self.tokenizer(prompts, padding=True, return_tensors="np")
         input_ids = enc["input_ids"].astype(np.int64)  # (B, T0), left padded
         attention_mask = enc["attention_mask"].astype(np.int64)  # (B, T0)
         validate.check_nonempty_rows(attention_mask, prompts)
-        # Left padding occupies positions of the row's KV timeline too: the padded length counts.
-        validate.check_length(input_ids.shape[1], max_new_tokens, self.max_length,
+        # Each row runs alone as far as its KV is concerned (the engine cuts the padding that all
+        # rows seated together share), so each row's own length is what must fit.
+        longest = int(attention_mask.sum(axis=1).max())
+        validate.check_length(longest, max_new_tokens, self.max_length,
                               limit_name=f"max_length {{limit}} of this Generator (the model's "
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
-        request = Request(input_ids, attention_mask, max_new_tokens, chosen, sampling, eos, stops,
-                          [IncrementalDetokenizer(self.tokenizer) for _ in prompts])
-        self.engine.submit(request)
-        return GenerationStream(self.engine, request)
+        return Request(input_ids, attention_mask, max_new_tokens, chosen, sampling, eos, stops,
+                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts])
+
+    def stepper(self) -> "Stepper":
+        """A synchronous driver of this Generator's engine for an app's own loop (no threads).
+        See ``Stepper``."""
+        return Stepper(self)
 
     def generate(self, prompts, max_new_tokens: int = 32, *, streamer: Callable[[TokenEvent], None] | None = None,
                  **kwargs) -> GenerationResult:
@@ -155,6 +169,110 @@ class Generator:
         self.backend.close()
 
     def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StepRequest:
+    """A request added to a Stepper: its events so far, and its result once done."""
+
+    def __init__(self, request: Request):
+        self._request = request
+        self.events: list[TokenEvent] = []
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+    def _drain(self) -> list[TokenEvent]:
+        new = []
+        while True:
+            try:
+                item = self._request.events.get_nowait()
+            except queue.Empty:
+                return new
+            if item is _DONE:
+                self.done = True
+            elif isinstance(item, GenerationResult):
+                self.result = item
+            elif isinstance(item, BaseException):
+                self.error = item
+            else:
+                new.append(item)
+                self.events.append(item)
+
+
+class Stepper:
+    """Decoding driven by the caller's own loop, with no threads: a robot's control tick or a UI
+    frame calls ``step()`` when it has time (the spirit of onnxruntime-genai's ``Generator``)::
+
+        stepper = gen.stepper()
+        req = stepper.add("name[The Eagle], food[French]", 32, speedup=2)
+        while not stepper.done:
+            for r, event in stepper.step():  # the tokens of this step, request by request
+                print(event.texts[0], end="")
+        print(req.result.texts[0])
+
+    ``add`` takes what ``Generator.generate`` takes. A step is one round of the engine, the same one
+    ``generate``/``stream`` run from their worker thread: a prefill chunk of a joining request and
+    one token for every decoding row. A Generator is driven one way at a time: ``stepper()`` is
+    refused once ``generate``/``stream`` started its worker thread, and they are refused while a
+    stepper is open (``close()`` it, or use it as a context manager).
+    """
+
+    def __init__(self, generator: Generator):
+        self._generator, engine = generator, generator.engine
+        with engine.lock:
+            if engine.thread is not None or engine.stepper is not None:
+                raise InvalidArgumentError(
+                    "this Generator is already driven by " + ("another stepper" if engine.stepper else
+                    "its worker thread (generate/stream were called)") + "; load another Generator "
+                    "for a step loop")
+            engine.stepper = self
+        self._engine = engine
+        self._requests: list[StepRequest] = []
+
+    def add(self, prompts, max_new_tokens: int = 32, **kwargs) -> StepRequest:
+        """Queue a request; its rows join at the next steps, as KV rows free up."""
+        if self._engine.stepper is not self:
+            raise InvalidArgumentError("this stepper is closed")
+        handle = StepRequest(self._generator.request(prompts, max_new_tokens, **kwargs))
+        self._engine.submit(handle._request, thread=False)
+        self._requests.append(handle)
+        return handle
+
+    def cancel(self, handle: StepRequest) -> None:
+        """End ``handle``'s request at the next step; its rows go to the others."""
+        self._engine.cancel(handle._request)
+
+    def step(self) -> list[tuple[StepRequest, TokenEvent]]:
+        """One round of the engine; the events it produced, in order. A request that failed has
+        ``error`` set (it does not stop the others)."""
+        if self._engine.stepper is not self:
+            raise InvalidArgumentError("this stepper is closed")
+        self._engine.step()
+        out = [(h, e) for h in self._requests for e in h._drain()]
+        self._requests = [h for h in self._requests if not h.done]
+        return out
+
+    @property
+    def done(self) -> bool:
+        """No request running or waiting."""
+        return not self._engine.busy
+
+    def close(self) -> None:
+        """Cancel what is still running and give the Generator back (to generate/stream or a new stepper)."""
+        if self._engine.stepper is self:
+            for h in self._requests:
+                self._engine.cancel(h._request)
+            while self._engine.busy:
+                self._engine.step()
+            for h in self._requests:
+                h._drain()
+            self._engine.stepper = None
+
+    def __enter__(self) -> "Stepper":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -201,26 +319,32 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
 
 
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,
-         max_length: int | None = None, max_queue: int | None = None, **backend_options) -> Generator:
+         max_length: int | None = None, max_queue: int | None = None,
+         prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
     checks their I/O names against the manifest. ``check_hashes``: True hashes only the files
     changed since they were last verified (runtime.integrity: an untouched artifact loads without
     hashing), "full" hashes every file, False none (see ``runtime.manifest.load_manifest``).
-    max_batch: rows decoded together (KV slots); calls from any thread share them (default 8, or
-        the backend's limit if lower, e.g. TensorRT engines built for fewer).
+    max_batch: rows decoded together (KV rows); calls from any thread share them (default 8, or
+        the backend's limit if lower, e.g. TensorRT engines built for fewer). A step costs what
+        its running rows cost, so a lone request runs as fast on 8 rows as on 1; a call of more
+        prompts than rows runs them as rows free up.
     max_length: positions per row, prompt + new tokens (default: the model's
         max_position_embeddings, or the backend's limit if lower, e.g. the engines' max_seq); the
         KV cache is preallocated for max_batch x max_length.
-    max_queue: requests allowed to wait for a slot (None: unbounded); past it, QueueFullError.
+    max_queue: requests allowed to wait for a row (None: unbounded); past it, QueueFullError.
+    prefill_chunk: prompt tokens a joining request runs per step while other rows decode (default
+        64; None runs every prompt whole, stalling the running rows for its length).
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
     tokenizer = load_tokenizer(Path(directory) / manifest.tokenizer_dir, manifest.model.pad_token_id)
     return Generator(directory, manifest, create_backend(backend, directory, manifest, **backend_options),
-                     tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue)
+                     tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue,
+                     prefill_chunk=prefill_chunk)
 
 
 def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationResult:
@@ -241,7 +365,7 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
     threads, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
     load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir",
-                 "max_batch", "max_length", "max_queue"}
+                 "max_batch", "max_length", "max_queue", "prefill_chunk"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():
             raise InvalidArgumentError(
@@ -249,7 +373,8 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
                 f"to runtime.load instead")
         return model.generate(prompts, max_new_tokens, **kwargs)
     load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in load_keys}
-    load_kwargs.setdefault("max_batch", 1 if isinstance(prompts, str) else max(len(prompts or ()), 1))
+    load_kwargs.setdefault("max_batch", 1 if isinstance(prompts, str) else
+                           min(max(len(prompts or ()), 1), DEFAULT_MAX_BATCH))
     generator = load(model, **load_kwargs)
     try:
         return generator.generate(prompts, max_new_tokens, **kwargs)

@@ -16,8 +16,10 @@ from .integrity import hash_files, record_hashes, sha256_file, stale_files
 from .paths import confined
 from .swap import recover
 
-SCHEMA_VERSION = 2  # 2: layers read a paged past in place and return only the new K/V
-KV_LAYOUT = "paged"  # see runtime.modeling.PagedOPTLayer
+# 2: layers read a paged past in place and return only the new K/V; 3: the past is a block of
+# rows (B, nh, hd|W, W|hd), so a step binds the rows that run and no others (runtime.kvcache)
+SCHEMA_VERSION = 3
+KV_LAYOUT = "rows"  # see runtime.modeling.CachedOPTLayer
 WEIGHT_KINDS = ("embed", "layers", "head")  # the manifest's ``weights`` keys that name a format
 WEIGHT_FORMATS = ("float", "int8", "int4")
 # A linear weight W that a graph stores transposed, in the (in, out) layout MatMul reads, is named
@@ -73,7 +75,7 @@ class Manifest:
     tokenizer_dir: str  # relative directory holding the tokenizer files
     policy: dict  # default SkipPolicy fields for this model
     kv_cache: dict = field(default_factory=lambda: {"layout": KV_LAYOUT, "page_size": 32})  # the
-    # layers' past: page-major pages of page_size positions (runtime.modeling.PagedOPTLayer)
+    # layers' past: a block of rows whose width grows in steps of page_size positions (runtime.kvcache)
     source: dict = field(default_factory=dict)  # where the weights came from
     checks: dict = field(default_factory=dict)  # parity results recorded at export
     weights: dict = field(default_factory=dict)  # weight-only quantization per graph kind:
@@ -239,7 +241,7 @@ def _check_structure(m: Manifest, path: Path) -> None:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")
     layout, page = m.kv_cache.get("layout"), m.kv_cache.get("page_size")
     if layout != KV_LAYOUT or isinstance(page, bool) or not isinstance(page, int) or page < 1:
-        raise ArtifactError(f"{path}: kv_cache {m.kv_cache} is not a paged layout with an int "
+        raise ArtifactError(f"{path}: kv_cache {m.kv_cache} is not a {KV_LAYOUT!r} layout with an int "
                             f"page_size >= 1; {REBUILD_HINT}")
     if m.dtype not in ("float32", "float16"):
         raise ArtifactError(f"{path}: dtype {m.dtype!r} is not float32 or float16; {REBUILD_HINT}")

@@ -2,7 +2,7 @@
 
 The decoder math is reimplemented on the Hugging Face modules' own weights, so it is independent of
 transformers' changing cache API and is exactly what gets traced into the per-layer ONNX graphs:
-``OPTEmbed``, ``PagedOPTLayer`` (an ``OPTLayer`` reading its past from a paged KV buffer) and
+``OPTEmbed``, ``CachedOPTLayer`` (an ``OPTLayer`` reading its past from rows of a KV buffer) and
 ``OPTHead`` each become one graph, with the KV cache as explicit inputs and outputs. ``SkipOPT``
 strings them together under a ``SkipPolicy`` and is the reference every backend is checked against.
 
@@ -139,21 +139,22 @@ class OPTLayer(nn.Module):
         return hidden, key, value
 
 
-class PagedOPTLayer(OPTLayer):
-    """OPTLayer whose past K/V is a prefix of a paged, page-major buffer: the exported graph contract.
+class CachedOPTLayer(OPTLayer):
+    """OPTLayer whose past K/V is a block of rows of a preallocated KV buffer: the exported graph contract.
 
-    hidden (B, T, D), attention_mask (B, n * page + T),
-    past_key (n, B, nh, hd, page), past_value (n, B, nh, page, hd)
+    hidden (B, T, D), attention_mask (B, W + T),
+    past_key (B, nh, hd, W), past_value (B, nh, W, hd)
     -> hidden (B, T, D), new_key / new_value (B, nh, T, hd): only the T new positions.
 
-    Why this layout: a runtime keeps one buffer of (max_pages, slots, ...) per layer and binds its
-    first n pages, which are contiguous because the page axis is outermost, so nothing is copied or
-    concatenated per step. Each row's past fills its own positions [0, length) of the n * page
-    (position p in page p // page, at p % page); the mask is 0 wherever a row has no valid K/V (padding, or
-    positions past its length). K is stored transposed (hd, page) so that q @ K needs no transpose.
-    The new K/V are not concatenated to the past either: scores and weighted values are computed for
-    the past and the new positions separately; only the scores (1/hd the size of K) are joined.
-    A prefill passes one all-masked page (n = 1): masked scores get MASK_VALUE, whose exp is 0.
+    Why this layout: a runtime keeps one buffer of (rows, nh, hd|W, W|hd) per layer with the rows
+    that run packed at the front (runtime.kvcache), so the rows of a step are one contiguous block
+    that is bound in place: nothing is copied or concatenated per step, and a step reads the K/V of
+    the rows that run, no others. Each row's past fills its own positions [0, length) of the W; the
+    mask is 0 wherever a row has no valid K/V (padding, positions past its length, or what an
+    earlier occupant of the row left). K is stored transposed (hd, W) so that q @ K needs no
+    transpose. The new K/V are not concatenated to the past either: scores and weighted values are
+    computed for the past and the new positions separately; only the scores (1/hd the size of K)
+    are joined. Masked scores get MASK_VALUE, whose exp is 0, so masked columns contribute nothing.
     """
 
     def __init__(self, layer: OPTLayer):
@@ -167,22 +168,19 @@ class PagedOPTLayer(OPTLayer):
     def _attention(self, h, attention_mask, past_key, past_value):
         B, T, D = h.shape
         nh, hd = self.num_heads, self.head_dim
-        n, page = past_key.shape[0], past_key.shape[4]
+        W = past_key.shape[3]
         q = (self.q_proj(h) * self.scaling).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         v = self.v_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        past = torch.matmul(q.unsqueeze(0), past_key)  # (n, B, nh, T, page)
-        past = past.permute(1, 2, 3, 0, 4).reshape(B, nh, T, n * page)  # (B, nh, T, n * page)
+        past = torch.matmul(q, past_key)  # (B, nh, T, W)
         new = torch.matmul(q, k.transpose(2, 3))  # (B, nh, T, T)
-        scores = torch.cat([past, new], dim=-1).float()  # (B, nh, T, n * page + T) fp32
+        scores = torch.cat([past, new], dim=-1).float()  # (B, nh, T, W + T) fp32
         probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
         # Split by gathering index ranges, not slicing: the TorchScript exporter writes a slice of
         # a computed length with computed axes, which TensorRT 8.x cannot parse (as in OPTEmbed).
-        past_at = torch.arange(n * page, device=h.device)  # (n * page,)
-        new_at = torch.arange(n * page, n * page + T, device=h.device)  # (T,)
-        past_probs = probs.index_select(3, past_at)  # (B, nh, T, n * page)
-        past_probs = past_probs.reshape(B, nh, T, n, page).permute(3, 0, 1, 2, 4)  # (n, B, nh, T, page)
-        out = torch.matmul(past_probs, past_value).sum(0)  # (B, nh, T, hd): sum over pages
+        past_at = torch.arange(W, device=h.device)  # (W,)
+        new_at = torch.arange(W, W + T, device=h.device)  # (T,)
+        out = torch.matmul(probs.index_select(3, past_at), past_value)  # (B, nh, T, hd)
         out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nh, T, hd)
         out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.out_proj(out), k, v
@@ -294,4 +292,4 @@ def graph_module(model: SkipOPT, name: str) -> nn.Module:
         return model.embed
     if name == "head":
         return model.head
-    return PagedOPTLayer(model.layers[int(name.split("_")[1])])
+    return CachedOPTLayer(model.layers[int(name.split("_")[1])])

@@ -1,104 +1,98 @@
 """The interface between the decode loop and whatever executes the graphs.
 
-A backend owns the KV cache and knows nothing of policies. The cache is organised in *slots*: a
-slot holds one sequence (one row of a request) with its own timeline of positions [0, capacity),
-so rows that joined at different times sit side by side. The engine (runtime/engine.py) decides
-which slot a row lives in, where its next positions go, and which layers each row runs; the
-backend runs graphs over the rows it is given and writes only the new positions' K/V.
+A backend runs graphs and knows nothing of policies, rows or positions: the KV cache
+(runtime/kvcache.py) owns the rows, their lengths and masks and the width a step binds, and the
+backend gives it a ``KVStorage`` for its device. The engine (runtime/engine.py) decides which rows
+run which layers.
 
-The two kinds of call:
+- ``embed(ids, mask)``, ``head(hidden, rows)``: the embedding and head graphs.
+- ``layer(i, hidden, mask, past_key, past_value)``: run layer graph i over a block of rows whose
+  past the cache binds, returning (hidden, new_key, new_value); the cache writes the new K/V.
+- ``keep(update, out, hidden)``: per-row SkipDecode budgets: rows that skip a layer keep their
+  hidden state (its cost for them is compute only; the layer's weights are read once for all rows).
 
-- prefill: ``layer(i, hidden, mask, slots, positions=zeros)`` with a mask of width T (no past):
-  the rows of one request, at any slots; their K/V go to positions [0, T).
-- decode: ``layer(i, hidden, mask, all_slots, positions)`` with hidden (S, 1, D) for every slot
-  (S = ``allocate``'s slots, empty ones included) and a mask of width ``past_width(n) + 1``.
-  Row s's new K/V go to ``positions[s]``. Rows with ``update[s]`` False keep their hidden state
-  and their K/V untouched, exactly as if they had skipped the layer (SkipDecode's per-row
-  budgets); their cost is compute only, since the layer's weights are read once for all rows.
-
-The engine makes a decode step one call, ``decode(ids, mask, positions, layers, updates, rows)``,
-whose default is exactly embed, ``layer`` for each of ``layers``, head. A backend that can run the
-whole step at once overrides it: the torch backend replays one CUDA graph per active-layer set
+A decode step is one call, ``decode(step, cache)``, whose default (``run_decode``) is exactly
+embed, the step's layers, head over the decoding rows ``[0, step.rows)``. A backend that can run
+the whole step at once overrides it: the torch backend replays one CUDA graph per active-layer set
 (backends/cuda_graphs.py); the ONNX Runtime IOBinding backend uploads the mask once per step.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
+
+from ..kvcache import KVCache, KVStorage
+
+
+@dataclass
+class DecodeStep:
+    """One token for each of the decoding rows [0, rows) of the KV cache."""
+
+    input_ids: np.ndarray  # (R, 1) int64: the token each row runs
+    attention_mask: np.ndarray  # (R, W + 1) int64: the rows' valid past, then the new position
+    layers: list[int]  # the union of the rows' active sets, ascending
+    updates: list[np.ndarray]  # per layer, (R,) bool: the rows whose active set holds it
+
+    @property
+    def rows(self) -> int:
+        return len(self.input_ids)
 
 
 class Backend(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def allocate(self, slots: int, capacity: int) -> None:
-        """Preallocate every layer's K/V for ``slots`` rows of up to ``capacity`` positions each."""
+    def kv_storage(self) -> KVStorage:
+        """A storage for this backend's K/V (the KV cache allocates it)."""
 
     def limits(self) -> tuple[int | None, int | None]:
-        """(most slots, most positions per slot) this backend can allocate; None = no limit of its own."""
+        """(most rows, most positions per row) this backend can run; None = no limit of its own."""
         return None, None
-
-    def past_width(self, length: int) -> int:
-        """Past positions a decode step attends over when the longest row holds ``length``.
-
-        The engine builds the attention mask this wide (0 beyond each row's own length). A paged
-        backend rounds up to whole pages; the default is exact.
-        """
-        return length
 
     @abstractmethod
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray):
-        """input_ids (B, T) int64, attention_mask (B, P+T) int64 -> hidden states (B, T, D)."""
+        """input_ids (B, T) int64, attention_mask (B, W + T) int64 -> hidden states (B, T, D)."""
 
     @abstractmethod
-    def layer(self, index: int, hidden, attention_mask: np.ndarray, slots: np.ndarray,
-              positions: np.ndarray, update: np.ndarray | None = None):
-        """Run decoder layer ``index`` over hidden (B, T, D) of the rows in ``slots`` (B,).
+    def layer(self, index: int, hidden, attention_mask: np.ndarray, past_key, past_value):
+        """Layer graph ``index``: hidden (B, T, D), attention_mask (B, W + T) int64, the past the
+        KV cache binds (B, nh, hd, W) and (B, nh, W, hd) -> (hidden (B, T, D), new_key, new_value
+        (B, nh, T, hd))."""
 
-        attention_mask (B, P+T): the rows' past positions [0, P) (P = 0 for a prefill, else
-        ``past_width``) then the T new ones. The new K/V of row b go to its positions
-        [positions[b], positions[b] + T). ``update`` (B,) bool, None = all: rows that run the layer.
-        Returns the new hidden states (B, T, D); rows not updated keep their input.
-        """
+    @abstractmethod
+    def keep(self, update: np.ndarray, out, hidden):
+        """update (B,) bool: ``out`` where True, ``hidden`` where False (rows that skip the layer)."""
 
     @abstractmethod
     def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
 
-    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, positions: np.ndarray,
-               layers: list[int], updates: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
-        """One decode step over every slot: embed, layer ``layers[k]`` on the rows ``updates[k]``, head.
-
-        input_ids (S, 1), attention_mask (S, past_width + 1), positions (S,) where each row's new
-        K/V go, updates: one (S,) bool per layer, rows: the slots whose logits come back.
-        Returns fp32 logits (len(rows), V).
-        """
-        hidden = self.embed(input_ids, attention_mask)  # (S, 1, D)
-        slots = np.arange(len(input_ids))
-        for index, update in zip(layers, updates):
-            hidden = self.layer(index, hidden, attention_mask, slots, positions, update)
-        return self.head(hidden, rows)
+    def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
+        """One decode step: fp32 logits (step.rows, V)."""
+        return run_decode(self, step, cache)
 
     def close(self) -> None:
         """Release sessions and device memory (nothing to do by default)."""
         return None
 
 
-def check_slots(backend_name: str, slots: np.ndarray, past: int, total_slots: int, positions: np.ndarray,
-                length: int, capacity: int, page: int = 1) -> None:
-    """The shared preconditions of ``Backend.layer``: a past is bound for every slot in order, in
-    whole pages of ``page`` positions (a paged backend), and every new position fits the capacity
-    ``allocate`` gave."""
-    if total_slots == 0:
-        raise RuntimeError(f"{backend_name}: call allocate(slots, capacity) before running layers")
-    if past and (len(slots) != total_slots or not np.array_equal(slots, np.arange(total_slots))):
-        raise ValueError(f"{backend_name}: a decode step (past {past}) runs every slot in order; "
-                         f"got slots {slots.tolist()} of {total_slots}")
-    if past % page:
-        raise ValueError(f"{backend_name}: a decode mask covers whole pages (past_width); got a "
-                         f"past of {past} positions with pages of {page}")
-    if len(positions) and int(np.max(positions)) + length > capacity:
-        raise ValueError(f"{backend_name}: positions up to {int(np.max(positions)) + length} exceed "
-                         f"the capacity {capacity} given to allocate()")
+def run_layers(backend: Backend, cache: KVCache, start: int, hidden, mask, layers, updates=None):
+    """Layers ``layers`` over the block of cache rows starting at ``start`` (hidden's rows), each
+    writing its new K/V for the rows it updates (``updates[k]`` (B,) bool, None = all rows)."""
+    rows = np.arange(len(mask))
+    for k, index in enumerate(layers):
+        update = None if updates is None else updates[k]
+        past_key, past_value = cache.past(index, start, start + len(rows))
+        out, new_key, new_value = backend.layer(index, hidden, mask, past_key, past_value)
+        cache.write(index, new_key, new_value, rows if update is None else np.flatnonzero(update), start)
+        hidden = out if update is None or update.all() else backend.keep(update, out, hidden)
+    return hidden
+
+
+def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
+    hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
+    hidden = run_layers(backend, cache, 0, hidden, step.attention_mask, step.layers, step.updates)
+    return backend.head(hidden)

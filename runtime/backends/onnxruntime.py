@@ -1,9 +1,9 @@
-"""ONNX Runtime backend: one InferenceSession per graph, the KV cache in preallocated host buffers.
+"""ONNX Runtime backend: one InferenceSession per graph, the KV cache in host buffers.
 
-Each layer's K and V live in one page-major buffer (max_pages, slots, nh, hd|page, page|hd) for the
-engine's whole life. A decode step binds the buffer's first pages as the graph's past (a
-contiguous view: ONNX Runtime reads the numpy memory in place) and writes the graph's new K/V into
-each row's own position; nothing is concatenated or copied per step.
+Each layer's K and V live in numpy buffers (rows, nh, hd|W, W|hd) laid out by the KV cache
+(runtime/kvcache.py, ``ArrayStorage``): a step binds its block of rows as the graph's past (a
+contiguous view: ONNX Runtime reads the numpy memory in place) and the cache writes the graph's
+new K/V into each row's own position; nothing is concatenated or copied per step.
 
 Providers default to CUDA when onnxruntime-gpu offers it, else CPU. The TensorRT provider is used
 only when asked for (its first run builds engines, which takes minutes).
@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..manifest import GraphSpec, Manifest
-from .base import Backend, check_slots
+from ..kvcache import ArrayStorage
+from .base import Backend
 
 
 def _import_ort():
@@ -109,10 +110,7 @@ class OnnxRuntimeBackend(Backend):
         self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
-        self._nh, self._hd, self._page = m.num_heads, m.head_dim, manifest.page_size
-        self.keys: list[np.ndarray] = []  # per layer (max_pages, slots, nh, hd, page)
-        self.values: list[np.ndarray] = []  # per layer (max_pages, slots, nh, page, hd)
-        self.slots = self.capacity = 0
+        self._nh, self._hd = m.num_heads, m.head_dim
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)
@@ -125,44 +123,23 @@ class OnnxRuntimeBackend(Backend):
                 f"rebuild the artifact with `python -m export build`")
         return session
 
-    def allocate(self, slots: int, capacity: int) -> None:
-        pages = -(-capacity // self._page)
-        nh, hd, page = self._nh, self._hd, self._page
-        # np.zeros maps untouched memory lazily (calloc), so only the pages rows write become
+    def kv_storage(self) -> ArrayStorage:
+        # np.zeros maps untouched memory lazily (calloc), so only the positions rows write become
         # resident: a capacity of the model's whole context costs nothing until it is used.
-        self.keys = [np.zeros((pages, slots, nh, hd, page), self._dtype) for _ in self._layer_names]
-        self.values = [np.zeros((pages, slots, nh, page, hd), self._dtype) for _ in self._layer_names]
-        self.slots, self.capacity = slots, pages * page
-
-    def past_width(self, length: int) -> int:
-        return -(-length // self._page) * self._page
+        return ArrayStorage(len(self._layer_names), self._nh, self._hd,
+                            lambda shape: np.zeros(shape, self._dtype))
 
     def embed(self, input_ids, attention_mask):
         return self._sessions["embed"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
-    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
-        B, T, _ = hidden.shape
-        past = attention_mask.shape[1] - T
-        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity, self._page)
-        key, value = self.keys[index], self.values[index]
-        if past:  # decode: the first pages of the buffers themselves, bound in place
-            pages = past // self._page
-            past_key, past_value = key[:pages], value[:pages]  # contiguous views, no copy
-        else:  # prefill: one all-masked page stands for the empty past
-            past_key = np.zeros((1, B, self._nh, self._hd, self._page), self._dtype)
-            past_value = np.zeros((1, B, self._nh, self._page, self._hd), self._dtype)
-            attention_mask = np.concatenate([np.zeros((B, self._page), np.int64), attention_mask], axis=1)
+    def layer(self, index, hidden, attention_mask, past_key, past_value):
         out, new_key, new_value = self._sessions[self._layer_names[index]].run(None, {
             "hidden_states": hidden, "attention_mask": attention_mask,
             "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)
-        rows = np.arange(B) if update is None else np.flatnonzero(update)
-        pos = positions[rows][:, None] + np.arange(T)  # (R, T): the updated rows' new positions
-        page, offset, at = pos // self._page, pos % self._page, slots[rows][:, None]
-        key[page, at, :, :, offset] = new_key[rows].transpose(0, 2, 1, 3)  # (R, T, nh, hd)
-        value[page, at, :, offset, :] = new_value[rows].transpose(0, 2, 1, 3)
-        if update is not None and not update.all():
-            out = np.where(update[:, None, None], out, hidden)
-        return out
+        return out, new_key, new_value
+
+    def keep(self, update, out, hidden):
+        return np.where(update[:, None, None], out, hidden)
 
     def head(self, hidden, rows=None):
         last = hidden[:, -1:, :] if rows is None else hidden[rows, -1:, :]  # (R, 1, D): next token only
@@ -171,4 +148,3 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self):
         self._sessions.clear()
-        self.keys, self.values = [], []

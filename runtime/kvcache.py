@@ -1,0 +1,239 @@
+"""The KV cache: which row holds which sequence, how much of it is valid, and the K/V themselves.
+
+Layout (the layer graphs' contract, runtime.modeling.CachedOPTLayer): per layer one K buffer
+(rows, nh, hd, W) and one V buffer (rows, nh, W, hd). A step binds the rows it runs as one block
+``[start, stop)`` of the first axis, which is contiguous, so it goes to the graph in place: nothing
+is gathered or copied per step, and no empty row is computed or read.
+
+Rows are kept packed: the rows that decode are ``[0, decoding)``, the rows of the one request
+whose prompt is being prefilled (perhaps over several chunks) follow at ``[decoding, used)``, and
+``[used, max_rows)`` are free. A row that leaves is filled by moving the last row of its group
+into its place, once, at departure (plus the last joining row into the gap that opens between
+the two groups), so a step over n rows of a cache of M costs what it costs on a cache of n.
+
+``W`` (``width``) is the past a step binds, a whole number of ``page`` positions that covers the
+longest row in use: it grows as rows grow and shrinks when the longest one leaves. A storage whose
+graph binds a contiguous block (ONNX Runtime, TensorRT) lays its buffers out at exactly ``W`` and
+re-lays them on a change, a copy of the rows in use once per ``page`` steps of the longest row,
+where every step reads them anyway; one that can bind strided views (torch) keeps buffers of the
+whole capacity and changes nothing.
+
+``KVCache`` is device-agnostic bookkeeping on the host; a ``KVStorage`` (one per backend kind:
+numpy arrays, torch tensors, ONNX Runtime device OrtValues) holds the buffers and does the four
+things that touch them: allocate, re-lay at a new width, move a row, write new K/V.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+
+class KVStorage(ABC):
+    """Every layer's K (rows, nh, hd, W) and V (rows, nh, W, hd) on one device."""
+
+    @abstractmethod
+    def allocate(self, rows: int, capacity: int, width: int) -> None:
+        """Zeroed buffers for ``rows`` rows at ``width`` positions (at most ``capacity``). Zeros, not
+        garbage: a masked position still enters probs @ V, and a NaN there would survive the mask."""
+
+    @abstractmethod
+    def resize(self, width: int, used: int) -> None:
+        """Bind ``width`` positions from now on; rows [0, used) keep their first min(old, new)."""
+
+    @abstractmethod
+    def move(self, src: int, dst: int) -> None:
+        """Copy row ``src``'s K/V of every layer to row ``dst``."""
+
+    @abstractmethod
+    def past(self, layer: int, start: int, stop: int) -> tuple[Any, Any]:
+        """(K, V) of rows [start, stop) at the current width, as the layer graph binds them."""
+
+    @abstractmethod
+    def write(self, layer: int, new_key, new_value, src: np.ndarray, dst: np.ndarray,
+              positions: np.ndarray) -> None:
+        """new_* (B, nh, T, hd), a layer graph's outputs: row ``src[k]``'s T new positions go to
+        positions [positions[k], positions[k] + T) of cache row ``dst[k]``."""
+
+    def close(self) -> None:
+        return None
+
+
+def _pages(positions: int, page: int) -> int:
+    return max(1, -(-int(positions) // page)) * page
+
+
+class KVCache:
+    """Rows of a KV storage, packed; each row's length and valid positions; the width bound."""
+
+    def __init__(self, storage: KVStorage, max_rows: int, capacity: int, page: int):
+        if max_rows < 1 or capacity < 1 or page < 1:
+            raise ValueError(f"a KV cache needs max_rows, capacity and page >= 1, got {max_rows}, "
+                             f"{capacity}, {page}")
+        self.storage, self.max_rows, self.page = storage, max_rows, page
+        self.capacity = _pages(capacity, page)  # the longest row, in whole pages
+        self.width = page  # positions bound per row: whole pages, >= the longest row in use
+        self.owners: list[Any] = [None] * max_rows  # row -> its sequence (anything with a ``row``)
+        self.length = np.zeros(max_rows, dtype=np.int64)  # positions each row holds
+        self.valid = np.zeros((max_rows, self.capacity), dtype=np.int64)  # the rows' attention masks
+        self.used = self.decoding = 0  # rows [0, decoding) decode, [decoding, used) join
+        self.moves = self.resizes = 0  # counters, for tests and benchmarks
+        storage.allocate(max_rows, self.capacity, self.width)
+
+    # -- rows ------------------------------------------------------------------------------
+
+    @property
+    def free(self) -> int:
+        return self.max_rows - self.used
+
+    def seat(self, owners: list) -> range:
+        """Seat ``owners`` as the joining rows, after the decoding ones; at most one group joins at once."""
+        if self.used != self.decoding:
+            raise RuntimeError("a group of rows is already joining: promote() it first")
+        if len(owners) > self.free:
+            raise ValueError(f"{len(owners)} rows do not fit the {self.free} free rows of the KV cache")
+        start = self.used
+        for k, owner in enumerate(owners):
+            self.owners[start + k] = owner
+            owner.row = start + k
+        self.used += len(owners)
+        return range(start, self.used)
+
+    def promote(self) -> None:
+        """The joining rows have their prompt: from now on they decode."""
+        self.decoding = self.used
+
+    def release(self, row: int) -> None:
+        """Free ``row``; the last row of its group (and the last joining row) fill the gap."""
+        if not 0 <= row < self.used:
+            raise ValueError(f"row {row} is not in use (rows in use: {self.used})")
+        self.owners[row].row = -1
+        self.owners[row] = None
+        if row < self.decoding:
+            self._move(self.decoding - 1, row)
+            self._move(self.used - 1, self.decoding - 1)
+            self.decoding -= 1
+        else:
+            self._move(self.used - 1, row)
+        self.used -= 1
+
+    def _move(self, src: int, dst: int) -> None:
+        """Row src to row dst (its K/V, length, mask and owner); src becomes empty."""
+        if src != dst:
+            owner = self.owners[src]
+            if owner is not None:
+                self.storage.move(src, dst)
+                self.moves += 1
+                owner.row = dst
+            self.owners[dst], self.owners[src] = owner, None
+            self.length[dst], self.valid[dst] = self.length[src], self.valid[src]
+        self.length[src], self.valid[src] = 0, 0
+
+    # -- width -----------------------------------------------------------------------------
+
+    def reserve(self, start: int, stop: int, tokens: int) -> None:
+        """Fit the width to the rows in use once rows [start, stop) hold ``tokens`` more positions:
+        grown when they would not fit, shrunk when the longest row has left (exact, in pages)."""
+        needed = int(self.length[: self.used].max(initial=0))
+        if stop > start:
+            needed = max(needed, int(self.length[start:stop].max()) + tokens)
+        if needed > self.capacity:
+            raise ValueError(f"rows would hold {needed} positions, past the KV capacity {self.capacity}")
+        width = _pages(needed, self.page)
+        if width != self.width:
+            self.storage.resize(width, self.used)
+            self.width = width
+            self.resizes += 1
+
+    def past(self, layer: int, start: int, stop: int):
+        """(K, V) of rows [start, stop) for layer ``layer``, bound in place."""
+        return self.storage.past(layer, start, stop)
+
+    def mask(self, start: int, stop: int, new: np.ndarray) -> np.ndarray:
+        """(R, W + T) attention mask of rows [start, stop): their valid past, then ``new`` (R, T)."""
+        return np.concatenate([self.valid[start:stop, : self.width], new], axis=1)
+
+    def write(self, layer: int, new_key, new_value, src: np.ndarray, start: int) -> None:
+        """The new K/V of batch rows ``src`` (a block's rows, 0-based) to cache rows start + src, at
+        each row's length (advance() moves the lengths on once every layer is written)."""
+        if len(src):
+            dst = start + src
+            self.storage.write(layer, new_key, new_value, src, dst, self.length[dst])
+
+    def advance(self, start: int, stop: int, new: np.ndarray) -> None:
+        """Rows [start, stop) now hold the T positions of ``new`` (R, T), the mask of what was written."""
+        T = new.shape[1]
+        cols = self.length[start:stop, None] + np.arange(T)  # (R, T)
+        self.valid[np.arange(start, stop)[:, None], cols] = new
+        self.length[start:stop] += T
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+class ArrayStorage(KVStorage):
+    """K/V in numpy arrays or torch tensors (the same indexing serves both).
+
+    ``fixed=False`` (ONNX Runtime on the host, TensorRT): buffers exactly ``width`` wide, so a block
+    of rows is contiguous, re-laid on a new width. ``fixed=True`` (the torch backend): buffers of
+    the whole capacity whose addresses never change (CUDA graphs keep them), bound as strided views.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, head_dim: int, zeros, fixed: bool = False,
+                 index=None):
+        self.num_layers, self.nh, self.hd = num_layers, num_heads, head_dim
+        self.zeros = zeros  # shape -> zeroed buffer of the cache's dtype on its device
+        self.index = index or (lambda a: a)  # host int64 array -> an index the buffers accept
+        self.fixed = fixed
+        self.keys: list = []  # per layer (rows, nh, hd, W | capacity)
+        self.values: list = []  # per layer (rows, nh, W | capacity, hd)
+        self.width = 0
+
+    def _buffers(self, rows: int, width: int):
+        return ([self.zeros((rows, self.nh, self.hd, width)) for _ in range(self.num_layers)],
+                [self.zeros((rows, self.nh, width, self.hd)) for _ in range(self.num_layers)])
+
+    def allocate(self, rows, capacity, width):
+        self.keys, self.values = [], []  # the old buffers go before the new ones are made
+        self.keys, self.values = self._buffers(rows, capacity if self.fixed else width)
+        self.rows, self.width = rows, width
+
+    def resize(self, width, used):
+        if not self.fixed:
+            keep = min(width, self.width)
+            keys, values = self._buffers(self.rows, width)
+            for old, new in zip(self.keys, keys):
+                new[:used, :, :, :keep] = old[:used, :, :, :keep]
+            for old, new in zip(self.values, values):
+                new[:used, :, :keep] = old[:used, :, :keep]
+            self.keys, self.values = keys, values
+        self.width = width
+
+    def move(self, src, dst):
+        for buffers in (self.keys, self.values):
+            for b in buffers:
+                b[dst] = b[src]
+
+    def past(self, layer, start, stop):
+        if self.fixed:
+            return (self.keys[layer][start:stop, :, :, : self.width],
+                    self.values[layer][start:stop, :, : self.width])
+        return self.keys[layer][start:stop], self.values[layer][start:stop]
+
+    def write(self, layer, new_key, new_value, src, dst, positions):
+        T = new_key.shape[2]
+        at = self.index(dst[:, None])  # (R, 1)
+        where = self.index(positions[:, None] + np.arange(T))  # (R, T)
+        picked = self.index(src)
+        # Advanced indices on dims 0 and 3 (K) or 2 (V) around slices put the index dims first:
+        # both targets are (R, T, nh, hd), as is the source once its nh and T dims swap.
+        self.keys[layer][at, :, :, where] = new_key[picked].swapaxes(1, 2)
+        self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
+
+    def close(self):
+        self.keys, self.values = [], []
+
+
+__all__ = ["ArrayStorage", "KVCache", "KVStorage"]
