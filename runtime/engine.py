@@ -281,7 +281,7 @@ class Engine:
         cache.reserve(start, start + k, chunk)
         mask = cache.mask(start, start + k, new)  # (k, W + T)
         hidden = backend.embed(ids, mask)  # (k, T, D)
-        hidden = run_layers(backend, cache, start, hidden, mask, r.policy.prefill_layers())
+        hidden = run_layers(backend, cache, start, k, hidden, mask, r.policy.prefill_layers())
         cache.advance(start, start + k, new)
         p.done += chunk
         logits = backend.head(hidden) if p.done == total else None  # (k, V)

@@ -79,13 +79,14 @@ class Backend(ABC):
         return None
 
 
-def run_layers(backend: Backend, cache: KVCache, start: int, hidden, mask, layers, updates=None):
-    """Layers ``layers`` over the block of cache rows starting at ``start`` (hidden's rows), each
+def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden, mask, layers,
+               updates=None):
+    """Layers ``layers`` over the block of cache rows [start, start + count) (hidden's rows), each
     writing its new K/V for the rows it updates (``updates[k]`` (B,) bool, None = all rows)."""
-    rows = np.arange(len(mask))
+    rows = np.arange(count)
     for k, index in enumerate(layers):
         update = None if updates is None else updates[k]
-        past_key, past_value = cache.past(index, start, start + len(rows))
+        past_key, past_value = cache.past(index, start, start + count)
         out, new_key, new_value = backend.layer(index, hidden, mask, past_key, past_value)
         cache.write(index, new_key, new_value, rows if update is None else np.flatnonzero(update), start)
         hidden = out if update is None or update.all() else backend.keep(update, out, hidden)
@@ -94,5 +95,5 @@ def run_layers(backend: Backend, cache: KVCache, start: int, hidden, mask, layer
 
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
     hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
-    hidden = run_layers(backend, cache, 0, hidden, step.attention_mask, step.layers, step.updates)
+    hidden = run_layers(backend, cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates)
     return backend.head(hidden)

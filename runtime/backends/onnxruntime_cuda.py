@@ -3,10 +3,10 @@
 ``OnnxRuntimeBackend`` hands numpy arrays to ``session.run``, so on the CUDA provider every layer
 call would copy its hidden states, mask and the whole bound past to the GPU and its outputs back.
 Here every graph runs with ``run_with_iobinding``: the hidden states pass from graph to graph as
-device ``OrtValue``s, each layer's K/V live in one device buffer of the page-major layout
-(max_pages, slots, nh, hd|page, page|hd) whose first pages are bound as the past by address and
-shape (no copy), the mask goes to the device once per decode step, and only the logits of the
-rows asked for come back to the host.
+device ``OrtValue``s, each layer's K/V live in device buffers of the KV cache's layout (rows, nh,
+hd|W, W|hd) whose block of running rows is bound as the past by address and shape (no copy), the
+mask goes to the device once per decode step, and only the logits of the rows asked for come back
+to the host (``OrtValueStorage``).
 
 Writing a step's new K/V into each row's own position needs an in-place scatter on the device,
 which ONNX Runtime's Python API does not offer. Three ways were weighed:
@@ -20,11 +20,14 @@ which ONNX Runtime's Python API does not offer. Three ways were weighed:
   in-place write of just the new elements. Chosen: it runs on the CPU provider too, so the tests
   here run the very code the GPU runs.
 
-The flat index of element (page p, slot s, head h, dim d, offset o) splits into a per-(row,
-position) base, computed on the host (R x T int64: a few bytes per step), plus a constant
-per-(h, d) grid (``kv_grids``, uploaded once). Rows a layer skips are simply not scattered; their
-hidden states are kept by a ``Where`` graph. The helper graphs depend on the dtype only and ship in
-``iobinding_graphs/``, so this backend needs onnxruntime, not the onnx package.
+The flat index of element (row r, head h, dim d, position w) splits into a per-(row, position)
+base, computed on the host (R x T int64: a few bytes per step), plus a per-(h, d) grid
+(``kv_grids``, uploaded when the width changes). Rows a layer skips are simply not scattered;
+their hidden states are kept by a ``Where`` graph. The cache's other two device operations are
+helper graphs too, with their outputs bound where the data must go: ``copy`` (Identity) moves a
+row, ``resize`` (Slice then Pad) re-lays the rows in use at a new width. The helper graphs depend
+on the dtype only and ship in ``iobinding_graphs/``, so this backend needs onnxruntime, not the
+onnx package.
 
 ``device="cpu"`` runs all of this on the CPU provider (IOBinding with 'cpu' OrtValues): slower
 than ``OnnxRuntimeBackend`` there, and meant for the tests.
@@ -37,8 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SkipDecodeError
+from ..kvcache import KVCache, KVStorage
 from ..manifest import Manifest
-from .base import check_slots
+from .base import DecodeStep, run_layers
 from .onnxruntime import OnnxRuntimeBackend, _import_ort
 
 _PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -51,7 +55,7 @@ class IOBindingDeviceError(SkipDecodeError, ValueError):
 
 
 HELPER_GRAPHS = Path(__file__).with_name("iobinding_graphs")  # shipped: the runtime needs no onnx
-HELPERS = ("scatter", "keep", "last")
+HELPERS = ("scatter", "keep", "last", "copy", "resize")
 _IR_VERSION = 8  # pinned, so the shipped bytes do not depend on the onnx that wrote them (ORT >= 1.14 reads 8)
 
 
@@ -69,6 +73,8 @@ def build_helper_graphs(dtype: str) -> dict[str, bytes]:
              cache (N,) with cache[base[r, t] + grid[0, h, 0, d]] = new[rows[r], h, t, d]
     keep: update (B,) bool, out (B, T, D), hidden (B, T, D) -> where(update, out, hidden)
     last: hidden (B, T, D), rows (R,) -> hidden[rows, -1:] (R, 1, D)
+    copy: x (N,) -> y (N,) = x (bound at another address: a row moved)
+    resize: x (a, b, c, d), ends (4,), pads (8,) -> Pad(Slice(x, 0, ends), pads) (re-laid at a new width)
     """
     from onnx import TensorProto, helper
 
@@ -102,6 +108,15 @@ def build_helper_graphs(dtype: str) -> dict[str, bytes]:
         [helper.make_tensor("start", TensorProto.INT64, [1], [-1]),
          helper.make_tensor("end", TensorProto.INT64, [1], [np.iinfo(np.int64).max]),
          helper.make_tensor("axis", TensorProto.INT64, [1], [1])])
+    graphs["copy"] = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "copy",
+        [value("x", t, ["N"])], [value("y", t, ["N"])])
+    graphs["resize"] = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends"], ["kept"]),
+         helper.make_node("Pad", ["kept", "pads"], ["y"])], "resize",
+        [value("x", t, ["a", "b", "c", "d"]), value("ends", TensorProto.INT64, [4]),
+         value("pads", TensorProto.INT64, [8])], [value("y", t, ["A", "B", "C", "D"])],
+        [helper.make_tensor("starts", TensorProto.INT64, [4], [0, 0, 0, 0])])
     return {k: helper.make_model(g, ir_version=_IR_VERSION, producer_name="skipdecode-edge",
                                  opset_imports=[helper.make_opsetid("", _OPSET)]).SerializeToString()
             for k, g in graphs.items()}
@@ -115,11 +130,90 @@ def write_helper_graphs() -> None:
             helper_graph_file(name, dtype).write_bytes(data)
 
 
-def kv_grids(nh: int, hd: int, page: int) -> dict[str, np.ndarray]:
-    """Flat offset of (head h, dim d) within one (page, slot) cell of the K and V buffers: (1, nh, 1, hd)."""
+def kv_grids(nh: int, hd: int, width: int) -> dict[str, np.ndarray]:
+    """Flat offset of (head h, dim d) within one row's K and V at ``width`` positions: (1, nh, 1, hd)."""
     h, d = np.arange(nh)[:, None], np.arange(hd)[None, :]
-    return {"k": (h * (hd * page) + d * page)[None, :, None, :],  # K (p, s, h, d, o): o innermost
-            "v": (h * (page * hd) + d)[None, :, None, :]}  # V (p, s, h, o, d): d innermost
+    return {"k": (h * (hd * width) + d * width)[None, :, None, :],  # K (r, h, d, w): w innermost
+            "v": (h * (width * hd) + d)[None, :, None, :]}  # V (r, h, w, d): d innermost
+
+
+class Block:
+    """Rows [start, stop) of a device buffer (rows, ...) as the graph binds them: address and shape."""
+
+    def __init__(self, buffer, start: int, shape: tuple):
+        self.buffer, self.start, self.shape = buffer, start, shape
+
+
+class OrtValueStorage(KVStorage):
+    """The KV cache's buffers as device OrtValues, exactly ``width`` wide (a block of rows is
+    contiguous); moves, re-lays and writes run the helper graphs with outputs bound in place."""
+
+    def __init__(self, backend: "OnnxRuntimeIOBindingBackend"):
+        self.b = backend
+        self.keys: list = []  # per layer (rows, nh, hd, W)
+        self.values: list = []  # per layer (rows, nh, W, hd)
+        self.rows = self.width = 0
+        self.grids: dict = {}
+
+    def _shapes(self, rows: int, width: int):
+        nh, hd = self.b._nh, self.b._hd
+        return (rows, nh, hd, width), (rows, nh, width, hd)
+
+    def _zeros(self, shape):
+        # np.zeros maps lazily, so only the copy to the device touches it; a device buffer from
+        # ortvalue_from_shape_and_type would hold whatever was there, and a NaN in a masked past
+        # position still poisons attention (NaN * 0 is NaN).
+        return self.b._to_device(np.zeros(shape, self.b._dtype))
+
+    def allocate(self, rows, capacity, width):
+        self.keys, self.values = [], []
+        k, v = self._shapes(rows, width)
+        self.keys = [self._zeros(k) for _ in self.b._layer_names]
+        self.values = [self._zeros(v) for _ in self.b._layer_names]
+        self.rows = rows
+        self._set_width(width)
+
+    def _set_width(self, width: int) -> None:
+        self.width = width
+        self.grids = {k: self.b._to_device(g) for k, g in kv_grids(self.b._nh, self.b._hd, width).items()}
+
+    def resize(self, width, used):
+        k_shape, v_shape = self._shapes(self.rows, width)
+        keep = min(width, self.width)
+        old_k, old_v = self._shapes(used, self.width)
+        new_k, new_v = self._shapes(used, width)
+        keys, values = [], []
+        for old_key, old_value in zip(self.keys, self.values):
+            key, value = self._zeros(k_shape), self._zeros(v_shape)
+            if used:
+                self.b._resize(old_key, old_k, key, new_k, axis=3, keep=keep)
+                self.b._resize(old_value, old_v, value, new_v, axis=2, keep=keep)
+            keys.append(key)
+            values.append(value)
+        self.keys, self.values = keys, values
+        self._set_width(width)
+
+    def move(self, src, dst):
+        row = self.b._nh * self.b._hd * self.width  # elements of one row of K, and of V
+        for buffer in (*self.keys, *self.values):
+            self.b._copy(buffer, src * row, buffer, dst * row, row)
+
+    def past(self, layer, start, stop):
+        n = stop - start
+        row = self.b._nh * self.b._hd * self.width
+        k, v = self._shapes(n, self.width)
+        return Block(self.keys[layer], start * row, k), Block(self.values[layer], start * row, v)
+
+    def write(self, layer, new_key, new_value, src, dst, positions):
+        T = new_key.shape()[2]
+        nh, hd, W = self.b._nh, self.b._hd, self.width
+        pos = positions[:, None] + np.arange(T)  # (R, T)
+        cell = dst[:, None] * (nh * hd * W)  # (R, 1): where each row starts
+        self.b._scatter(self.keys[layer], new_key, src, cell + pos, self.grids["k"])
+        self.b._scatter(self.values[layer], new_value, src, cell + pos * hd, self.grids["v"])
+
+    def close(self):
+        self.keys, self.values, self.grids = [], [], {}
 
 
 class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
@@ -149,8 +243,6 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
                                                  providers=providers) for k in HELPERS}
         self._helper_bindings = {k: s.io_binding() for k, s in self._helpers.items()}
         self._ort = ort
-        self._grids = {k: self._to_device(g) for k, g in kv_grids(self._nh, self._hd, self._page).items()}
-        self._zero_key = self._zero_value = None  # (1, slots, ...) device zeros: a prefill's empty past
 
     # -- device memory ---------------------------------------------------------------------
 
@@ -162,24 +254,17 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     def _on_device(self, hidden):
         return hidden if isinstance(hidden, self._ort.OrtValue) else self._to_device(hidden)
 
-    def _bind(self, binding, name: str, buffer, shape) -> None:
-        """Bind the first elements of ``buffer`` (an OrtValue) as input ``name`` of ``shape``."""
+    def _bind(self, binding, name: str, buffer, shape, offset: int = 0) -> None:
+        """Bind ``shape`` elements of ``buffer`` (an OrtValue) from element ``offset`` as input ``name``."""
         binding.bind_input(name, self.device_type, self.device_id, self._dtype.type, list(shape),
-                           buffer.data_ptr())
+                           buffer.data_ptr() + offset * self._dtype.itemsize)
 
-    def allocate(self, slots: int, capacity: int) -> None:
-        pages = -(-capacity // self._page)
-        nh, hd, page = self._nh, self._hd, self._page
-        # np.zeros maps lazily, so only the copy to the device touches it; a device buffer from
-        # ortvalue_from_shape_and_type would hold whatever was there, and a NaN in a masked past
-        # position still poisons attention (NaN + mask bias is NaN).
-        self.keys = [self._to_device(np.zeros((pages, slots, nh, hd, page), self._dtype))
-                     for _ in self._layer_names]
-        self.values = [self._to_device(np.zeros((pages, slots, nh, page, hd), self._dtype))
-                       for _ in self._layer_names]
-        self._zero_key = self._to_device(np.zeros((1, slots, nh, hd, page), self._dtype))
-        self._zero_value = self._to_device(np.zeros((1, slots, nh, page, hd), self._dtype))
-        self.slots, self.capacity = slots, pages * page
+    def _bind_out(self, binding, name: str, buffer, shape, offset: int = 0) -> None:
+        binding.bind_output(name, self.device_type, self.device_id, self._dtype.type, list(shape),
+                            buffer.data_ptr() + offset * self._dtype.itemsize)
+
+    def kv_storage(self) -> OrtValueStorage:
+        return OrtValueStorage(self)
 
     # -- graphs ------------------------------------------------------------------------------
 
@@ -197,55 +282,53 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         b.bind_ortvalue_input("attention_mask", self._on_device(attention_mask))
         return self._run(self._sessions["embed"], b)[0]  # (B, T, D) on the device
 
-    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
-        B, T = hidden.shape()[:2] if isinstance(hidden, self._ort.OrtValue) else hidden.shape[:2]
-        past = attention_mask.shape[1] - T
-        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity, self._page)
-        if not past:  # prefill: one all-masked page stands for the empty past
-            attention_mask = np.concatenate([np.zeros((B, self._page), np.int64), attention_mask], axis=1)
-        return self._layer(index, self._on_device(hidden), self._to_device(attention_mask), past, B, T,
-                           slots, positions, update)
-
-    def _layer(self, index, hidden, mask, past, B, T, slots, positions, update):
+    def layer(self, index, hidden, attention_mask, past_key: Block, past_value: Block):
         name = self._layer_names[index]
         b = self._bindings[name]
-        b.bind_ortvalue_input("hidden_states", hidden)
-        b.bind_ortvalue_input("attention_mask", mask)
-        nh, hd, page = self._nh, self._hd, self._page
-        if past:  # the buffers' first pages, by address: page-major, so they are contiguous
-            n = past // page
-            self._bind(b, "past_key", self.keys[index], (n, B, nh, hd, page))
-            self._bind(b, "past_value", self.values[index], (n, B, nh, page, hd))
-        else:
-            self._bind(b, "past_key", self._zero_key, (1, B, nh, hd, page))
-            self._bind(b, "past_value", self._zero_value, (1, B, nh, page, hd))
+        b.bind_ortvalue_input("hidden_states", self._on_device(hidden))
+        b.bind_ortvalue_input("attention_mask", self._on_device(attention_mask))
+        self._bind(b, "past_key", past_key.buffer, past_key.shape, past_key.start)  # in place
+        self._bind(b, "past_value", past_value.buffer, past_value.shape, past_value.start)
         out, new_key, new_value = self._run(self._sessions[name], b)  # new_*: (B, nh, T, hd)
-        rows = np.arange(B) if update is None else np.flatnonzero(update)
-        if len(rows):
-            pos = positions[rows][:, None] + np.arange(T)  # (R, T): the updated rows' new positions
-            cell = (pos // page * self.slots + slots[rows][:, None]) * (nh * hd * page)  # (R, T)
-            offset = pos % page
-            self._scatter("k", self.keys[index], new_key, rows, cell + offset)
-            self._scatter("v", self.values[index], new_value, rows, cell + offset * hd)
-        if update is not None and not update.all():
-            k = self._helper_bindings["keep"]
-            k.bind_cpu_input("update", np.ascontiguousarray(update, dtype=bool))
-            k.bind_ortvalue_input("out", out)
-            k.bind_ortvalue_input("hidden", hidden)
-            out = self._run(self._helpers["keep"], k)[0]
-        return out
+        return out, new_key, new_value
 
-    def _scatter(self, which: str, buffer, new, rows: np.ndarray, base: np.ndarray) -> None:
+    def keep(self, update, out, hidden):
+        k = self._helper_bindings["keep"]
+        k.bind_cpu_input("update", np.ascontiguousarray(update, dtype=bool))
+        k.bind_ortvalue_input("out", out)
+        k.bind_ortvalue_input("hidden", self._on_device(hidden))
+        return self._run(self._helpers["keep"], k)[0]
+
+    def _scatter(self, buffer, new, rows: np.ndarray, base: np.ndarray, grid) -> None:
         """Write ``new[rows]`` into ``buffer`` in place: its output is bound to its own address."""
         b = self._helper_bindings["scatter"]
         size = int(np.prod(buffer.shape()))
         self._bind(b, "cache", buffer, (size,))
-        b.bind_ortvalue_input("grid", self._grids[which])
+        b.bind_ortvalue_input("grid", grid)
         b.bind_ortvalue_input("new", new)
         b.bind_cpu_input("rows", rows.astype(np.int64))
         b.bind_cpu_input("base", np.ascontiguousarray(base, dtype=np.int64))
-        b.bind_output("written", self.device_type, self.device_id, self._dtype.type, [size], buffer.data_ptr())
+        self._bind_out(b, "written", buffer, (size,))
         self._helpers["scatter"].run_with_iobinding(b)
+
+    def _copy(self, src, src_offset: int, dst, dst_offset: int, count: int) -> None:
+        b = self._helper_bindings["copy"]
+        self._bind(b, "x", src, (count,), src_offset)
+        self._bind_out(b, "y", dst, (count,), dst_offset)
+        self._helpers["copy"].run_with_iobinding(b)
+
+    def _resize(self, src, src_shape, dst, dst_shape, axis: int, keep: int) -> None:
+        """dst (at dst_shape) = src (at src_shape) cut or zero-padded along ``axis`` to its new size."""
+        b = self._helper_bindings["resize"]
+        self._bind(b, "x", src, src_shape)
+        ends = np.array(src_shape, dtype=np.int64)
+        ends[axis] = keep
+        pads = np.zeros(8, dtype=np.int64)
+        pads[4 + axis] = dst_shape[axis] - keep  # zeros after the kept positions
+        b.bind_cpu_input("ends", ends)
+        b.bind_cpu_input("pads", pads)
+        self._bind_out(b, "y", dst, dst_shape)
+        self._helpers["resize"].run_with_iobinding(b)
 
     def head(self, hidden, rows=None):
         hidden = self._on_device(hidden)
@@ -259,22 +342,16 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         logits = self._run(self._sessions["head"], b, outputs_to="cpu")[0]  # (R, 1, V) on the host
         return logits.numpy()[:, -1, :].astype(np.float32)
 
-    def decode(self, input_ids, attention_mask, positions, layers, updates, rows):
-        S = len(input_ids)
-        past = attention_mask.shape[1] - 1
-        check_slots(self.name, np.arange(S), past, self.slots, positions, 1, self.capacity, self._page)
-        mask = self._to_device(attention_mask)  # once per step, bound by every layer
-        hidden = self.embed(input_ids, mask)  # (S, 1, D) on the device
-        slots = np.arange(S)
-        for index, update in zip(layers, updates):
-            hidden = self._layer(index, hidden, mask, past, S, 1, slots, positions, update)
-        return self.head(hidden, rows)
+    def decode(self, step: DecodeStep, cache: KVCache):
+        mask = self._to_device(step.attention_mask)  # once per step, bound by every layer
+        hidden = self.embed(step.input_ids, mask)  # (R, 1, D) on the device
+        hidden = run_layers(self, cache, 0, step.rows, hidden, mask, step.layers, step.updates)
+        return self.head(hidden)
 
     def close(self):
         super().close()
         self._helpers.clear()
-        self._bindings, self._helper_bindings, self._grids = {}, {}, {}
-        self._zero_key = self._zero_value = None
+        self._bindings, self._helper_bindings = {}, {}
 
 
 __all__ = ["IOBindingDeviceError", "OnnxRuntimeIOBindingBackend"]

@@ -5,10 +5,11 @@ without constant folding, so their initializers keep the exported modules' state
 are loaded into an ``OPTForCausalLM`` built on the meta device from ``hf_config/`` (no random init,
 whatever the model size) and wrapped with ``SkipOPT``.
 
-Each layer's K/V live in one buffer of shape (slots, nh, capacity, hd), allocated once by
-``allocate``; a step writes only the new positions of each row (as gpt-fast does) and attention
-reads a view of the buffer's first positions: nothing is concatenated or copied between steps, and
-the buffers' addresses never change.
+Each layer's K/V live in buffers of the whole capacity, K (rows, nh, hd, capacity) and V (rows, nh,
+capacity, hd), allocated once by the KV cache (``ArrayStorage(fixed=True)``); a step writes only
+the new positions of each row (as gpt-fast does) and attention reads a strided view of the rows
+that run at the cache's width: nothing is concatenated or copied between steps, and the buffers'
+addresses never change.
 
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
 calls; only the logits of the last position come back to the host. On CUDA a decode step is
@@ -25,8 +26,9 @@ import numpy as np
 import torch
 
 from ..errors import ArtifactError, InvalidArgumentError
+from ..kvcache import ArrayStorage, KVCache
 from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest
-from .base import Backend, check_slots
+from .base import Backend, DecodeStep, run_decode
 from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
@@ -177,7 +179,7 @@ class TorchBackend(Backend):
         return backend
 
     def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
-        from ..modeling import PagedOPTLayer, SkipOPT
+        from ..modeling import CachedOPTLayer, SkipOPT
 
         self.device = device
         capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
@@ -185,15 +187,13 @@ class TorchBackend(Backend):
         self.hf_model = hf_model
         self.model = SkipOPT(hf_model)  # embed and head; also the reference to compare with
         self.dtype = self.model.dtype
-        # The exported layer itself: its paged attention reads a strided view of the buffer as
-        # one page, so the torch backend runs exactly the graphs' math.
-        self.layers = [PagedOPTLayer(layer) for layer in self.model.layers]
+        # The exported layer itself, reading a strided view of the buffers: the torch backend
+        # runs exactly the graphs' math.
+        self.layers = [CachedOPTLayer(layer) for layer in self.model.layers]
         config = hf_model.config
         self._nh = config.num_attention_heads
         self._hd = config.hidden_size // self._nh
-        self.keys: list[torch.Tensor] = []  # per layer (slots, nh, capacity, hd)
-        self.values: list[torch.Tensor] = []
-        self.slots = self.capacity = 0
+        self.storage: ArrayStorage | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -213,13 +213,12 @@ class TorchBackend(Backend):
 
     # -- Backend -----------------------------------------------------------------------------
 
-    def allocate(self, slots: int, capacity: int) -> None:
-        shape = (slots, self._nh, capacity, self._hd)  # (slots, nh, capacity, hd)
-        self.keys = [self._zeros(shape) for _ in self.layers]
-        self.values = [self._zeros(shape) for _ in self.layers]
-        self.slots, self.capacity = slots, capacity
+    def kv_storage(self) -> ArrayStorage:
+        self.storage = ArrayStorage(len(self.layers), self._nh, self._hd, self._zeros, fixed=True,
+                                    index=self._tensor)
         if self.graphs is not None:
-            self.graphs.clear()
+            self.graphs.clear()  # captured steps hold the old buffers' addresses
+        return self.storage
 
     def use_graphs(self, capture) -> None:
         """Run decode steps as static steps through ``capture`` (cuda_graphs.CudaGraphCapture, or
@@ -231,43 +230,25 @@ class TorchBackend(Backend):
         return self.model.embed(self._tensor(input_ids), self._tensor(attention_mask))  # (B, T, D)
 
     @torch.inference_mode()
-    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
-        hidden = self._hidden(hidden)  # (B, T, D)
-        B, T, _ = hidden.shape
-        past = attention_mask.shape[1] - T
-        check_slots(self.name, slots, past, self.slots, positions, T, self.capacity)
-        key, value = self.keys[index], self.values[index]
-        if past:  # the buffer's first positions as one page: views, nothing copied
-            past_key = key[:, :, :past].transpose(2, 3).unsqueeze(0)  # (1, S, nh, hd, past)
-            past_value = value[:, :, :past].unsqueeze(0)  # (1, S, nh, past, hd)
-            mask = attention_mask
-        else:  # prefill: one all-masked position stands for the empty past
-            past_key = hidden.new_zeros((1, B, self._nh, self._hd, 1))
-            past_value = hidden.new_zeros((1, B, self._nh, 1, self._hd))
-            mask = np.concatenate([np.zeros((B, 1), np.int64), attention_mask], axis=1)
-        out, new_key, new_value = self.layers[index](hidden, self._tensor(mask), past_key, past_value)
-        rows = np.arange(B) if update is None else np.flatnonzero(update)
-        where = self._tensor(positions[rows][:, None] + np.arange(T))  # (R, T)
-        at = self._tensor(slots[rows])[:, None]  # (R, 1)
-        key[at, :, where] = new_key[rows].transpose(1, 2)  # (R, T, nh, hd): only the new positions
-        value[at, :, where] = new_value[rows].transpose(1, 2)
-        if update is not None and not update.all():
-            out = torch.where(self._tensor(update)[:, None, None], out, hidden)
-        return out
+    def layer(self, index, hidden, attention_mask, past_key, past_value):
+        # (B, T, D), then new K/V (B, nh, T, hd)
+        return self.layers[index](self._hidden(hidden), self._tensor(attention_mask), past_key, past_value)
 
     @torch.inference_mode()
-    def decode(self, input_ids, attention_mask, positions, layers, updates, rows):
-        past = attention_mask.shape[1] - 1
-        if self.graphs is None or not past or not len(rows):
-            return super().decode(input_ids, attention_mask, positions, layers, updates, rows)
-        check_slots(self.name, np.arange(len(input_ids)), past, self.slots, positions, 1, self.capacity)
-        key = GraphKey(tuple(layers), batch_bucket(int(np.max(rows)) + 1, self.slots),
-                       width_bucket(past, self.capacity))
-        step, replay = self.graphs.get(key, lambda k: StaticStep(self, k))
-        step.load(input_ids, attention_mask, positions, updates)
+    def keep(self, update, out, hidden):
+        return torch.where(self._tensor(update)[:, None, None], out, self._hidden(hidden))
+
+    @torch.inference_mode()
+    def decode(self, step: DecodeStep, cache: KVCache):
+        if self.graphs is None:
+            return run_decode(self, step, cache)
+        key = GraphKey(tuple(step.layers), batch_bucket(step.rows, cache.max_rows),
+                       width_bucket(cache.width, cache.capacity))
+        static, replay = self.graphs.get(key, lambda k: StaticStep(self, k))
+        static.load(step, cache.length[: step.rows])
         replay()
         # .cpu() waits for the device, so the loop's timings include the replayed work.
-        return step.logits.cpu().numpy()[rows]  # (R, V) fp32
+        return static.logits[: step.rows].cpu().numpy()  # (R, V) fp32
 
     @torch.inference_mode()
     def head(self, hidden, rows=None):
@@ -277,7 +258,8 @@ class TorchBackend(Backend):
         return self.model.head(last)[:, -1, :].float().cpu().numpy()  # (R, V) fp32
 
     def close(self):
-        self.keys, self.values = [], []
+        if self.storage is not None:
+            self.storage.close()
         self.layers, self.graphs = [], None
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
@@ -285,10 +267,12 @@ class TorchBackend(Backend):
 class StaticStep:
     """One decode step of fixed shape (cuda_graphs.GraphKey) reading and writing static tensors.
 
-    Its inputs live in one int64 buffer (one host-to-device copy per step): ids (B, 1), the mask
-    (B, W + 1) with the real past left-aligned and the new position last, positions (B,) and one
-    update row (B,) per layer. ``run`` is what a CUDA graph captures; ``logits`` (B, V) fp32 is
-    where the replay leaves its result.
+    It runs the KV cache's first ``batch`` rows (the decoding rows are packed at the front, so a
+    step of R rows runs the smallest bucket >= R; the rows past R are computed and change nothing)
+    over a past of ``width`` positions. Its inputs live in one int64 buffer (one host-to-device
+    copy per step): ids (B, 1), the mask (B, W + 1) with the real past left-aligned and the new
+    position last, positions (B,) and one update row (B,) per layer. ``run`` is what a CUDA graph
+    captures; ``logits`` (B, V) fp32 is where the replay leaves its result.
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
@@ -300,34 +284,36 @@ class StaticStep:
         ids, mask, positions, updates = torch.split(self.inputs, sizes)
         self.ids, self.mask = ids.view(B, 1), mask.view(B, W + 1)  # (B, 1), (B, W + 1)
         self.positions, self.updates = positions, updates.view(n, B)  # (B,), (n, B)
-        self.at = torch.arange(B, device=backend.device)  # (B,) each row's own slot
+        self.at = torch.arange(B, device=backend.device)  # (B,) each row's own cache row
         self.logits: torch.Tensor | None = None  # (B, V) fp32, set by run
 
-    def load(self, input_ids, attention_mask, positions, updates) -> None:
-        B, W = self.key.batch, self.key.width
-        past = attention_mask.shape[1] - 1
+    def load(self, step: DecodeStep, positions: np.ndarray) -> None:
+        """The step's inputs; ``positions`` (R,): where each row's new K/V go (the rows' lengths)."""
+        B, W, R = self.key.batch, self.key.width, step.rows
+        past = step.attention_mask.shape[1] - 1
+        self.host[:] = 0  # rows past R: pad ids, nothing valid, no updates
         ids, mask, pos, upd = np.split(self.host, np.cumsum([B, B * (W + 1), B]))
-        ids[:] = input_ids[:B, 0]
+        ids[:R] = step.input_ids[:, 0]
         mask = mask.reshape(B, W + 1)
-        mask[:, :past], mask[:, past:W], mask[:, W] = attention_mask[:B, :past], 0, attention_mask[:B, past]
-        pos[:] = positions[:B]
-        upd.reshape(-1, B)[:] = np.asarray(updates, dtype=np.int64)[:, :B]
+        mask[:R, :past], mask[:R, W] = step.attention_mask[:, :past], step.attention_mask[:, past]
+        pos[:R] = positions
+        upd.reshape(-1, B)[:, :R] = np.asarray(step.updates, dtype=np.int64)
         self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
 
     def run(self) -> None:
-        backend, W = self.backend, self.key.width
+        backend, W, B = self.backend, self.key.width, self.key.batch
+        storage = backend.storage
         hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
         for k, index in enumerate(self.key.layers):
             update = self.updates[k].bool()  # (B,)
-            key = backend.keys[index][: self.key.batch]  # (B, nh, capacity, hd): a view
-            value = backend.values[index][: self.key.batch]
-            past_key = key[:, :, :W].transpose(2, 3).unsqueeze(0)  # (1, B, nh, hd, W)
-            past_value = value[:, :, :W].unsqueeze(0)  # (1, B, nh, W, hd)
-            out, new_key, new_value = backend.layers[index](hidden, self.mask, past_key, past_value)
+            key = storage.keys[index][:B]  # (B, nh, hd, capacity): a view
+            value = storage.values[index][:B]  # (B, nh, capacity, hd)
+            out, new_key, new_value = backend.layers[index](hidden, self.mask, key[..., :W], value[:, :, :W])
             keep = update[:, None, None]  # (B, 1, 1): rows that skip write back what was there
-            at = (self.at, slice(None), self.positions)  # each row's new position: (B, nh, hd)
-            key[at] = torch.where(keep, new_key[:, :, 0], key[at])
-            value[at] = torch.where(keep, new_value[:, :, 0], value[at])
+            at_k = (self.at, slice(None), slice(None), self.positions)  # (B, nh, hd)
+            at_v = (self.at, slice(None), self.positions)  # (B, nh, hd)
+            key[at_k] = torch.where(keep, new_key[:, :, 0], key[at_k])
+            value[at_v] = torch.where(keep, new_value[:, :, 0], value[at_v])
             hidden = torch.where(keep, out, hidden)  # (B, 1, D)
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
