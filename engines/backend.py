@@ -10,26 +10,26 @@ all work runs on one private CUDA stream, so TensorRT launches and torch copies 
 without host synchronisation. Only the input ids, the attention mask and a few small index arrays
 go host -> device per step, and only the requested rows' last-position logits come back.
 
-Buffers are preallocated: the KV cache in ``allocate(slots, capacity)`` (the Generator's max_batch
-and max_length, checked against the engines' max_batch and max_seq), the rest from the engines'
-limits (engines.json):
+Buffers are preallocated: the KV cache by the runtime's KVCache (rows and capacity: the
+Generator's max_batch and max_length, checked against the engines' max_batch and max_seq), the
+rest from the engines' limits (engines.json):
 
 - KV cache, in the layer graph contract's layout (export/onnx_export.py): per layer one K buffer
-  (pages, slots, nh, hd, page) and one V buffer (pages, slots, nh, page, hd). Page-major, so the
-  first n pages of every slot are one contiguous prefix: a decode step binds it as
+  (rows, nh, hd, W) and one V buffer (rows, nh, W, hd), torch tensors exactly W wide
+  (runtime.kvcache.ArrayStorage), so the block of rows a step runs is contiguous and is bound as
   past_key/past_value in place (no copy). The graph returns only the new K/V, into two small
   scratch buffers, and torch indexing on the stream writes them to each updated row's own
-  positions. A prefill binds one zeroed page (all masked) instead of a past.
+  positions.
 - hidden states: two buffers of max_batch x max_prompt x hidden, ping-ponged between layers. Rows
   a layer does not update (per-row SkipDecode budgets) get their input hidden state copied back.
 - one scratch block for TensorRT's activations, shared by all contexts: they run one after the
   other on one stream, so the largest engine's need is enough (instead of one block per context,
   which for 26 contexts at prefill shapes does not fit an 8 GB Jetson).
 
-Profiles (engines/profiles.py): 0 = prefill (sequence 1..max_prompt, one past page), 1 = decode
-(sequence 1, past 1..ceil(max_seq / page) pages). A layer call asks for its phase's profile (a
-decode step over one page fits both); the embedding and the head stay on the current profile
-while it holds their shapes. A switch goes through ``set_optimization_profile_async`` and resets
+Profiles (engines/profiles.py): 0 = prefill (sequence 1..max_prompt), 1 = decode (sequence 1),
+both over a past of whole pages up to max_seq. A layer call asks for its phase's profile (a
+decode step fits both); the embedding and the head stay on the current profile while it holds
+their shapes. A switch goes through ``set_optimization_profile_async`` and resets
 the context's input shapes, so a request joining a running batch costs each layer two switches
 (its prefill, then decode again). With the tensor-name API (TensorRT 8.5.1+, the only API in
 10.x) names are the same in every profile; the old per-profile binding indices are not used.
@@ -45,13 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.backends.base import Backend, check_slots
+from runtime.backends.base import Backend
 from runtime.errors import ArtifactError, SkipDecodeError
+from runtime.kvcache import ArrayStorage
 from runtime.manifest import GraphSpec, Manifest
 
 from .errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
 from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate
-from .profiles import DECODE, PREFILL, Profile, ShapeRange, choose_profile, max_pages
+from .profiles import DECODE, PREFILL, Profile, ShapeRange, choose_profile
 from .versions import parse_version
 
 
@@ -273,30 +274,23 @@ class TensorRTBackend(Backend):
         # into the cache would need one graph output per row position (TensorRT binds one address).
         new = B * self._nh * self.max_prompt * self._hd  # (B, nh, T, hd) at the prefill limit
         self._new = (empty(new, self._act_dtype), empty(new, self._act_dtype))
-        # The empty past of a prefill: one page, all masked. K and V share it (both read-only, and
-        # a zero V keeps the masked columns' contribution exactly 0).
-        self._zero_page = torch.zeros(B * self._nh * self._hd * self._page, dtype=self._act_dtype, device=dev)
         self._head_in = empty(B * self._d, self._act_dtype)
         head = manifest.head
         logits_dtype = torch_dtype(torch, self._runners["head"].dtype(head.outputs[0].name))
         self._logits = empty(B * self._v, logits_dtype)
         ids_name = manifest.embed.inputs[0].name
         self._ids = empty(B * self.max_prompt, torch_dtype(torch, self._runners["embed"].dtype(ids_name)))
-        # Widest mask: a decode step over every page (+1), or a prefill behind the zero page.
-        self._mask_width = max(max_pages(self.max_seq, self._page) * self._page + 1,
-                               self._page + self.max_prompt)
-        self._mask_buffers: dict = {}  # (torch dtype, zero columns) -> flat buffer of max_batch x _mask_width
+        # Widest mask: a prefill chunk of max_prompt over the widest past (whole pages of max_seq).
+        self._mask_width = -(-self.max_seq // self._page) * self._page + self.max_prompt
+        self._mask_buffers: dict = {}  # torch dtype -> flat buffer of max_batch x _mask_width
         self._mask_source = None  # the host mask last uploaded; the engine builds a new one per step
-        self._mask_views: dict = {}  # (torch dtype, zero columns) -> (B, zeros + S) view of the upload
+        self._mask_views: dict = {}  # torch dtype -> (B, S) view of the upload
 
         scratch = max((r.scratch_bytes for r in self._runners.values()), default=0)
         self._scratch = empty(max(scratch, 1), torch.uint8)  # torch blocks are 512-byte aligned
         for runner in self._runners.values():
             runner.set_scratch(self._scratch.data_ptr(), scratch)
-
-        self.keys: list = []  # per layer (pages, slots, nh, hd, page), from allocate()
-        self.values: list = []  # per layer (pages, slots, nh, page, hd)
-        self.slots = self.capacity = 0
+        self.storage: StreamStorage | None = None
 
     def _load(self, trt, spec: GraphSpec, entry) -> GraphRunner:
         path = self.engine_dir / entry.plan
@@ -320,32 +314,10 @@ class TensorRTBackend(Backend):
     def limits(self) -> tuple[int, int]:
         return self.max_batch, self.max_seq  # what the engines' profiles were built for
 
-    def allocate(self, slots: int, capacity: int) -> None:
-        hint = f"rebuild the engines with `python -m engines build {self.directory}"
-        if slots > self.max_batch:
-            raise EngineLimitError(
-                f"max_batch {slots} (KV slots) exceeds max_batch {self.max_batch} of the engines in "
-                f"{self.engine_dir}; load with runtime.load(..., max_batch={self.max_batch}), or "
-                f"{hint} --max-batch {slots}`")
-        if capacity > self.max_seq:
-            raise EngineLimitError(
-                f"max_length {capacity} (prompt + new tokens per row) exceeds max_seq {self.max_seq} "
-                f"of the engines in {self.engine_dir}; load with runtime.load(..., "
-                f"max_length={self.max_seq}), or {hint} --max-seq {capacity}`")
-        torch, dev = self._device.torch, self._device.device
-        pages = -(-capacity // self._page)
-        nh, hd, page = self._nh, self._hd, self._page
-        self.keys, self.values = [], []  # free the old cache before the new one is allocated
-        # Zeros, not empty: positions no row wrote yet are bound (masked) with every decode step,
-        # and uninitialised memory may hold NaN, which a mask does not cancel in probs @ V.
-        zeros = lambda shape: torch.zeros(shape, dtype=self._act_dtype, device=dev)  # noqa: E731
-        self.keys = [zeros((pages, slots, nh, hd, page)) for _ in self._layer_names]
-        self.values = [zeros((pages, slots, nh, page, hd)) for _ in self._layer_names]
-        self.slots, self.capacity = slots, pages * page
+    def kv_storage(self) -> "StreamStorage":
         self._mask_source, self._mask_views = None, {}
-
-    def past_width(self, length: int) -> int:
-        return -(-length // self._page) * self._page  # whole pages: the graph reads pages
+        self.storage = StreamStorage(self)
+        return self.storage
 
     # -- uploads -----------------------------------------------------------------------------
 
@@ -354,30 +326,26 @@ class TensorRTBackend(Backend):
         torch = self._device.torch
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self._device.device)
 
-    def _mask(self, attention_mask: np.ndarray, dtype_name: str, zeros: int = 0):
-        """(B, zeros + S) device copy of the host mask behind ``zeros`` masked columns (the zero
-        page of a prefill), uploaded once per step, dtype and padding."""
+    def _mask(self, attention_mask: np.ndarray, dtype_name: str):
+        """(B, S) device copy of the host mask, uploaded once per step and dtype."""
         torch = self._device.torch
         dtype = torch_dtype(torch, dtype_name)
         if self._mask_source is not attention_mask:
             self._mask_source, self._mask_views = attention_mask, {}
-        key = (dtype, zeros)
-        view = self._mask_views.get(key)
+        view = self._mask_views.get(dtype)
         if view is None:
             B, S = attention_mask.shape
-            width = zeros + S
-            if width > self._mask_width or B > self.max_batch:
+            if S > self._mask_width or B > self.max_batch:
                 raise EngineLimitError(
-                    f"attention mask of {B} x {width} exceeds the engines' limits ({self.max_batch} x "
+                    f"attention mask of {B} x {S} exceeds the engines' limits ({self.max_batch} x "
                     f"{self._mask_width}); rebuild with larger --max-batch / --max-seq / --max-prompt")
-            buf = self._mask_buffers.get(key)
-            if buf is None:  # one buffer per key: a prefill's embed and layer masks coexist
-                buf = self._mask_buffers[key] = torch.empty(self.max_batch * self._mask_width,
-                                                            dtype=dtype, device=self._device.device)
-            view = buf[: B * width].view(B, width)
-            view[:, :zeros].zero_()
-            view[:, zeros:].copy_(torch.from_numpy(np.ascontiguousarray(attention_mask)).to(dtype))
-            self._mask_views[key] = view
+            buf = self._mask_buffers.get(dtype)
+            if buf is None:
+                buf = self._mask_buffers[dtype] = torch.empty(self.max_batch * self._mask_width,
+                                                              dtype=dtype, device=self._device.device)
+            view = buf[: B * S].view(B, S)
+            view.copy_(torch.from_numpy(np.ascontiguousarray(attention_mask)).to(dtype))
+            self._mask_views[dtype] = view
         return view
 
     def _as_device(self, hidden):
@@ -414,55 +382,30 @@ class TensorRTBackend(Backend):
                        {spec.outputs[0].name: out}, self._device.handle)
         return out  # (B, T, D) on the device
 
-    def layer(self, index, hidden, attention_mask, slots, positions, update=None):
+    def layer(self, index, hidden, attention_mask, past_key, past_value):
         spec = self.manifest.layers[index]
         runner = self._runners[spec.name]
         h_in, m_in, k_in, v_in = (t.name for t in spec.inputs)
         h_out, k_out, v_out = (t.name for t in spec.outputs)
-        nh, hd, page = self._nh, self._hd, self._page
         with self._device.scope():
             x = self._as_device(hidden)  # (B, T, D)
             B, T, _ = x.shape
-            past = attention_mask.shape[1] - T
-            check_slots(self.name, slots, past, self.slots, positions, T, self.capacity, page)
-            if past:  # decode: the cache's first pages of every slot, bound in place (no copy)
-                pages = past // page
-                past_key = self.keys[index][:pages]  # (pages, S, nh, hd, page), a contiguous prefix
-                past_value = self.values[index][:pages]  # (pages, S, nh, page, hd)
-                mask = self._mask(attention_mask, runner.dtype(m_in))  # (S, past + 1)
-            else:  # prefill: one all-masked zero page stands for the empty past
-                zero = self._zero_page[: B * nh * hd * page]
-                past_key, past_value = zero.view(1, B, nh, hd, page), zero.view(1, B, nh, page, hd)
-                mask = self._mask(attention_mask, runner.dtype(m_in), zeros=page)  # (B, page + T)
+            mask = self._mask(attention_mask, runner.dtype(m_in))  # (B, W + T)
             out = self._out_hidden(x, (B, T, self._d))
-            shape = (B, nh, T, hd)
+            shape = (B, self._nh, T, self._hd)
             new_key = self._new[0][: _volume(shape)].view(shape)  # (B, nh, T, hd)
             new_value = self._new[1][: _volume(shape)].view(shape)
+            # past_*: the KV cache's block of rows, contiguous (B, nh, hd, W) / (B, nh, W, hd): in place
             runner.run({h_in: x, m_in: mask, k_in: past_key, v_in: past_value},
                        {h_out: out, k_out: new_key, v_out: new_value},
-                       self._device.handle, prefer=DECODE if past else PREFILL)
-            rows = np.arange(B) if update is None else np.flatnonzero(update)
-            self._write(index, new_key, new_value, np.asarray(slots)[rows], np.asarray(positions)[rows],
-                        rows)
-            if update is not None and len(rows) < B:  # skipped rows keep their hidden state
-                keep = self._upload(np.flatnonzero(~np.asarray(update, dtype=bool)))
-                out.index_copy_(0, keep, x.index_select(0, keep))  # (K, T, D)
-        return out
+                       self._device.handle, prefer=DECODE if T == 1 else PREFILL)
+        return out, new_key, new_value  # the cache writes new_* before the next layer reuses them
 
-    def _write(self, index, new_key, new_value, slots, positions, rows) -> None:
-        """Copy the new K/V of ``rows`` (new_*: (B, nh, T, hd)) to positions
-        [positions[r], positions[r] + T) of their slots: only the new positions are written."""
-        if not len(rows):
-            return
-        T = new_key.shape[2]
-        pos = positions[:, None] + np.arange(T)  # (R, T)
-        where = self._upload(np.stack([pos // self._page, np.broadcast_to(slots[:, None], pos.shape),
-                                       pos % self._page, np.broadcast_to(rows[:, None], pos.shape)]))
-        page, slot, offset, row = where  # (R, T) each
-        # Advanced indices on dims 0, 1 and 4 (K) or 3 (V) around slices put the index dims first:
-        # both targets are (R, T, nh, hd), as is the source once its T and nh dims swap.
-        self.keys[index][page, slot, :, :, offset] = new_key[row[:, 0]].transpose(1, 2)
-        self.values[index][page, slot, :, offset, :] = new_value[row[:, 0]].transpose(1, 2)
+    def keep(self, update, out, hidden):
+        with self._device.scope():  # skipped rows keep their hidden state
+            keep = self._upload(np.flatnonzero(~np.asarray(update, dtype=bool)))
+            out.index_copy_(0, keep, self._as_device(hidden).index_select(0, keep))  # (K, T, D)
+        return out
 
     def head(self, hidden, rows=None):
         spec = self.manifest.head
@@ -485,5 +428,48 @@ class TensorRTBackend(Backend):
     def close(self):
         self._runners.clear()
         self._engines.clear()
-        self.keys, self.values, self._hidden, self._mask_buffers = [], [], [], {}
-        self._new = self._zero_page = self._scratch = None
+        if self.storage is not None:
+            self.storage.close()
+        self._hidden, self._mask_buffers = [], {}
+        self._new = self._scratch = None
+
+
+class StreamStorage(ArrayStorage):
+    """The KV cache's torch buffers on the backend's device, every operation on its stream, the
+    rows and capacity checked against the engines' limits."""
+
+    def __init__(self, backend: TensorRTBackend):
+        device = backend._device
+        torch = device.torch
+        super().__init__(len(backend.manifest.layers), backend._nh, backend._hd,
+                         lambda shape: torch.zeros(shape, dtype=backend._act_dtype, device=device.device),
+                         index=backend._upload)
+        self.backend = backend
+
+    def allocate(self, rows, capacity, width):
+        b = self.backend
+        hint = f"rebuild the engines with `python -m engines build {b.directory}"
+        if rows > b.max_batch:
+            raise EngineLimitError(
+                f"max_batch {rows} (KV rows) exceeds max_batch {b.max_batch} of the engines in "
+                f"{b.engine_dir}; load with runtime.load(..., max_batch={b.max_batch}), or "
+                f"{hint} --max-batch {rows}`")
+        if capacity > -(-b.max_seq // b._page) * b._page:
+            raise EngineLimitError(
+                f"max_length {capacity} (prompt + new tokens per row) exceeds max_seq {b.max_seq} "
+                f"of the engines in {b.engine_dir}; load with runtime.load(..., "
+                f"max_length={b.max_seq}), or {hint} --max-seq {capacity}`")
+        with b._device.scope():
+            super().allocate(rows, capacity, width)
+
+    def resize(self, width, used):
+        with self.backend._device.scope():
+            super().resize(width, used)
+
+    def move(self, src, dst):
+        with self.backend._device.scope():
+            super().move(src, dst)
+
+    def write(self, layer, new_key, new_value, src, dst, positions):
+        with self.backend._device.scope():
+            super().write(layer, new_key, new_value, src, dst, positions)

@@ -180,9 +180,14 @@ def test_a_failing_request_does_not_disturb_the_others(engine_gen):
         assert [e.token_ids[0] for e in good] == want[0]
 
 
-def test_more_prompts_than_slots(engine_gen):
-    with pytest.raises(ValueError, match="5 prompts exceed max_batch 4 of this Generator .* max_batch=5"):
-        engine_gen.generate(["a", "b", "c", "d", "e"], 2)
+def test_more_prompts_than_rows_run_as_rows_free_up(engine_gen):
+    """One call of 10 prompts on 4 KV rows: every row equals its prompt alone, in prompt order."""
+    prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(10)]
+    want = [alone(engine_gen, p, 5, dict(speedup=2)).token_ids[0] for p in prompts]
+    result = engine_gen.generate(prompts, 5, speedup=2, ignore_eos=True)
+    assert result.token_ids == want
+    assert result.finish_reasons == ["length"] * 10
+    check_layers(result)
 
 
 def test_requests_beyond_the_slots_wait_their_turn(engine_gen):
@@ -223,11 +228,11 @@ def test_context_manager_waits_for_running_requests(artifact_dir):
 
 
 def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
-    """The past given to every decode graph is a view of the layer's buffer, whose address never
-    changes; the graphs return only the new position's K/V: nothing copies or concatenates the past."""
-    gen = runtime.load(artifact_dir, max_batch=2, threads=1)
-    backend = gen.engine.backend
-    addresses = [(k.ctypes.data, v.ctypes.data) for k, v in zip(backend.keys, backend.values)]
+    """The past given to every graph is a view of the layer's K/V buffer (the block of rows that
+    run, at the cache's width); the graphs return only the new position's K/V: nothing copies or
+    concatenates the past."""
+    gen = runtime.load(artifact_dir, max_batch=4, threads=1)
+    backend, storage = gen.engine.backend, gen.engine.cache.storage
     seen = []
     for index, name in enumerate(backend._layer_names):
         session = backend._sessions[name]
@@ -238,27 +243,116 @@ def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
 
             def run(self, outputs, feeds):
                 result = self.inner.run(outputs, feeds)
-                seen.append((self.index, feeds["past_key"], feeds["past_value"], result[1].shape))
+                k, v = storage.keys[self.index], storage.values[self.index]
+                seen.append((feeds["past_key"].base is k, feeds["past_value"].base is v,
+                             feeds["past_key"].shape, result[1].shape))
                 return result
 
         backend._sessions[name] = Spy(session, index)
-    result = gen.generate(PROMPTS[:2], 10, speedup=2, ignore_eos=True)
+    result = gen.generate(PROMPTS[:2], 40, speedup=2, ignore_eos=True)
     decode = [s for s in seen if s[3][2] == 1]
     assert len(decode) == sum(len(s.layers) for s in result.stats.steps)
-    for index, past_key, past_value, new_shape in decode:
-        assert np.shares_memory(past_key, backend.keys[index]) and np.shares_memory(past_value, backend.values[index])
-        assert past_key.base is backend.keys[index] or past_key.base is backend.keys[index].base
-        assert new_shape == (2, gen.manifest.model.num_heads, 1, gen.manifest.model.head_dim)
-    assert [(k.ctypes.data, v.ctypes.data) for k, v in zip(backend.keys, backend.values)] == addresses
+    assert all(in_k and in_v for in_k, in_v, _, _ in seen)
+    m = gen.manifest.model
+    assert {shape[:3] for _, _, shape, _ in decode} == {(2, m.num_heads, m.head_dim)}  # 2 rows of 4
+    assert {shape[3] for _, _, shape, _ in decode} == {32, 64}  # the width follows the rows, in pages
+    assert {new for _, _, _, new in decode} == {(2, m.num_heads, 1, m.head_dim)}
     gen.close()
 
 
-def test_onnxruntime_refuses_a_past_of_part_pages(artifact_dir):
-    """A past that is not whole pages would bind the wrong prefix of the buffer: refused."""
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch", "onnxruntime-iobinding"])
+def test_a_step_computes_the_rows_that_run_not_the_rows_it_could_hold(artifact_dir, backend):
+    """On 8 KV rows, a lone request's every layer runs 1 row; two requests run 2; and a row that
+    finishes first leaves a step of 1 again."""
+    name, options = BACKENDS[backend]
+    gen = runtime.load(artifact_dir, backend=name, max_batch=8, threads=1, **options)
+    with spying(gen) as spy:
+        gen.generate(PROMPTS[0], 6, ignore_eos=True)
+        assert {rows for _, rows, _ in spy.bound} == {1}
+        assert {len(u) for _, u in spy.updates} == {1}
+        spy.bound.clear()
+        short = gen.stream(PROMPTS[1], 3, ignore_eos=True)
+        long = gen.stream(PROMPTS[2], 12, ignore_eos=True)
+        list(short), list(long)
+    decode_rows = [rows for _, rows, width in spy.bound if width % 32 == 1]  # decode: W + 1 columns
+    assert max(decode_rows) == 2 and decode_rows[-1] == 1
+    gen.close()
+
+
+def test_rows_leaving_from_the_middle_keep_the_others_exact(artifact_dir):
+    """Rows finish in an order that empties the middle of the pack: the last rows move into the
+    gaps, and every row's tokens (and each step's logits) equal its run alone."""
+    gen = runtime.load(artifact_dir, max_batch=4, threads=1)
+    lengths = [20, 4, 9, 16]  # row 1 leaves first, then row 2: the middle of the pack
+    prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(4)]
+    want = [gen.generate(p, n, ignore_eos=True, speedup=2) for p, n in zip(prompts, lengths)]
+    streams = [gen.stream(p, n, ignore_eos=True, speedup=2) for p, n in zip(prompts, lengths)]
+    events = [list(s) for s in streams]
+    for s, w, ev in zip(streams, want, events):
+        assert s.result.token_ids == w.token_ids
+        assert len(ev) == len(w.token_ids[0])
+    assert gen.engine.cache.moves > 0, "no row moved: the test does not exercise departures"
+    assert gen.engine.owner == [None] * 4
+    gen.close()
+
+
+def test_stepper_gives_the_tokens_of_generate(artifact_dir):
+    """An app's own loop: add requests, step, read events; no thread is started."""
     gen = runtime.load(artifact_dir, max_batch=2, threads=1)
-    backend = gen.engine.backend
-    hidden = np.zeros((2, 1, gen.manifest.model.hidden_size), np.float32)
-    with pytest.raises(ValueError, match="a decode mask covers whole pages \\(past_width\\); got a past of 5 "
-                                         "positions with pages of 32"):
-        backend.layer(0, hidden, np.ones((2, 6), np.int64), np.arange(2), np.array([5, 5]))
+    calls = [(PROMPTS[0], 8, dict(speedup=2)), ([PROMPTS[1], PROMPTS[2]], 6, {}), ("Hello", 5, {})]
+    with runtime.load(artifact_dir, max_batch=2, threads=1) as ref:
+        want = [ref.generate(p, n, ignore_eos=True, **o) for p, n, o in calls]
+    with gen.stepper() as stepper:
+        handles = [stepper.add(p, n, ignore_eos=True, **o) for p, n, o in calls]
+        steps, seen = 0, []
+        while not stepper.done:
+            seen += stepper.step()
+            steps += 1
+        assert gen.engine.thread is None
+    for h, w in zip(handles, want):
+        assert h.done and h.error is None
+        assert h.result.token_ids == w.token_ids and h.result.texts == w.texts
+        assert [e for r, e in seen if r is h] == h.events
+    assert steps < sum(n for _, n, _ in calls)  # requests shared steps
     gen.close()
+
+
+def test_stepper_and_worker_thread_do_not_mix(artifact_dir):
+    gen = runtime.load(artifact_dir, max_batch=2, threads=1)
+    stepper = gen.stepper()
+    with pytest.raises(EngineClosedError, match="driven by a step loop"):
+        gen.generate(PROMPTS[0], 2)
+    with pytest.raises(ValueError, match="already driven by another stepper"):
+        gen.stepper()
+    handle = stepper.add(PROMPTS[0], 30, ignore_eos=True)
+    stepper.step()
+    stepper.close()  # cancels what runs, and gives the Generator back
+    assert handle.done and handle.result is None
+    assert len(gen.generate(PROMPTS[0], 3, ignore_eos=True).token_ids[0]) == 3
+    with pytest.raises(ValueError, match="already driven by its worker thread"):
+        gen.stepper()
+    gen.close()
+
+
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir):
+    """A long prompt joins a decoding row in chunks of 4 tokens: both rows' tokens equal those with
+    the prompt run whole, and the running row got tokens between the chunks."""
+    long_prompt = " ".join([PROMPTS[2]] * 4)
+    results = {}
+    for chunk in (None, 4):
+        gen = runtime.load(artifact_dir, max_batch=2, threads=1, prefill_chunk=chunk)
+        with gen.stepper() as stepper:
+            first = stepper.add(PROMPTS[0], 30, ignore_eos=True, speedup=2)
+            stepper.step()
+            joining = stepper.add(long_prompt, 8, ignore_eos=True, speedup=2)
+            steps_until_joined = 0
+            while not joining.events:
+                stepper.step()
+                steps_until_joined += 1
+            while not stepper.done:
+                stepper.step()
+        results[chunk] = (first.result.token_ids, joining.result.token_ids, steps_until_joined)
+        gen.close()
+    prompt_tokens = joining.result.stats.prompt_tokens
+    assert results[4][:2] == results[None][:2]
+    assert results[None][2] == 1 and results[4][2] == -(-prompt_tokens // 4)

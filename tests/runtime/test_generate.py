@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import runtime
-from runtime.backends import Backend
+from runtime.backends.base import run_decode
 from runtime.modeling import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
@@ -62,10 +62,11 @@ def test_full_depth_logits_every_step(generator, hf_model, tokenizer):
 
 
 class SpyBackend:
-    """Records what the decode loop asks of the real backend."""
+    """Records what the decode loop asks of the real backend: the calls, each decode step's
+    per-layer updates, and the rows and past width every layer call binds."""
 
     def __init__(self, inner):
-        self.inner, self.calls, self.updates = inner, [], []
+        self.inner, self.calls, self.updates, self.bound = inner, [], [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -74,16 +75,18 @@ class SpyBackend:
         self.calls.append("embed")
         return self.inner.embed(ids, mask)
 
-    def layer(self, index, hidden, mask, slots, positions, update=None):
+    def layer(self, index, hidden, mask, past_key, past_value):
         self.calls.append(index)
-        self.updates.append((index, None if update is None else update.copy()))
-        return self.inner.layer(index, hidden, mask, slots, positions, update)
+        self.bound.append((index, *mask.shape))  # (layer, rows, past width + new tokens)
+        return self.inner.layer(index, hidden, mask, past_key, past_value)
 
     def head(self, hidden, rows=None):
         self.calls.append("head")
         return self.inner.head(hidden, rows)
 
-    decode = Backend.decode  # the default step, so that the spy sees its embed, layers and head
+    def decode(self, step, cache):  # the default step, so that the spy sees its embed, layers and head
+        self.updates += [(i, u.copy()) for i, u in zip(step.layers, step.updates)]
+        return run_decode(self, step, cache)
 
 
 @contextlib.contextmanager
