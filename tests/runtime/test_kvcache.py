@@ -1,0 +1,100 @@
+"""runtime.kvcache: rows packed at the front, the width in pages, and K/V landing where they belong."""
+
+import numpy as np
+import pytest
+
+from runtime.kvcache import ArrayStorage, KVCache
+
+L, NH, HD, PAGE = 2, 2, 3, 4
+
+
+class Seq:
+    def __init__(self, name):
+        self.name, self.row = name, -1
+
+
+def make(rows=4, capacity=16):
+    storage = ArrayStorage(L, NH, HD, lambda shape: np.zeros(shape, np.float32))
+    return KVCache(storage, rows, capacity, PAGE)
+
+
+def fill(cache, rows, tokens, value):
+    """Write ``tokens`` positions to cache rows ``rows`` (a block from rows.start), K = V = value + row."""
+    k = len(rows)
+    new = np.zeros((k, NH, tokens, HD), np.float32) + value + np.arange(k)[:, None, None, None]
+    cache.reserve(rows.start, rows.stop, tokens)
+    for layer in range(L):
+        cache.write(layer, new, new, np.arange(k), rows.start)
+    cache.advance(rows.start, rows.stop, np.ones((k, tokens), np.int64))
+
+
+def key_of(cache, row, layer=0):
+    return cache.storage.keys[layer][row, 0, 0, : cache.length[row]]  # (length,) of head 0, dim 0
+
+
+def test_seat_promote_release_keep_the_rows_packed():
+    cache = make()
+    a, b, c = Seq("a"), Seq("b"), Seq("c")
+    fill(cache, cache.seat([a, b]), 3, 10.0)  # a: 10s, b: 11s
+    cache.promote()
+    fill(cache, cache.seat([c]), 5, 20.0)  # c joins: 20s, not yet decoding
+    assert (cache.decoding, cache.used, [s.row for s in (a, b, c)]) == (2, 3, [0, 1, 2])
+    cache.release(a.row)  # a decoding row leaves: b fills its place, c the gap behind b
+    assert (cache.decoding, cache.used, b.row, c.row) == (1, 2, 0, 1)
+    assert cache.owners == [b, c, None, None] and a.row == -1
+    np.testing.assert_array_equal(key_of(cache, b.row), [11.0] * 3)
+    np.testing.assert_array_equal(key_of(cache, c.row), [20.0] * 5)
+    assert cache.length.tolist() == [3, 5, 0, 0] and cache.valid[2:].sum() == 0
+    assert cache.moves == 2
+
+
+def test_release_of_the_last_row_moves_nothing():
+    cache = make()
+    a, b = Seq("a"), Seq("b")
+    fill(cache, cache.seat([a, b]), 2, 1.0)
+    cache.promote()
+    cache.release(b.row)
+    assert cache.moves == 0 and cache.used == 1 and a.row == 0
+
+
+def test_width_grows_with_the_longest_row_and_shrinks_when_it_leaves():
+    cache = make(capacity=16)
+    a, b = Seq("a"), Seq("b")
+    fill(cache, cache.seat([a]), 3, 1.0)
+    assert cache.width == PAGE
+    fill(cache, range(0, 1), 2, 2.0)  # 5 positions: a second page
+    assert cache.width == 2 * PAGE and cache.storage.keys[0].shape == (4, NH, HD, 2 * PAGE)
+    np.testing.assert_array_equal(key_of(cache, 0), [1, 1, 1, 2, 2])  # kept across the re-lay
+    cache.promote()
+    fill(cache, cache.seat([b]), 9, 3.0)  # b: 3 pages
+    assert cache.width == 3 * PAGE
+    cache.promote()
+    cache.release(b.row)
+    cache.reserve(0, cache.decoding, 1)  # the next step: a alone needs 6 positions
+    assert cache.width == 2 * PAGE and cache.resizes == 3
+    np.testing.assert_array_equal(key_of(cache, a.row), [1, 1, 1, 2, 2])
+
+
+def test_mask_is_the_valid_past_then_the_new_columns():
+    cache = make()
+    a = Seq("a")
+    rows = cache.seat([a])
+    cache.reserve(0, 1, 3)
+    cache.advance(0, 1, np.array([[0, 1, 1]]))  # a left-padded prompt
+    mask = cache.mask(0, 1, np.ones((1, 1), np.int64))
+    assert mask.tolist() == [[0, 1, 1, 0, 1]]  # width 4 (one page), then the new position
+    assert rows == range(0, 1)
+
+
+def test_refusals():
+    cache = make(rows=2, capacity=8)
+    cache.seat([Seq("a")])
+    with pytest.raises(RuntimeError, match="already joining: promote"):
+        cache.seat([Seq("b")])
+    cache.promote()
+    with pytest.raises(ValueError, match="2 rows do not fit the 1 free rows"):
+        cache.seat([Seq("b"), Seq("c")])
+    with pytest.raises(ValueError, match="rows would hold 9 positions, past the KV capacity 8"):
+        cache.reserve(0, 1, 9)
+    with pytest.raises(ValueError, match="row 1 is not in use"):
+        cache.release(1)
