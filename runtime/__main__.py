@@ -13,7 +13,7 @@ import sys
 from . import cli
 from .backends import BACKENDS
 from .errors import PolicyError
-from .generator import load
+from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
 
@@ -40,6 +40,11 @@ def _parser():
                                      "hidden states on the GPU through IOBinding); default: the "
                                      "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
+    be.add_argument("--max-batch", type=int,
+                    help="rows decoded together (default: the number of prompts, at most 8); more "
+                         "prompts than rows run as rows free up")
+    be.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                    help="prompt tokens run per step while other rows decode (default %(default)s)")
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
                     help="skip the sha256 of files changed since they were last verified (sizes are still checked)")
@@ -87,8 +92,9 @@ def _backend_options(args) -> dict:
 
 def _run(args) -> int:
     policy = _policy(args)
+    max_batch = args.max_batch or min(len(args.prompts), DEFAULT_MAX_BATCH)
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
-               **_backend_options(args))
+               max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:
         streamer = None
         if args.stream and not args.json:

@@ -314,8 +314,9 @@ class Engine:
         for j, s in enumerate(seqs):
             s.logits = logits[j]
             groups.setdefault((s.request, s.step), []).append(j)
-        for (r, g), members in groups.items():
+        for r in dict.fromkeys(s.request for s in seqs):
             r.stats.decode_seconds += seconds
+        for (r, g), members in groups.items():
             r.stats.steps.append(StepStats(g, r.policy.budget(g), sets[members[0]], seconds,
                                            self.num_layers, tuple(seqs[j].index for j in members),
                                            tuple(layers)))

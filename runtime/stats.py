@@ -61,7 +61,9 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        return self.batch_size * len(self.steps) / self.decode_seconds if self.decode_seconds else 0.0
+        """Tokens the decode steps produced (each step's rows) per second of them."""
+        tokens = sum(len(s.rows) or self.batch_size for s in self.steps)
+        return tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
         return {"num_layers": self.num_layers, "batch_size": self.batch_size,

@@ -7,6 +7,7 @@ import sys
 
 from .. import cli
 from ..errors import SkipDecodeError
+from ..generator import DEFAULT_PREFILL_CHUNK
 
 MISSING_EXTRA = ("error: `python -m runtime serve` needs the serve extra ({missing}); install it with "
                  "pip install -e \".[serve]\" (or: pip install starlette uvicorn)")
@@ -24,9 +25,13 @@ def parser() -> argparse.ArgumentParser:
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int,
-                   help="rows decoded together: KV slots (default 8, or the backend's limit if lower)")
+                   help="rows decoded together: KV rows (default 8, or the backend's limit if lower); "
+                        "a step costs the rows that run, not the rows it could hold")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                   help="prompt tokens a joining request runs per step while others decode "
+                        "(default %(default)s)")
     p.add_argument("--max-queue", type=int,
-                   help="requests allowed to wait for a slot; past it the server answers 503 with "
+                   help="requests allowed to wait for a row; past it the server answers 503 with "
                         "Retry-After (default: unbounded)")
     p.add_argument("--max-length", type=int,
                    help="positions per row, prompt + new tokens (default: the model's max_position_embeddings)")
@@ -60,7 +65,7 @@ def main(argv=None, load=None) -> int:
         from ..generator import load
     try:
         gen = load(args.directory, backend=args.backend, threads=args.threads, max_batch=args.max_batch,
-                   max_queue=args.max_queue, max_length=args.max_length)
+                   max_queue=args.max_queue, max_length=args.max_length, prefill_chunk=args.prefill_chunk)
     except (SkipDecodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
