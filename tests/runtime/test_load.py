@@ -53,17 +53,18 @@ def test_missing_file(copy):
         runtime.load(copy)
 
 
-def test_other_schema_version(copy):
-    edit_manifest(copy, lambda d: d.update(schema_version=1))
+@pytest.mark.parametrize("old", [1, 2])  # 2: the paged past of the engine before the KV cache object
+def test_other_schema_version(copy, old):
+    edit_manifest(copy, lambda d: d.update(schema_version=old))
     with pytest.raises(ArtifactError) as info:
         runtime.load(copy)
-    assert "has schema_version 1, but this runtime reads schema_version 2" in str(info.value)
+    assert f"has schema_version {old}, but this runtime reads schema_version 3" in str(info.value)
     assert "re-export the model" in str(info.value)
 
 
 def test_kv_layout_is_checked(copy):
     edit_manifest(copy, lambda d: d.update(kv_cache={"layout": "contiguous", "page_size": 32}))
-    with pytest.raises(ArtifactError, match="kv_cache .* is not a paged layout with an int page_size >= 1"):
+    with pytest.raises(ArtifactError, match="kv_cache .* is not a 'rows' layout with an int page_size >= 1"):
         runtime.load(copy)
 
 
