@@ -164,7 +164,10 @@ class Generator:
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """End the engine and release the backend. Waits for the running and queued requests to
-        finish; ``cancel=True`` ends them at once instead (their streams raise EngineClosedError)."""
+        finish; ``cancel=True`` ends them at once instead (their streams raise EngineClosedError).
+        An open stepper is closed first, which cancels its requests (nothing else would step them)."""
+        if self.engine.stepper is not None:
+            self.engine.stepper.close()
         self.engine.close(cancel=cancel, timeout=timeout)
         self.backend.close()
 
