@@ -314,6 +314,19 @@ class TensorRTBackend(Backend):
     def limits(self) -> tuple[int, int]:
         return self.max_batch, self.max_seq  # what the engines' profiles were built for
 
+    def check_limits(self, rows: int, length: int) -> None:
+        hint = f"rebuild the engines with `python -m engines build {self.directory}"
+        if rows > self.max_batch:
+            raise EngineLimitError(
+                f"max_batch {rows} (KV rows) exceeds max_batch {self.max_batch} of the engines in "
+                f"{self.engine_dir}; load with runtime.load(..., max_batch={self.max_batch}), or "
+                f"{hint} --max-batch {rows}`")
+        if length > self.max_seq:
+            raise EngineLimitError(
+                f"max_length {length} (prompt + new tokens per row) exceeds max_seq {self.max_seq} "
+                f"of the engines in {self.engine_dir}; load with runtime.load(..., "
+                f"max_length={self.max_seq}), or {hint} --max-seq {length}`")
+
     def kv_storage(self) -> "StreamStorage":
         self._mask_source, self._mask_views = None, {}
         self.storage = StreamStorage(self)
@@ -435,8 +448,7 @@ class TensorRTBackend(Backend):
 
 
 class StreamStorage(ArrayStorage):
-    """The KV cache's torch buffers on the backend's device, every operation on its stream, the
-    rows and capacity checked against the engines' limits."""
+    """The KV cache's torch buffers on the backend's device, every operation on its stream."""
 
     def __init__(self, backend: TensorRTBackend):
         device = backend._device
@@ -448,17 +460,7 @@ class StreamStorage(ArrayStorage):
 
     def allocate(self, rows, capacity, width):
         b = self.backend
-        hint = f"rebuild the engines with `python -m engines build {b.directory}"
-        if rows > b.max_batch:
-            raise EngineLimitError(
-                f"max_batch {rows} (KV rows) exceeds max_batch {b.max_batch} of the engines in "
-                f"{b.engine_dir}; load with runtime.load(..., max_batch={b.max_batch}), or "
-                f"{hint} --max-batch {rows}`")
-        if capacity > -(-b.max_seq // b._page) * b._page:
-            raise EngineLimitError(
-                f"max_length {capacity} (prompt + new tokens per row) exceeds max_seq {b.max_seq} "
-                f"of the engines in {b.engine_dir}; load with runtime.load(..., "
-                f"max_length={b.max_seq}), or {hint} --max-seq {capacity}`")
+        b.check_limits(rows, min(capacity, b.max_seq))  # capacity: whole pages of a checked max_length
         with b._device.scope():
             super().allocate(rows, capacity, width)
 

@@ -1,18 +1,21 @@
 """Optimization profiles for the two phases of generation, derived from the manifest's dims.
 
-Profile 0, prefill: the prompt at full depth, sequence 1..max_prompt, one all-masked past page
-                   (past_pages 1..1: the runtime binds a zero page and masks it).
-Profile 1, decode:  one token per step over past_pages 1..ceil(max_seq / page_size) whole pages.
+Profile 0, prefill: the prompt (or a chunk of it) at full depth, sequence 1..max_prompt, over a
+                   bound past of past_sequence page..max_pages * page positions (its rows' block
+                   at the cache's current width, masked where nothing is valid).
+Profile 1, decode:  one token per step over past_sequence page..max_pages * page positions.
 
-The layers' attention mask covers the bound pages and the new positions, so for them
-total_sequence = past_pages * page_size + sequence in both profiles. The embedding has no past
-input: it gets the prompt's own mask at prefill (total_sequence = sequence) and, at decode, the
-same mask as the layers (a whole number of pages plus the new token).
+The bound past width (past_sequence) is always whole pages of the manifest's kv_cache.page_size,
+at least one, wide enough for the longest row in use once it holds the step's new positions
+(runtime.kvcache), so at most max_seq rounded up to pages. The attention mask covers the bound
+past and the new positions, so total_sequence = past_sequence + sequence in both profiles, at min,
+opt and max. The embedding has no past input but gets the same mask as the layers.
 
 Every input of every graph (embed, layers, head) gets min/opt/max from its manifest dims: fixed
 ints stay fixed, names come from the table below. opt sits mid-range, as TensorRT-LLM does for its
 batch and sequence dims, so tactics are tuned for a typical rather than an extreme shape. The
-runtime picks the profile per call with ``choose_profile``.
+decode profile's shapes all lie inside the prefill profile's too; the runtime picks the profile per
+call with ``choose_profile``, naming the phase it runs (``prefer``).
 """
 
 from __future__ import annotations
@@ -69,31 +72,28 @@ def _mid(hi: int) -> int:
 
 
 def max_pages(max_seq: int, page_size: int) -> int:
-    """Pages a row of max_seq positions spans: the runtime's KV buffers and the decode past."""
+    """Pages a row of max_seq positions spans: the runtime's KV buffers' widest bound past."""
     return -(-max_seq // page_size)
 
 
-def dim_ranges(config: EngineBuildConfig, page_size: int, paged: bool = True
-               ) -> list[dict[str, tuple[int, int, int]]]:
-    """(min, opt, max) of every named dim, per profile (prefill, decode).
-
-    paged: the graph reads a paged past (a layer), so its prefill mask also covers the one
-    all-masked page; the embedding (paged=False) sees the prompt's mask alone at prefill.
-    """
+def dim_ranges(config: EngineBuildConfig, page_size: int) -> list[dict[str, tuple[int, int, int]]]:
+    """(min, opt, max) of every named dim, per profile (prefill, decode); the same for every graph
+    (the embedding's mask is the layers')."""
     b, p, page = config.max_batch, config.prompt_limit, page_size
-    pages = max_pages(config.max_seq, page)
-    batch, sequence, opt_pages = (1, _mid(b), b), (1, _mid(p), p), _mid(pages)
-    extra = page if paged else 0  # the zero page's columns in front of the prompt's mask
-    prefill = {"batch": batch, "sequence": sequence, "past_pages": (1, 1, 1),
-               "total_sequence": tuple(extra + n for n in sequence)}
-    # total = past_pages * page + 1 at min, opt and max, so opt is a shape that really occurs
-    decode = {"batch": batch, "sequence": (1, 1, 1), "past_pages": (1, opt_pages, pages),
-              "total_sequence": (page + 1, opt_pages * page + 1, pages * page + 1)}
-    return [prefill, decode]
+    widest = max_pages(config.max_seq, page) * page
+    batch, sequence = (1, _mid(b), b), (1, _mid(p), p)
+    # total = past + sequence at min, opt and max, so opt is a shape that really occurs
+    prefill_past = (page, -(-sequence[1] // page) * page, widest)  # opt: a prompt into fresh rows
+    decode_past = (page, _mid(widest // page) * page, widest)
+    return [{"batch": batch, "sequence": sequence, "past_sequence": prefill_past,
+             "total_sequence": tuple(w + n for w, n in zip(prefill_past, sequence))},
+            {"batch": batch, "sequence": (1, 1, 1), "past_sequence": decode_past,
+             "total_sequence": tuple(w + 1 for w in decode_past)}]
 
 
-def is_paged(spec: GraphSpec) -> bool:
-    return any("past_pages" in t.dims for t in spec.inputs)
+def has_past(spec: GraphSpec) -> bool:
+    """Whether the graph reads a bound past (a layer), by its dims: "past_sequence" in an input."""
+    return any("past_sequence" in t.dims for t in spec.inputs)
 
 
 def graph_profiles(spec: GraphSpec, config: EngineBuildConfig, page_size: int) -> list[Profile]:
@@ -102,7 +102,7 @@ def graph_profiles(spec: GraphSpec, config: EngineBuildConfig, page_size: int) -
     page_size: the artifact's KV page (``Manifest.page_size``).
     """
     profiles = []
-    for name, ranges in zip(PROFILE_NAMES, dim_ranges(config, page_size, is_paged(spec))):
+    for name, ranges in zip(PROFILE_NAMES, dim_ranges(config, page_size)):
         shapes = {}
         for tensor in spec.inputs:
             per_dim = []
@@ -127,8 +127,8 @@ def choose_profile(profiles: list[Profile], shapes: dict, current: int | None = 
     one when it does, else the first that does.
 
     Staying on the current profile avoids a switch (each switch invalidates the context's input
-    shapes and may enqueue setup copies). ``prefer`` is for callers that know the phase: a decode
-    step over one page also fits the prefill profile, whose kernels are tuned for long prompts.
+    shapes and may enqueue setup copies). ``prefer`` is for callers that know the phase: every
+    decode step also fits the prefill profile, whose kernels are tuned for long prompts.
     """
     for index in (prefer, current):
         if index is not None and 0 <= index < len(profiles) and profiles[index].contains(shapes):

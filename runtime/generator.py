@@ -97,6 +97,7 @@ class Generator:
             low = 1 if name == "prefill_chunk" else 0
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise InvalidArgumentError(f"{name} must be None or an int >= {low}, got {value!r}")
+        backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, manifest.model.pad_token_id,
                              max_batch, max_length, manifest.page_size, max_queue, prefill_chunk)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from ..kvcache import KVCache, KVStorage
 
 
@@ -51,6 +52,14 @@ class Backend(ABC):
     def limits(self) -> tuple[int | None, int | None]:
         """(most rows, most positions per row) this backend can run; None = no limit of its own."""
         return None, None
+
+    def check_limits(self, rows: int, length: int) -> None:
+        """Refuse a Generator of ``rows`` KV rows of ``length`` positions past ``limits()``."""
+        most_rows, most_length = self.limits()
+        for name, value, most in (("max_batch", rows, most_rows), ("max_length", length, most_length)):
+            if most is not None and value > most:
+                raise InvalidArgumentError(f"{name} {value} exceeds the {self.name} backend's limit "
+                                           f"{most}; load with {name}={most}")
 
     @abstractmethod
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray):

@@ -9,10 +9,10 @@ either copied into them or made part of the key:
 - **The active-layer set** is part of the key. Under per-row budgets a step runs the union of the
   rows' sets, which is the largest budget's set (the sets are nested), so a policy decaying from
   16 to 8 layers gives 9 sets over a whole generation, whatever the traffic.
-- **The rows run** are the first ``batch`` slots, ``batch`` the smallest power of two (capped at
-  the allocated slots) that holds every live row: the engine seats rows in the lowest free slots,
-  so a lone request runs as batch 1 even when 8 slots are allocated. Empty slots among them are
-  computed and ignored (compute only: the weights are read once for all rows).
+- **The rows run** are the first ``batch`` rows of the KV cache, ``batch`` the smallest power of
+  two (capped at the cache's rows) that holds the decoding rows, which the cache keeps packed at
+  the front: a lone request runs as batch 1 on a cache of 8 rows. The rows between the decoding
+  ones and the bucket's end are computed and change nothing (no update, nothing valid).
 - **The mask width** (the past positions attention reads) grows by one every step. It is bucketed
   to the next power of two from ``MIN_WIDTH`` up to the capacity: the static mask is 0 between
   the real past and the bucket's end, so attention reads at most twice the live K/V. The other
@@ -63,11 +63,11 @@ def width_bucket(past: int, capacity: int, minimum: int = MIN_WIDTH) -> int:
     return min(max(_pow2_at_least(past), minimum), capacity)
 
 
-def batch_bucket(rows_needed: int, slots: int) -> int:
-    """The first slots a step runs so that it holds ``rows_needed`` (the highest live slot + 1)."""
-    if not 0 < rows_needed <= slots:
-        raise ValueError(f"a step needs {rows_needed} slots of the {slots} allocated")
-    return min(_pow2_at_least(rows_needed), slots)
+def batch_bucket(rows_needed: int, rows: int) -> int:
+    """The first rows of the cache a step runs so that it holds ``rows_needed`` (the decoding rows)."""
+    if not 0 < rows_needed <= rows:
+        raise ValueError(f"a step needs {rows_needed} rows of the {rows} allocated")
+    return min(_pow2_at_least(rows_needed), rows)
 
 
 @dataclass(frozen=True)

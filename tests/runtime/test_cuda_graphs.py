@@ -4,8 +4,6 @@ The static step (what a CUDA graph captures) runs eagerly on the CPU through Eag
 everything but the capture itself is checked here; the CUDA tests skip without a GPU.
 """
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -18,6 +16,7 @@ from tests.conftest import PROMPTS
 from tests.runtime.test_generate import assert_same_steps
 
 NEW = 12
+LONG = 36  # new tokens that take a prompt past the first page of 32
 STATIC_ATOL = 1e-5  # fp32, static vs plain step: attention reduces over more (masked) positions
 CUDA_ATOL = 1e-4  # fp32, CUDA graph vs eager CUDA (same kernels; cuBLAS may pick others per shape)
 NO_CUDA = "no CUDA device visible to PyTorch on this machine; CUDA graphs are captured only on a GPU"
@@ -75,7 +74,7 @@ def test_batch_bucket(needed, slots, want):
 
 @pytest.mark.parametrize("needed", [0, 9])
 def test_batch_bucket_refuses_what_the_slots_cannot_hold(needed):
-    with pytest.raises(ValueError, match=f"a step needs {needed} slots of the 8 allocated"):
+    with pytest.raises(ValueError, match=f"a step needs {needed} rows of the 8 allocated"):
         batch_bucket(needed, 8)
 
 
@@ -142,43 +141,48 @@ def test_one_step_per_layer_set_and_bucket(artifact_dir):
     capture = CountingCapture()
     gen = load(artifact_dir, capture, max_batch=4)
     try:
-        result = gen.generate(PROMPTS[0], 16, speedup=3, ignore_eos=True)
+        cache = gen.engine.cache
+        result = gen.generate(PROMPTS[0], LONG, speedup=3, ignore_eos=True)
         keys = set(gen.backend.graphs.steps)
         sets = {s.layers for s in result.stats.steps}
         assert {k.layers for k in keys} == sets and len(sets) > 2  # the budget took several values
-        assert {k.batch for k in keys} == {1}  # one request in slot 0 of 4: batch 1
-        lengths = result.stats.prompt_tokens + np.arange(len(result.stats.steps))  # past of each step
-        assert {k.width for k in keys} == {width_bucket(int(n), gen.backend.capacity) for n in lengths}
+        assert {k.batch for k in keys} == {1}  # one request in row 0 of 4: batch 1
+        # the width each step binds: whole pages holding the row's past and its new position
+        lengths = result.stats.prompt_tokens + np.arange(len(result.stats.steps)) + 1
+        widths = {-(-int(n) // cache.page) * cache.page for n in lengths}
+        assert len(widths) == 2  # the row crossed a page: two widths, two buckets
+        assert {k.width for k in keys} == {width_bucket(w, cache.capacity) for w in widths}
         assert capture.captured == len(keys) < len(result.stats.steps)  # later steps replay
-        gen.generate(PROMPTS[0], 16, speedup=3, ignore_eos=True)
+        gen.generate(PROMPTS[0], LONG, speedup=3, ignore_eos=True)
         assert capture.captured == len(keys)  # the same steps again: nothing new captured
     finally:
         gen.close()
 
 
 def test_per_row_budgets_and_skipped_rows_keep_their_kv(artifact_dir, plain):
-    """Two requests with different budgets share steps; the K/V left behind equal the plain path's."""
+    """Two requests with different budgets share steps; the K/V left behind equal the plain path's.
+
+    A stepper drives both generators, so the second request joins at the same step in both and the
+    rows that leave are replaced by the same moves."""
     L = plain.num_layers
     policies = [SkipPolicy(L, L, 2, warmup_layers=1, horizon=6), SkipPolicy(L, 4, 3, warmup_layers=2, horizon=5)]
     gens = [load(artifact_dir, max_batch=4), load(artifact_dir, CountingCapture(), max_batch=4)]
     outcomes = []
     try:
         for gen in gens:
-            results = [None, None]
-            streams = [gen.stream(PROMPTS[1], 10, policy=policies[0], ignore_eos=True),
-                       gen.stream(PROMPTS[:2], 7, policy=policies[1], ignore_eos=True)]
-
-            def drain(k, streams=streams, results=results):
-                results[k] = [e.token_ids for e in streams[k]]
-
-            threads = [threading.Thread(target=drain, args=(k,)) for k in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            outcomes.append((results, [k.clone() for k in gen.backend.keys], [v.clone() for v in gen.backend.values]))
-        (want, want_k, want_v), (got, got_k, got_v) = outcomes
-        assert got == want
+            with gen.stepper() as stepper:
+                handles = [stepper.add(PROMPTS[1], 10, policy=policies[0], ignore_eos=True)]
+                stepper.step()  # the first request prefills and decodes alone
+                handles.append(stepper.add(PROMPTS[:2], 7, policy=policies[1], ignore_eos=True))
+                while not stepper.done:
+                    stepper.step()
+            results = [[e.token_ids for e in h.events] for h in handles]
+            assert all(h.error is None and h.result is not None for h in handles)
+            storage = gen.backend.storage
+            outcomes.append((results, [k.clone() for k in storage.keys], [v.clone() for v in storage.values],
+                             gen.engine.cache.moves))
+        (want, want_k, want_v, want_moves), (got, got_k, got_v, got_moves) = outcomes
+        assert got == want and got_moves == want_moves > 0  # rows left from the middle
         for a, b in zip(got_k + got_v, want_k + want_v):
             torch.testing.assert_close(a, b, atol=STATIC_ATOL, rtol=0)
         assert any(k.batch > 1 for k in gens[1].backend.graphs.steps)

@@ -1,8 +1,8 @@
 """The TensorRT backend (engines/backend.py). TensorRT cannot be installed here, so the backend runs
 against a fake ``tensorrt`` (tests/engines/fakes.py) whose engines execute the artifact's ONNX graphs
-with ONNX Runtime on host pointers: the buffers, paged KV writes, profile choice, I/O checks and
-limits are the backend's real code, on torch CPU tensors. The test against real TensorRT skips
-without it."""
+with ONNX Runtime on host pointers: the buffers, the KV cache's writes, moves and re-lays, profile
+choice, I/O checks and limits are the backend's real code, on torch CPU tensors. The test against
+real TensorRT skips without it."""
 
 import importlib.util
 import threading
@@ -12,21 +12,25 @@ import pytest
 
 import runtime
 from engines import backend as trt_backend
-from engines.backend import (CudaGraphsNotImplementedError, HostDevice, check_engine_io, context_memory_api,
-                             torch_dtype)
+from engines.backend import (CudaGraphsNotImplementedError, HostDevice, StreamStorage, check_engine_io,
+                             context_memory_api, torch_dtype)
 from engines.build import build_engines
 from engines.config import EngineBuildConfig
 from engines.device import DeviceInfo
 from engines.errors import EngineLimitError, EngineMismatchError, TensorRTMissingError
+from runtime.backends.base import run_layers
 from runtime.errors import ArtifactError, SkipDecodeError
+from runtime.kvcache import KVCache
 from runtime.manifest import load_manifest
 from tests.conftest import PROMPTS
 from tests.engines.fakes import ORIN, FakeTensorRT, FakeToolchain
+from tests.runtime.test_generate import SpyBackend
 
-# The test artifacts have pages of 32 positions: max_seq 48 makes the cache 2 pages per slot.
+# The test artifacts have pages of 32 positions: max_seq 48 makes the cache's capacity 2 pages (64).
 LIMITS = dict(max_batch=4, max_seq=48, max_prompt=16)
+PAGE = 32
 NEW = 10
-LONG = 36  # new tokens that take every prompt past the first page
+LONG = 36  # new tokens that take every prompt past the first page: the bound width grows 32 -> 64
 FLAVOURS = {"trt8.6": ("8.6.2.3", "INT32"), "trt10.3": ("10.3.0", "INT64")}  # JetPack 6.0, 6.1/6.2
 
 
@@ -72,15 +76,16 @@ def test_generation_matches_onnxruntime(artifact_dir, generator, tmp_path, fake_
     version, int_dtype = FLAVOURS[flavour]
     fake = fake_gpu(version, int_dtype)
     gen = load(artifact_dir, build(artifact_dir, tmp_path, version))
-    # LONG new tokens: the rows cross into the second page, so decode binds 1 then 2 pages
+    # LONG new tokens: the rows cross into the second page, so decode binds a past 32 then 64 wide
     assert_same(*run(gen, LONG, speedup=speedup), *run(generator, LONG, speedup=speedup))
     assert fake.context_apis == {context_memory_api(version)}
     # one activation block shared by every context, given the 8.x or the 10.x way
     assert len(fake.scratch) == gen.num_layers + 2 and len({ptr for ptr, _ in fake.scratch}) == 1
     assert {size for _, size in fake.scratch} == ({None} if version.startswith("8.") else {4096})
-    pages = {shape[0] for g, p, inputs in fake.bound if g.startswith("layer_") and p == 1
-             for shape in [inputs["past_key"][1]]}
-    assert pages == {1, 2}
+    widths = {shape[3] for g, p, inputs in fake.bound if g.startswith("layer_") and p == 1
+              for shape in [inputs["past_key"][1]]}  # (rows, nh, hd, W)
+    assert widths == {PAGE, 2 * PAGE}
+    assert gen.engine.cache.resizes > 0
     gen.close()
 
 
@@ -124,85 +129,141 @@ def test_profiles_follow_the_phase(artifact_dir, tmp_path, fake_gpu):
     result = gen.generate(PROMPTS, NEW, ignore_eos=True)
     for i in range(gen.num_layers):
         name = f"layer_{i:02d}"
-        # a decode step over one page also fits the prefill profile; the layer asks for decode's
+        # every decode step also fits the prefill profile; the layer asks for decode's
         assert [p for g, p in fake.switches if g == name] == [0, 1]
         runs = [p for g, p in fake.executions if g == name]
         assert runs == [0] + [1] * (len(runs) - 1) and len(runs) == 1 + len(result.stats.steps)
     assert [p for g, p in fake.switches if g == "head"] == [0]  # one position always fits profile 0
-    # The embedding has no past input: its prefill mask (the prompt's, <= max_prompt 16 wide) fits
-    # profile 0; at decode it gets the layers' mask, one page of 32 + 1, which only decode holds.
+    # The embedding gets the layers' mask, the bound past (one page of 32) and the new positions:
+    # the prompt at prefill, one token at decode. Both fit profile 0, where it stays (no phase asked).
     widths = [inputs["attention_mask"][1][1] for g, _, inputs in fake.bound if g == "embed"]
-    assert widths == [result.stats.prompt_tokens] + [33] * len(result.stats.steps)
-    assert [p for g, p in fake.executions if g == "embed"] == [0] + [1] * len(result.stats.steps)
+    assert widths == [PAGE + result.stats.prompt_tokens] + [PAGE + 1] * len(result.stats.steps)
+    assert [p for g, p in fake.switches if g == "embed"] == [0]
+    assert [p for g, p in fake.executions if g == "embed"] == [0] * (1 + len(result.stats.steps))
 
 
-def test_past_is_bound_in_place_and_never_moves(artifact_dir, tmp_path, fake_gpu):
-    """Decode binds the first pages of each layer's own K/V buffers (same address every step: no
-    copy, no concat); prefill binds the zero page; no buffer is reallocated across requests."""
+def test_past_is_bound_in_place(artifact_dir, tmp_path, fake_gpu):
+    """Every layer binds its block of rows of the cache's K/V buffers in place: the engine gets the
+    buffer's address at the block's first row and the block's shape at the current width (no copy,
+    no concat). A request joining a decoding one prefills its rows (after the decoding ones) the
+    same way; within a width the buffers never move (a new width re-lays them)."""
     fake = fake_gpu()
     gen = load(artifact_dir, build(artifact_dir, tmp_path))
-    backend, L = gen.backend, gen.num_layers
-    kv = [t.data_ptr() for t in [*backend.keys, *backend.values]]
-    assert len(set(kv)) == 2 * L
-    assert tuple(backend.keys[0].shape) == (2, 4, 4, 8, 32)  # (pages, slots, nh, hd, page)
-    assert tuple(backend.values[0].shape) == (2, 4, 4, 32, 8)  # (pages, slots, nh, page, hd)
+    backend, cache, L = gen.backend, gen.engine.cache, gen.num_layers
+    storage = backend.storage
+    assert cache.storage is storage and isinstance(storage, StreamStorage)
+    assert [tuple(storage.keys[0].shape), tuple(storage.values[0].shape)] == [(4, 4, 8, PAGE), (4, 4, PAGE, 8)]
+    assert len({t.data_ptr() for t in [*storage.keys, *storage.values]}) == 2 * L
+    calls = []
+
+    class Spy(SpyBackend):  # its decode runs the default step through this layer
+        def layer(self, index, hidden, mask, past_key, past_value):
+            rows = hidden.shape[0]
+            start = 0 if cache.used == cache.decoding else cache.decoding  # decode, or the joining block
+            row_bytes = storage.keys[index][0].numel() * storage.keys[index].element_size()
+            expected = (storage.keys[index].data_ptr() + start * row_bytes,
+                        storage.values[index].data_ptr() + start * row_bytes)
+            out = backend.layer(index, hidden, mask, past_key, past_value)
+            calls.append((index, start, rows, cache.width, expected, len(fake.bound)))
+            return out
+
+    gen.engine.backend = Spy(backend)
     policy = {"max_layers": L, "min_layers": 2, "warmup_layers": 1}
-    for _ in range(2):
-        result = gen.generate(PROMPTS, LONG, ignore_eos=True, policy=policy)
-    decode = prefill = 0
-    for graph, profile, inputs in fake.bound:
-        if not graph.startswith("layer_"):
-            continue
-        i = int(graph[6:])
-        (key_ptr, key_shape), (value_ptr, value_shape) = inputs["past_key"], inputs["past_value"]
-        if profile == 1:
-            decode += 1
-            assert (key_ptr, value_ptr) == (backend.keys[i].data_ptr(), backend.values[i].data_ptr())
-            assert key_shape[1:] == (4, 4, 8, 32) and value_shape[1:] == (4, 4, 32, 8)  # every slot
-        else:
-            prefill += 1
-            assert key_ptr == value_ptr == backend._zero_page.data_ptr() and key_shape[0] == 1
-    assert decode == 2 * sum(len(s.engine_layers) for s in result.stats.steps) and prefill == 2 * L
-    assert [t.data_ptr() for t in [*backend.keys, *backend.values]] == kv
-    assert not backend._zero_page.any()  # the graph never writes the zero page
+    with gen.stepper() as stepper:
+        first = stepper.add(PROMPTS, LONG, ignore_eos=True, policy=policy)
+        stepper.step()
+        joining = stepper.add(PROMPTS[1], NEW, ignore_eos=True, policy=policy)
+        while not stepper.done:
+            stepper.step()
+    assert first.result is not None and joining.result is not None
+    layer_runs = [b for b in fake.bound if b[0].startswith("layer_")]
+    assert len(calls) == len(layer_runs)
+    starts, widths, addresses = set(), set(), {}
+    for index, start, rows, width, (key_ptr, value_ptr), n in calls:
+        graph, profile, inputs = fake.bound[n - 1]  # what this very call bound
+        assert graph == f"layer_{index:02d}"
+        assert inputs["past_key"] == (key_ptr, (rows, 4, 8, width))
+        assert inputs["past_value"] == (value_ptr, (rows, 4, width, 8))
+        starts.add(start)
+        widths.add(width)
+        if start == 0 and profile == 1:  # decode: one address per layer while the width holds
+            previous = addresses.setdefault(index, (width, key_ptr))
+            assert previous[0] != width or previous[1] == key_ptr
+            addresses[index] = (width, key_ptr)
+    assert starts == {0, len(PROMPTS)} and widths == {PAGE, 2 * PAGE}  # a block after the decoding rows
+    assert cache.resizes >= 1
 
 
 def test_layer_calls_match_onnxruntime_buffers(artifact_dir, tmp_path, fake_gpu):
-    """Backend calls straight, against the ONNX Runtime backend (same buffer layout): a prefill at
-    slots out of order, then decode steps where some rows skip the layer. Outputs and the whole K/V
-    buffers agree after every call, so only the updated rows' new positions were written and the
-    skipped rows kept their hidden state."""
+    """Backend calls straight, each backend on its own KV cache (TensorRT's StreamStorage, ONNX
+    Runtime's numpy one), against each other: a row prefilled over two chunks, then a joining block
+    of two rows, then decode steps where some rows skip the layer, across a width change and a row
+    leaving from the middle. Outputs and the whole K/V buffers agree after every call, so only the
+    updated rows' new positions were written, moves and re-lays match, and skipped rows kept their
+    hidden state."""
     from runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     fake_gpu()
     gen = load(artifact_dir, build(artifact_dir, tmp_path), max_batch=3)
     trt, manifest = gen.backend, gen.manifest
     ort = OnnxRuntimeBackend(artifact_dir, manifest, threads=1)
-    ort.allocate(3, LIMITS["max_seq"])
+    caches = [KVCache(StreamStorage(trt), 4, LIMITS["max_seq"], PAGE),
+              KVCache(ort.kv_storage(), 4, LIMITS["max_seq"], PAGE)]
     rng = np.random.default_rng(0)
+    layers = (0, 3)
 
-    def both(index, hidden, mask, slots, positions, update=None):
-        got = trt.layer(index, hidden, mask, slots, positions, update).numpy()
-        want = ort.layer(index, hidden, mask, slots, positions, update)
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
-        for mine, theirs in [(trt.keys[index], ort.keys[index]), (trt.values[index], ort.values[index])]:
+    class Row:
+        row = -1
+
+    def same_buffers():
+        for mine, theirs in zip(caches[0].storage.keys + caches[0].storage.values,
+                                caches[1].storage.keys + caches[1].storage.values, strict=True):
             np.testing.assert_allclose(mine.numpy(), theirs, atol=1e-5, rtol=1e-5)
-        return got
 
-    prompt = np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int64)  # (2, 4): row 0 left padded
-    slots = np.array([2, 0])  # rows 0 and 1 of the request live in slots 2 and 0
-    for i in (0, 3):
-        both(i, rng.standard_normal((2, 4, 32)).astype(np.float32), prompt, slots, np.zeros(2, np.int64))
-    valid = np.zeros((3, 32), np.int64)
-    valid[2, :4], valid[0, :4] = prompt[0], prompt[1]
-    for step, update in enumerate([np.array([True, False, True]), np.array([False, False, True])]):
-        mask = np.concatenate([valid, [[1], [0], [1]]], axis=1)  # (3, 33): slot 1 is empty
-        positions = np.array([4 + step, 0, 4 + step])
-        hidden = rng.standard_normal((3, 1, 32)).astype(np.float32)
-        out = both(3, hidden, mask, np.arange(3), positions, update)
-        np.testing.assert_array_equal(out[~update], hidden[~update])  # skipped rows pass through
-        valid[[0, 2], 4 + step] = 1
-    assert trt.keys[3][0, 1].abs().sum() == 0  # the empty slot was never written
+    def step(start, stop, new, updates=None):
+        """Layers 0 and 3 over rows [start, stop) of both caches: ``new`` (R, T) their new mask."""
+        hidden = rng.standard_normal((stop - start, new.shape[1], 32)).astype(np.float32)
+        for k, index in enumerate(layers):
+            update = None if updates is None else updates[k]
+            got = []
+            for backend, cache in zip((trt, ort), caches):
+                cache.reserve(start, stop, new.shape[1])
+                mask = cache.mask(start, stop, new)
+                out = run_layers(backend, cache, start, stop - start, hidden, mask, [index],
+                                 None if update is None else [update])
+                # TensorRT's output is a buffer the next call reuses: copied
+                got.append(out.numpy().copy() if backend is trt else np.array(out))
+            np.testing.assert_allclose(got[0], got[1], atol=1e-5, rtol=1e-5)
+            same_buffers()
+            if update is not None:  # skipped rows pass through
+                np.testing.assert_array_equal(got[0][~update], hidden[~update])
+            hidden = got[1]
+        for cache in caches:
+            cache.advance(start, stop, new)
+
+    owners = [[Row() for _ in range(3)] for _ in caches]
+    for cache, rows in zip(caches, owners):
+        cache.seat(rows[:1])
+    step(0, 1, np.ones((1, 16), np.int64))  # row 0's prompt: two chunks, 31 positions
+    step(0, 1, np.ones((1, 15), np.int64))
+    for cache, rows in zip(caches, owners):
+        cache.promote()
+        assert cache.seat(rows[1:]) == range(1, 3)
+    step(1, 3, np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int64))  # a joining block, its row 1 left padded
+    for cache in caches:
+        cache.promote()
+    assert caches[0].width == PAGE
+    updates = [[np.array([True, False, True]), np.array([True, False, True])],
+               [np.array([True, True, False]), np.array([False, True, True])]]
+    for update in updates:  # row 0 goes past the first page at the second step
+        step(0, 3, np.ones((3, 1), np.int64), update)
+    assert caches[0].width == caches[1].width == 2 * PAGE and caches[0].resizes == caches[1].resizes == 1
+    for cache, rows in zip(caches, owners):
+        cache.release(rows[1].row)  # from the middle: the last row moves into its place
+    assert caches[0].moves == caches[1].moves == 1
+    same_buffers()
+    step(0, 2, np.ones((2, 1), np.int64), [np.array([True, False]), np.array([True, True])])
+    assert not caches[0].storage.keys[3][3:].any()  # the row never seated was never written
     ort.close()
     gen.close()
 
@@ -210,14 +271,16 @@ def test_layer_calls_match_onnxruntime_buffers(artifact_dir, tmp_path, fake_gpu)
 def test_limits(artifact_dir, tmp_path, fake_gpu):
     fake_gpu()
     engines = build(artifact_dir, tmp_path)
-    with pytest.raises(EngineLimitError, match=r"max_batch 8 \(KV slots\) exceeds max_batch 4 of the engines "
+    with pytest.raises(EngineLimitError, match=r"max_batch 8 \(KV rows\) exceeds max_batch 4 of the engines "
                                                r"in .*; load with runtime.load\(..., max_batch=4\), or "
                                                r"rebuild the engines with .* --max-batch 8`"):
         load(artifact_dir, engines, max_batch=8)
-    with pytest.raises(EngineLimitError, match=r"max_length 64 \(prompt \+ new tokens per row\) exceeds max_seq "
+    # max_length is checked against max_seq itself, not the whole pages the profiles bind
+    short = build(artifact_dir, tmp_path / "short", max_seq=48)
+    with pytest.raises(EngineLimitError, match=r"max_length 49 \(prompt \+ new tokens per row\) exceeds max_seq "
                                                r"48 of the engines in .*; load with runtime.load\(..., "
-                                               r"max_length=48\), or rebuild .* --max-seq 64`") as info:
-        load(artifact_dir, engines, max_length=64)
+                                               r"max_length=48\), or rebuild .* --max-seq 49`") as info:
+        load(artifact_dir, short, max_length=49)
     assert isinstance(info.value, SkipDecodeError)
     gen = load(artifact_dir, engines)
     long_prompt = next(p for p in (" ".join(["Hello"] * n) for n in range(1, 30))
@@ -237,17 +300,27 @@ def test_load_defaults_to_the_engines_limits(artifact_dir, tmp_path, fake_gpu):
     gen.close()
 
 
-def test_past_width_and_layer_preconditions(artifact_dir, tmp_path, fake_gpu):
+def test_widths_and_layer_preconditions(artifact_dir, tmp_path, fake_gpu):
+    """The cache binds whole pages up to the capacity (the engines' max_seq in pages) and refuses
+    more; a layer call whose mask is wider than the engines were built for is refused."""
     fake_gpu()
     gen = load(artifact_dir, build(artifact_dir, tmp_path), max_batch=2)
     backend = gen.backend
-    assert [backend.past_width(n) for n in (0, 1, 32, 33, 48)] == [0, 32, 32, 64, 64]
-    assert backend.capacity == 64 and backend.slots == 2
+    cache = KVCache(StreamStorage(backend), 2, LIMITS["max_seq"], PAGE)
+    assert cache.capacity == 64 and cache.max_rows == 2
+    cache.seat([type("Row", (), {"row": -1})()])
+    widths = []
+    for n in (0, 1, 32, 33, 48, 64, 1):
+        cache.reserve(0, 1, n)
+        widths.append(cache.width)
+        assert tuple(cache.storage.keys[0].shape) == (2, 4, 8, cache.width)  # exactly the width
+    assert widths == [32, 32, 32, 64, 64, 64, 32]
+    with pytest.raises(ValueError, match="rows would hold 65 positions, past the KV capacity 64"):
+        cache.reserve(0, 1, 65)
     hidden = np.zeros((2, 1, 32), np.float32)
-    with pytest.raises(ValueError, match="a decode mask covers whole pages"):
-        backend.layer(0, hidden, np.ones((2, 6), np.int64), np.arange(2), np.array([5, 5]), np.ones(2, bool))
-    with pytest.raises(ValueError, match="positions up to 65 exceed the capacity 64"):
-        backend.layer(0, hidden, np.ones((2, 65), np.int64), np.arange(2), np.array([64, 3]), np.ones(2, bool))
+    past_key, past_value = (backend._device.torch.zeros(shape) for shape in [(2, 4, 8, 96), (2, 4, 96, 8)])
+    with pytest.raises(EngineLimitError, match=r"attention mask of 2 x 97 exceeds the engines' limits \(4 x 80\)"):
+        backend.layer(0, hidden, np.ones((2, 97), np.int64), past_key, past_value)
     gen.close()
 
 

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -10,8 +11,10 @@ import torch
 
 import runtime
 from export.build import BuildOptions, build
+from runtime.backends.base import run_layers
 from runtime.backends.torch import TorchBackend
-from runtime.modeling import OPTLayer, PagedOPTLayer, SkipOPT
+from runtime.kvcache import KVCache
+from runtime.modeling import CachedOPTLayer, OPTLayer, SkipOPT
 from runtime.errors import ArtifactError
 from runtime.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.policy import SkipPolicy
@@ -19,6 +22,7 @@ from tests.conftest import PROMPTS
 from tests.runtime.test_generate import hf_generate, padded, spying
 
 NEW = 12
+LONG = 40  # new tokens that take every prompt past the first page of 32: the width grows to 64
 LOGIT_ATOL = 1e-4  # fp32 torch vs fp32 ONNX Runtime, every step (measured ~3e-6)
 FP16_LOGIT_ATOL = 5e-2  # fp16 torch CPU vs fp16 ONNX Runtime, first step (measured ~7e-3 on logits ~4)
 NO_CUDA = "no CUDA device visible to PyTorch on this machine; the CUDA path runs only on a GPU"
@@ -97,36 +101,37 @@ def test_external_data(checkpoint_dir, artifact_dir, tmp_path, torch_generator):
     assert gen.generate(PROMPTS, 6).token_ids == torch_generator.generate(PROMPTS, 6).token_ids
 
 
-# -- the paged layer (the exported graph's math) -------------------------------------------------
+# -- the cached layer (the exported graph's math) ------------------------------------------------
 
 
-@pytest.mark.parametrize("past, new, page", [(0, 5, 4), (4, 3, 4), (7, 1, 2), (7, 1, 16)])
-def test_paged_layer_equals_opt_layer(hf_model, past, new, page):
-    """PagedOPTLayer over a paged past, unused positions masked, equals OPTLayer over the plain past."""
+@pytest.mark.parametrize("past, new, width", [(0, 5, 4), (4, 3, 4), (3, 2, 8), (7, 1, 8), (7, 1, 16)])
+def test_cached_layer_equals_opt_layer(hf_model, past, new, width):
+    """CachedOPTLayer over a block of rows W wide, unused positions masked, equals OPTLayer over
+    the plain past; it returns only the new positions' K/V."""
     config = hf_model.config
     hf_layer = hf_model.model.decoder.layers[1]
     reference = OPTLayer(hf_layer, config.num_attention_heads, config.do_layer_norm_before)
-    ours = PagedOPTLayer(reference)
-    g = torch.Generator().manual_seed(past)
+    ours = CachedOPTLayer(reference)
+    g = torch.Generator().manual_seed(past + 100 * width)
     B, nh, hd = 2, config.num_attention_heads, config.hidden_size // config.num_attention_heads
     hidden = torch.randn(B, new, config.hidden_size, generator=g)  # (B, T, D)
     mask = torch.ones(B, past + new, dtype=torch.int64)
     mask[0, :2] = 0  # left padding in row 0
     past_key, past_value = torch.randn(2, B, nh, past, hd, generator=g)  # (B, nh, P, hd) each
-    pages = max(1, -(-past // page))
-    # unused positions hold stale values (as a slot's earlier row leaves them): masked, they must not count
-    paged_key = torch.randn(pages * page, B, nh, hd, generator=g) * 3
-    paged_value = torch.randn(pages * page, B, nh, hd, generator=g) * 3
-    paged_key[:past], paged_value[:past] = past_key.permute(2, 0, 1, 3), past_value.permute(2, 0, 1, 3)
-    paged_key = paged_key.view(pages, page, B, nh, hd).permute(0, 2, 3, 4, 1)  # (n, B, nh, hd, page)
-    paged_value = paged_value.view(pages, page, B, nh, hd).permute(0, 2, 3, 1, 4)  # (n, B, nh, page, hd)
-    paged_mask = torch.cat([torch.zeros(B, pages * page, dtype=torch.int64), mask[:, past:]], dim=1)
-    paged_mask[:, :past] = mask[:, :past]
+    # positions [past, W) hold stale values (what a row's earlier occupant or a moved row left):
+    # masked, they must not count
+    cached_key = torch.randn(B, nh, hd, width, generator=g) * 3  # (B, nh, hd, W)
+    cached_value = torch.randn(B, nh, width, hd, generator=g) * 3  # (B, nh, W, hd)
+    cached_key[..., :past] = past_key.transpose(2, 3)
+    cached_value[:, :, :past] = past_value
+    cached_mask = torch.cat([torch.zeros(B, width, dtype=torch.int64), mask[:, past:]], dim=1)  # (B, W + T)
+    cached_mask[:, :past] = mask[:, :past]
     with torch.no_grad():
         want, want_k, want_v = reference(hidden, mask, past_key, past_value)
-        got, new_k, new_v = ours(hidden, paged_mask, paged_key, paged_value)
+        got, new_k, new_v = ours(hidden, cached_mask, cached_key, cached_value)
     real = mask[:, past:].bool()  # padded queries attend to nothing real: their output is never used
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    assert new_k.shape == new_v.shape == (B, nh, new, hd)
     assert torch.equal(new_k, want_k[:, :, past:]) and torch.equal(new_v, want_v[:, :, past:])  # new only
 
 
@@ -177,53 +182,111 @@ def test_speedup_argument_equals_onnxruntime(torch_generator, generator):
 # -- the KV cache ----------------------------------------------------------------------------------
 
 
-def test_kv_buffers_are_preallocated_and_written_in_place(torch_generator, torch_spy):
-    """Addresses never change, a step writes exactly its new position, and the past is never copied."""
-    backend = torch_spy.inner
+def test_kv_buffers_are_preallocated_and_written_in_place(torch_generator, torch_spy, monkeypatch):
+    """Buffers of the whole capacity whose addresses never change, not even when the width grows;
+    every layer binds a view of its block of rows at the cache's width (no copy), and a step writes
+    exactly its new positions."""
+    backend, cache = torch_spy.inner, torch_generator.engine.cache
+    storage = backend.storage
     m = torch_generator.manifest.model
-    pointers = {(k.data_ptr(), v.data_ptr()) for k, v in zip(backend.keys, backend.values)}
-    assert backend.keys[0].shape == (torch_generator.max_batch, m.num_heads, torch_generator.max_length, m.head_dim)
-    seen = []
-    for k in backend.keys:  # earlier tests left these very K/V behind: start from a known state
-        k.fill_(float("nan"))
+    assert cache.storage is storage and storage.fixed
+    assert cache.capacity == -(-torch_generator.max_length // cache.page) * cache.page
+    assert storage.keys[0].shape == (torch_generator.max_batch, m.num_heads, m.head_dim, cache.capacity)
+    assert storage.values[0].shape == (torch_generator.max_batch, m.num_heads, cache.capacity, m.head_dim)
+    buffers = lambda: [t.data_ptr() for t in storage.keys + storage.values]  # noqa: E731
+    pointers = buffers()
+    assert len(set(pointers)) == 2 * torch_generator.num_layers
+    for t in storage.keys + storage.values:  # earlier tests left K/V behind: start from a known state
+        t.fill_(0.375)  # finite (masked positions still enter the products), and no K/V is exactly it
+    resizes = cache.resizes
+    bound, writes = [], []
 
-    def layer(index, hidden, mask, slots, positions, update=None):
-        before = backend.keys[index].clone()
-        out = backend.layer(index, hidden, mask, slots, positions, update)
-        after = backend.keys[index]
-        changed = ((after != before) & ~after.isnan()).any(dim=3).any(dim=1).nonzero().tolist()  # [slot, pos]
-        seen.append((index, mask.shape[1] - hidden.shape[1], changed, positions.copy(), update))
-        return out
+    def layer(index, hidden, mask, past_key, past_value):
+        rows, T = hidden.shape[0], hidden.shape[1]
+        assert mask.shape == (rows, cache.width + T)
+        for view, buffer in ((past_key, storage.keys[index]), (past_value, storage.values[index])):
+            # a view of the block at row 0 (one request: it prefills and decodes from row 0), no copy
+            assert view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+            assert view.data_ptr() == buffer.data_ptr()
+        assert past_key.shape == (rows, m.num_heads, m.head_dim, cache.width)
+        assert past_value.shape == (rows, m.num_heads, cache.width, m.head_dim)
+        bound.append(cache.width)
+        return backend.layer(index, hidden, mask, past_key, past_value)
+
+    real_write = storage.write
+
+    def write(index, new_key, new_value, src, dst, positions):
+        before_k, before_v = storage.keys[index].clone(), storage.values[index].clone()
+        real_write(index, new_key, new_value, src, dst, positions)
+        changed_k = (storage.keys[index] != before_k).any(dim=2).any(dim=1).nonzero().tolist()  # [row, pos]
+        changed_v = (storage.values[index] != before_v).any(dim=3).any(dim=1).nonzero().tolist()
+        writes.append((index, cache.decoding, cache.length.copy(), new_key.shape[2], changed_k, changed_v))
 
     torch_spy.layer = layer
-    result = torch_generator.generate(PROMPTS, NEW, speedup=2, ignore_eos=True)
-    assert {(k.data_ptr(), v.data_ptr()) for k, v in zip(backend.keys, backend.values)} == pointers
+    monkeypatch.setattr(storage, "write", write)
+    result = torch_generator.generate(PROMPTS, LONG, speedup=2, ignore_eos=True)
+    assert buffers() == pointers
+    assert cache.resizes > resizes and set(bound) == {cache.page, 2 * cache.page}  # the width grew
+    prefill = [w for w in writes if w[1] == 0]  # nothing decodes while the one request prefills
+    decode = [w for w in writes if w[1] > 0]
+    assert len(prefill) == torch_generator.num_layers and len(decode) == len(torch_spy.updates)
     T0 = result.stats.prompt_tokens
-    for index, past, changed, positions, update in seen:
-        if past == 0:  # prefill: the prompt's positions of the request's rows
-            assert {p for _, p in changed} <= set(range(T0))
-        else:  # decode: one position per updated row, at that row's length
-            rows = np.flatnonzero(update)
-            assert sorted(changed) == sorted([int(s), int(positions[s])] for s in rows)
+    for index, _, lengths, T, changed_k, changed_v in prefill:  # the prompt's positions of its rows
+        assert T == T0 and not lengths.any()
+        assert sorted(changed_k) == sorted(changed_v) == [[r, p] for r in range(len(PROMPTS)) for p in range(T0)]
+    for (index, _, lengths, T, changed_k, changed_v), (layer_index, update) in zip(decode, torch_spy.updates):
+        # decode: one position per updated row, at that row's length
+        assert index == layer_index and T == 1
+        want = [[int(r), int(lengths[r])] for r in np.flatnonzero(update)]
+        assert sorted(changed_k) == sorted(changed_v) == want
 
 
-def test_layer_checks_its_inputs(torch_generator):
-    backend = torch_generator.backend
-    S = backend.slots
-    hidden = np.zeros((S, 1, 32), np.float32)
-    with pytest.raises(ValueError, match=r"a decode step \(past 4\) runs every slot in order; got slots \[0\]"):
-        backend.layer(0, hidden[:1], np.ones((1, 5), np.int64), np.array([0]), np.array([4]))
-    with pytest.raises(ValueError, match=f"positions up to {backend.capacity + 1} exceed the capacity "
-                                         f"{backend.capacity} given to allocate"):
-        backend.layer(0, hidden, np.ones((S, 5), np.int64), np.arange(S), np.full(S, backend.capacity))
+def test_the_capacity_is_bound_whole_and_no_further(torch_generator):
+    """The torch storage is the capacity wide from the start: widths up to the capacity are views
+    of the same buffers (the last one is the whole buffer), and the KV cache refuses a position
+    past it."""
+    backend = TorchBackend.from_model(torch_generator.backend.hf_model)  # the same weights, its own storage
+    try:
+        cache = KVCache(backend.kv_storage(), 2, 40, 32)  # 40 positions: 2 pages of 32
+        storage = backend.storage
+        assert cache.capacity == 64 and storage.keys[0].shape[3] == 64
+        pointers = [t.data_ptr() for t in storage.keys + storage.values]
+        rows = cache.seat([SimpleNamespace(row=-1), SimpleNamespace(row=-1)])
+        assert rows == range(0, 2)
+        ids = np.full((2, 63), 5, np.int64)
+        new = np.ones((2, 63), np.int64)
+        cache.reserve(0, 2, 63)
+        assert cache.width == 64
+        mask = cache.mask(0, 2, new)  # (2, 64 + 63)
+        hidden = backend.embed(ids, mask)
+        run_layers(backend, cache, 0, 2, hidden, mask, range(len(backend.layers)))
+        cache.advance(0, 2, new)
+        cache.reserve(0, 2, 1)  # the 64th position: still inside
+        key, value = cache.past(0, 0, 2)
+        assert key.shape[3] == value.shape[2] == 64 and key.data_ptr() == storage.keys[0].data_ptr()
+        assert key.is_contiguous() and value.is_contiguous()  # at the capacity: the whole rows
+        with pytest.raises(ValueError, match="rows would hold 65 positions, past the KV capacity 64"):
+            cache.reserve(0, 2, 2)
+        assert cache.width == 64 and cache.length.tolist() == [63, 63]  # nothing changed
+        assert [t.data_ptr() for t in storage.keys + storage.values] == pointers
+        assert not torch.isnan(storage.keys[0]).any() and storage.keys[0][:, :, :, :63].abs().sum() > 0
+    finally:
+        backend.close()
 
 
 def test_hidden_states_stay_on_the_device(torch_generator):
     backend = torch_generator.backend
-    hidden = backend.embed(np.array([[5, 6]], np.int64), np.ones((1, 2), np.int64))
+    m = torch_generator.manifest.model
+    W = 32
+    mask = np.concatenate([np.zeros((1, W), np.int64), np.ones((1, 2), np.int64)], axis=1)  # no valid past
+    hidden = backend.embed(np.array([[5, 6]], np.int64), mask)
     assert isinstance(hidden, torch.Tensor) and hidden.device == backend.device and hidden.shape == (1, 2, 32)
-    hidden = backend.layer(0, hidden, np.ones((1, 2), np.int64), np.array([0]), np.array([0]))
-    assert isinstance(hidden, torch.Tensor)
+    past_key = torch.zeros(1, m.num_heads, m.head_dim, W, dtype=backend.dtype, device=backend.device)
+    past_value = torch.zeros(1, m.num_heads, W, m.head_dim, dtype=backend.dtype, device=backend.device)
+    hidden, new_key, new_value = backend.layer(0, hidden, mask, past_key, past_value)
+    assert isinstance(hidden, torch.Tensor) and hidden.device == backend.device
+    assert isinstance(new_key, torch.Tensor)
+    assert new_key.shape == new_value.shape == (1, m.num_heads, 2, m.head_dim)  # (B, nh, T, hd): the new only
     logits = backend.head(hidden)
     assert isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.shape == (1, 512)
 
@@ -260,7 +323,7 @@ def test_cuda_equals_cpu(artifact_dir, torch_generator, policy):
         chosen = skip_policies(gen.num_layers)[policy]
         ours = list(gen.stream(PROMPTS, NEW, policy=chosen, ignore_eos=True))
         cpu = list(torch_generator.stream(PROMPTS, NEW, policy=chosen, ignore_eos=True))
-        assert all(k.device.type == "cuda" for k in gen.backend.keys)
+        assert all(k.device.type == "cuda" for k in gen.backend.storage.keys)
         for step, (a, b) in enumerate(zip(ours, cpu)):
             np.testing.assert_allclose(a.logits, b.logits, atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
             assert a.token_ids == b.token_ids
@@ -293,11 +356,13 @@ def test_fp16_cuda_matches_onnxruntime_fp16(fp16_artifact_dir):
     try:
         ids = theirs.tokenizer(PROMPTS, padding=True, return_tensors="np")
         ids, mask = ids["input_ids"].astype(np.int64), ids["attention_mask"].astype(np.int64)
-        ours.allocate(len(PROMPTS), ids.shape[1] + 1)
+        B, T = ids.shape
+        cache = KVCache(ours.kv_storage(), B, T + 1, theirs.manifest.page_size)
+        cache.seat([SimpleNamespace(row=-1) for _ in range(B)])
+        cache.reserve(0, B, T)
+        mask = cache.mask(0, B, mask)  # (B, W + T): nothing valid in the past
         hidden = ours.embed(ids, mask)
-        slots, zeros = np.arange(len(PROMPTS)), np.zeros(len(PROMPTS), np.int64)
-        for i in range(len(ours.layers)):
-            hidden = ours.layer(i, hidden, mask, slots, zeros)
+        hidden = run_layers(ours, cache, 0, B, hidden, mask, range(len(ours.layers)))
         a = ours.head(hidden)
         b = next(iter(theirs.stream(PROMPTS, 1))).logits
         assert np.isfinite(a).all()
