@@ -91,11 +91,6 @@ def dim_ranges(config: EngineBuildConfig, page_size: int) -> list[dict[str, tupl
              "total_sequence": tuple(w + 1 for w in decode_past)}]
 
 
-def has_past(spec: GraphSpec) -> bool:
-    """Whether the graph reads a bound past (a layer), by its dims: "past_sequence" in an input."""
-    return any("past_sequence" in t.dims for t in spec.inputs)
-
-
 def graph_profiles(spec: GraphSpec, config: EngineBuildConfig, page_size: int) -> list[Profile]:
     """The prefill and decode profiles of one graph, one ShapeRange per input.
 

@@ -41,8 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                         "Runtime maps in place and which holds the tied embedding once; never: "
                         "self-contained graphs (under 2 GB each; loads use more memory)")
     b.add_argument("--page-size", type=int, default=32,
-                   help="KV positions per page of the runtime's cache (default 32): a decode step "
-                        "reads the past in whole pages")
+                   help="KV positions per page of the runtime's cache (default 32): the past a "
+                        "step binds grows in steps of this many positions")
     b.add_argument("--engine", choices=("none", "trt"), default="none",
                    help="trt: then build TensorRT engines here with `python -m engines build`'s "
                         "defaults (on a Jetson, build them on the device instead)")
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     w = Workload()
     pl = sub.add_parser("plan", help="memory of weights, KV cache and runtime; which devices it fits",
                         description="Memory plan from an artifact's manifest or an OPT alias: weights at "
-                                    "fp16/int8/int4, the paged KV cache, activations and the runtime's "
+                                    "fp16/int8/int4, the KV cache, activations and the runtime's "
                                     "measured overhead, against 8/16/32/64 GB Jetsons.")
     pl.add_argument("models", nargs="*", help=f"artifact directories or aliases ({', '.join(ALIASES)}); "
                                               f"default: every alias")
@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--batch", type=int, default=w.batch, help=f"rows (KV slots) (default {w.batch})")
     pl.add_argument("--prompt", type=int, help=f"longest prompt prefilled at once (default: "
                                                f"{w.prompt}, at most --tokens)")
-    pl.add_argument("--page-size", type=int, help=f"KV page (default: the manifest's, else {w.page_size})")
+    pl.add_argument("--page-size", type=int, help=f"KV page: the cache's width grows in steps of it "
+                                                  f"(default: the manifest's, else {w.page_size})")
     pl.add_argument("--block-size", type=int, default=w.block_size,
                     help=f"int8/int4 quantization block (default {w.block_size})")
     pl.add_argument("--symmetric", action="store_true", help="int8/int4 without zero points")

@@ -43,7 +43,7 @@ class BuildOptions:
     random_weights: bool = False  # build --model's architecture with random weights (no download)
     seed: int = 0  # seed of random weights, so a random artifact can be rebuilt and verified
     external_data: str = "shared"  # "shared": all weights in one weights.bin; "never": in each graph
-    page_size: int = 32  # KV positions per page of the runtime's cache (see export.onnx_export)
+    page_size: int = 32  # KV positions per page: the bound past grows in steps of it (see export.onnx_export)
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
@@ -141,7 +141,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         with contextlib.ExitStack() as stack:
             weights = (stack.enter_context(SharedWeights(tmp)) if config.external_data == "shared"
                        else None)
-            for spec in tqdm(graph_specs(model, options.dtype, config.page_size), desc="export onnx",
+            for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx",
                              unit="graph", disable=not options.progress):
                 specs.append(export_graph(model, spec, tmp, config, weights))
         tokenizer.padding_side = "left"
@@ -150,8 +150,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
 
         checks = {}
         if options.check:
-            results = parity.check_all(model, specs, tmp, options.dtype, progress=options.progress,
-                                       weights=quant.for_graph)
+            results = parity.check_all(model, specs, tmp, options.dtype, page_size=config.page_size,
+                                       progress=options.progress, weights=quant.for_graph)
             for r in results:
                 log(f"  {r.line()}")
             parity.raise_on_failure(results)

@@ -5,16 +5,22 @@ Graph contract (names are the manifest's; all dims dynamic except the model's ow
   embed:    input_ids (batch, sequence) int64, attention_mask (batch, total_sequence) int64
             -> hidden_states (batch, sequence, hidden)
   layer_NN: hidden_states (batch, sequence, hidden), attention_mask (batch, total_sequence) int64,
-            past_key (past_pages, batch, heads, head_dim, page_size),
-            past_value (past_pages, batch, heads, page_size, head_dim)
+            past_key (batch, heads, head_dim, past_sequence),
+            past_value (batch, heads, past_sequence, head_dim)
             -> hidden_states_out (batch, sequence, hidden),
                new_key, new_value (batch, heads, sequence, head_dim)
   head:     hidden_states (batch, sequence, hidden) -> logits (batch, sequence, vocab)
 
-total_sequence = past_pages * page_size + sequence. The past is a prefix of a page-major KV buffer
-(see runtime.modeling.PagedOPTLayer): a runtime binds it in place and writes only the new K/V the
-graph returns into its own positions, so no step copies or concatenates the past. A prefill passes
-one all-masked page.
+total_sequence = past_sequence + sequence: the mask covers the bound past, then the new positions.
+The past is a block of rows of a preallocated KV buffer (see runtime.modeling.CachedOPTLayer): a
+runtime binds the rows that run in place, at the buffer's current width past_sequence, and writes
+only the new K/V the graph returns into their own positions, so no step copies or concatenates the
+past. That width is a whole multiple of the manifest's kv_cache.page_size (the step by which it
+grows), at least one page and wide enough for the longest row's past and new positions
+(runtime.kvcache); each row's valid past is its own positions [0, length) of it and the mask is 0
+over the rest. A prefill (or a chunk of a prompt) binds its rows' block the same way, masked where
+nothing is valid. The embedding gets the same mask (past width + new positions): positions come
+from the mask's cumulative sum, so masked columns contribute nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ from .quantize import QuantConfig, quantize_graph
 from .weights import SharedWeights, fold_weight_transposes, tie_head
 
 PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
-_EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)  # trace sizes: >= 2 and distinct, so none is specialised
+# Trace sizes: every traced dim >= 2 and distinct, so none is specialised. A layer's valid past
+# spans several pages (past_sequence >= 7, total_sequence = that + sequence); the embedding's valid
+# past is `past` positions, inside tiny models' positions, its mask as wide as a layer's would be.
+_EXAMPLE = dict(batch=2, sequence=3, pages=4, past=4)
 
 
 @dataclass
@@ -43,8 +52,8 @@ class ExportConfig:
     opset: int = 17  # TorchScript exporter's opset; parsed by TensorRT 8.6 (JetPack 5) and later
     external_data: str = "shared"  # "shared": every graph's weights in one weights.bin (mapped
     # in place by ONNX Runtime, tied embedding once: export.weights); "never": self-contained graphs
-    page_size: int = 32  # KV positions per page: the granularity of the past a step reads (measured
-    # on OPT-125m shapes, 16-64 cost the same within noise; smaller pages mean more tiny matmuls)
+    page_size: int = 32  # KV positions per page: the step by which the bound past width grows (larger
+    # pages: fewer re-lays of the runtime's cache as rows grow, more masked columns read per step)
     quant: QuantConfig = field(default_factory=QuantConfig)  # weight-only quantization (float: none)
 
     def __post_init__(self) -> None:
@@ -60,8 +69,9 @@ class ExportConfig:
         return torch.float16 if self.dtype == "float16" else torch.float32
 
 
-def graph_specs(model: SkipOPT, dtype: str, page_size: int) -> list[GraphSpec]:
-    """The I/O of every graph, as the manifest records it."""
+def graph_specs(model: SkipOPT, dtype: str) -> list[GraphSpec]:
+    """The I/O of every graph, as the manifest records it (the page size is not in any shape: the
+    bound past width, past_sequence, is a dynamic dim; the manifest's kv_cache records the page)."""
     c = model.config
     nh = c.num_attention_heads
     hd = c.hidden_size // nh
@@ -70,8 +80,8 @@ def graph_specs(model: SkipOPT, dtype: str, page_size: int) -> list[GraphSpec]:
     specs = [GraphSpec("embed", "embed.onnx",
                        [TensorSpec("input_ids", "int64", ["batch", "sequence"]), mask],
                        [hidden("hidden_states")])]
-    past_key = TensorSpec("past_key", dtype, ["past_pages", "batch", nh, hd, page_size])
-    past_value = TensorSpec("past_value", dtype, ["past_pages", "batch", nh, page_size, hd])
+    past_key = TensorSpec("past_key", dtype, ["batch", nh, hd, "past_sequence"])  # K transposed
+    past_value = TensorSpec("past_value", dtype, ["batch", nh, "past_sequence", hd])
     new = lambda n: TensorSpec(n, dtype, ["batch", nh, "sequence", hd])  # noqa: E731
     for i in range(model.num_layers):
         name = layer_name(i)
@@ -84,16 +94,19 @@ def graph_specs(model: SkipOPT, dtype: str, page_size: int) -> list[GraphSpec]:
 
 
 def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, past: int,
-                   seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random inputs for ``spec``: ``past`` valid positions (in at least one page), left padding in
-    row 0 and a shorter past in row 1 (so masking of padding and of unused positions is exercised)."""
+                   page_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random inputs for ``spec`` as a runtime binds them: ``past`` valid positions at the front of
+    a past ``past_sequence`` wide, whole pages of ``page_size`` that hold the past and the new
+    positions (runtime.kvcache: a prefill, past 0, binds its prompt rounded up to pages, all
+    masked); the mask covers that width and then the ``sequence`` new positions, for the embedding
+    too. The K/V past the valid positions is random, as an earlier occupant of a row leaves it;
+    left padding in row 0 and a shorter past in row 1 exercise the masking of padding and of
+    unused positions."""
     g = torch.Generator().manual_seed(seed)
     dtype = model.dtype
-    page = next((t.dims[-1] for t in spec.inputs if t.name == "past_key"), 1)
-    pages = max(1, -(-past // page))
-    bound = pages * page if spec.name.startswith("layer_") else past  # the mask's past width
-    sizes = {"batch": batch, "sequence": sequence, "past_pages": pages,
-             "total_sequence": bound + sequence}
+    width = max(1, -(-(past + sequence) // page_size)) * page_size  # the bound past: whole pages
+    sizes = {"batch": batch, "sequence": sequence, "past_sequence": width,
+             "total_sequence": width + sequence}
     out = {}
     for t in spec.inputs:
         shape = [sizes.get(d, d) for d in t.dims]
@@ -102,7 +115,7 @@ def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, p
         elif t.name == "attention_mask":
             mask = torch.zeros(shape, dtype=torch.int64)
             mask[:, :past] = 1  # each row's valid past
-            mask[:, bound:] = 1  # the new positions
+            mask[:, width:] = 1  # the new positions
             if batch > 1 and past > 1:
                 mask[0, : min(2, past - 1)] = 0  # left padding
                 mask[1, past - 1] = 0  # a row whose past is one shorter than the longest
@@ -120,9 +133,12 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
     import onnx
 
     module = graph_module(model, spec.name)
-    # A layer's past spans several pages; the embedding's stays inside tiny models' positions.
-    past = _EXAMPLE["pages"] * config.page_size - 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
-    inputs = example_inputs(model, spec, _EXAMPLE["batch"], _EXAMPLE["sequence"], past)
+    # A layer's valid past ends inside its fourth page (so a page of one position still gives a
+    # past_sequence >= 7, distinct from batch and sequence); the embedding's stays inside tiny
+    # models' positions.
+    page, pages = config.page_size, _EXAMPLE["pages"]
+    past = (pages - 1) * page + 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
+    inputs = example_inputs(model, spec, _EXAMPLE["batch"], _EXAMPLE["sequence"], past, page)
     dynamic_axes = {t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)}
                     for t in [*spec.inputs, *spec.outputs]}
     weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())

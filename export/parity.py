@@ -1,7 +1,9 @@
 """Check every exported graph against the PyTorch module it was traced from.
 
-Each graph runs in ONNX Runtime (CPU) on random inputs of several shapes: a prompt with left
-padding and a past, a prompt with no past (the prefill), and one decode token over a longer past.
+Each graph runs in ONNX Runtime (CPU) on random inputs of several shapes, bound as a runtime binds
+them (a past as wide as the valid past and the new positions rounded up to whole pages of the
+artifact's page size, masked past the valid positions): a prompt with left padding and a past, a
+prompt with no past (the prefill, over an all-masked past), and one decode token over a longer past.
 A float graph passes when every output satisfies |onnx - torch| <= atol + rtol * |torch| elementwise.
 
 A graph with quantized weights (export.quantize) is compared with the same fp32/fp16 PyTorch
@@ -87,8 +89,9 @@ class Case:
     expected: list[np.ndarray]  # per output, as float32
 
 
-def torch_cases(model: SkipOPT, spec: GraphSpec) -> list[Case]:
-    """Run the PyTorch module behind ``spec`` on every shape of ``CASES``."""
+def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int) -> list[Case]:
+    """Run the PyTorch module behind ``spec`` on every shape of ``CASES``, the past bound in whole
+    pages of ``page_size`` (the artifact's ``kv_cache.page_size``)."""
     import torch
 
     from runtime.modeling import graph_module
@@ -98,7 +101,7 @@ def torch_cases(model: SkipOPT, spec: GraphSpec) -> list[Case]:
     module = graph_module(model, spec.name)
     cases = []
     for seed, (batch, seq, past) in enumerate(CASES):
-        inputs = example_inputs(model, spec, batch, seq, past, seed=seed + 1)
+        inputs = example_inputs(model, spec, batch, seq, past, page_size, seed=seed + 1)
         with torch.no_grad():
             expected = module(*inputs.values())
         expected = expected if isinstance(expected, tuple) else (expected,)
@@ -141,16 +144,17 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
 
 
 def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str,
-                weights: str = "float") -> GraphCheck:
-    return compare(spec, torch_cases(model, spec), directory, dtype, weights)
+                weights: str = "float", *, page_size: int) -> GraphCheck:
+    return compare(spec, torch_cases(model, spec, page_size), directory, dtype, weights)
 
 
-def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: str,
+def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: str, *, page_size: int,
               progress: bool = False, weights=lambda name: "float") -> list[GraphCheck]:
-    """``weights(graph name)``: "float", "int8" or "int4" (``Manifest.graph_weights``)."""
+    """``weights(graph name)``: "float", "int8" or "int4" (``Manifest.graph_weights``);
+    ``page_size``: the artifact's KV page, the step of the past widths the checks bind."""
     from tqdm.auto import tqdm
 
-    return [check_graph(model, spec, directory, dtype, weights(spec.name))
+    return [check_graph(model, spec, directory, dtype, weights(spec.name), page_size=page_size)
             for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
 
 

@@ -1,4 +1,4 @@
-"""Memory plan of an OPT model on a device: weights at fp32/fp16/int8/int4, the paged KV cache,
+"""Memory plan of an OPT model on a device: weights at fp32/fp16/int8/int4, the KV cache,
 activations and the runtime's own overhead; which OPT sizes fit 8, 16, 32 and 64 GB Jetsons.
 
 ``python -m export plan [opt-1.3b | ARTIFACT_DIR ...] --tokens 1024 --batch 4``
@@ -76,7 +76,7 @@ class Workload:
     tokens: int = 1024  # positions per row the KV cache holds (prompt + new tokens), the load's max_length
     batch: int = 1  # rows decoded together, the load's max_batch
     prompt: int = 256  # longest prompt prefilled at once: the prefill's attention scores grow with its square
-    page_size: int = 32  # KV positions per page (the export's default); capacity is whole pages
+    page_size: int = 32  # KV positions per page (the export's default): the width grows in whole pages
     block_size: int = BLOCK_SIZE  # MatMulNBits quantization block along K
     symmetric: bool = False  # True: no zero points (ONNX Runtime's MatMul4BitsQuantizer defaults to asymmetric)
 
@@ -198,11 +198,16 @@ def weight_bytes(arch: Arch, weights: str, workload: Workload = Workload()) -> t
     return total, floats
 
 
+def pages_width(positions: int, page_size: int) -> int:
+    """``positions`` rounded up to whole pages: the width of a KV buffer that holds them."""
+    return -(-positions // page_size) * page_size
+
+
 def kv_cache_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
-    """The runtime's paged K and V buffers: per layer (pages, batch, heads, head_dim, page) each,
-    the capacity rounded up to whole pages."""
-    pages = -(-workload.tokens // workload.page_size)
-    return arch.num_layers * 2 * pages * workload.page_size * workload.batch * arch.hidden_size * dtype_bytes
+    """The runtime's K and V buffers: per layer a K of (batch, heads, head_dim, capacity) and a V of
+    (batch, heads, capacity, head_dim), the capacity (tokens) rounded up to whole pages."""
+    width = pages_width(workload.tokens, workload.page_size)
+    return arch.num_layers * 2 * workload.batch * arch.hidden_size * width * dtype_bytes
 
 
 def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
@@ -210,12 +215,15 @@ def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
     prefill of the longest prompt, or the head's logits.
 
     Layer prefill: attention scores and probabilities in fp32 (softmax is fp32 in every export) over
-    the prompt and the one masked page, (B, heads, T, page + T) each; fc1's output (B, T, ffn); and
-    q, k, v, the attention output and the residuals, (B, T, D) each, six of them. Head: the last
-    position's logits (B, V) in the artifact's dtype plus the float32 copy the engine keeps.
+    the bound past and the prompt, (B, heads, T, W + T) each, W the bound past width, here the
+    prompt rounded up to whole pages (the width its rows' block has once it holds the prompt);
+    fc1's output (B, T, ffn); and q, k, v, the attention output and the residuals, (B, T, D) each,
+    six of them. Head: the last position's logits (B, V) in the artifact's dtype plus the float32
+    copy the engine keeps.
     """
     B, T, D = workload.batch, workload.prompt, arch.hidden_size
-    scores = 2 * B * arch.num_heads * T * (workload.page_size + T) * 4
+    W = pages_width(T, workload.page_size)
+    scores = 2 * B * arch.num_heads * T * (W + T) * 4
     layer = scores + B * T * (arch.ffn_dim + 6 * D) * dtype_bytes
     head = B * arch.vocab_size * (dtype_bytes + 4)
     return max(layer, head)
@@ -252,7 +260,8 @@ def fit_table(plans: list[Plan], reserve: int = DEVICE_RESERVE_BYTES) -> str:
 
 def describe(workload: Workload, reserve: int) -> str:
     quant = ("symmetric" if workload.symmetric else "asymmetric, with zero points")
-    return (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (pages of {workload.page_size}), "
+    return (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (rounded up to pages of "
+            f"{workload.page_size}), "
             f"prefill of a {workload.prompt}-token prompt; int8/int4: MatMulNBits blocks of "
             f"{workload.block_size}, {quant}, fp16 scales, embeddings/layer norms/biases in fp16; "
             f"devices keep {reserve / GiB:g} GiB for the OS and CUDA (see export/plan.py)")

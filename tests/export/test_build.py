@@ -30,9 +30,40 @@ def test_artifact_is_self_contained(artifact_dir, checkpoint_dir):
     layer = onnx.load(str(artifact_dir / "layer_00.onnx"))
     assert [i.name for i in layer.graph.input] == ["hidden_states", "attention_mask", "past_key", "past_value"]
     assert [o.name for o in layer.graph.output] == ["hidden_states_out", "new_key", "new_value"]
-    dims = [d.dim_param or d.dim_value for d in layer.graph.input[2].type.tensor_type.shape.dim]
-    assert dims == ["past_pages", "batch", 4, 8, 32]  # (pages, B, nh, hd, page): K stored transposed
-    assert manifest.kv_cache == {"layout": "paged", "page_size": 32}
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in layer.graph.input}
+    assert dims["past_key"] == ["batch", 4, 8, "past_sequence"]  # (B, nh, hd, W): K stored transposed
+    assert dims["past_value"] == ["batch", 4, "past_sequence", 8]  # (B, nh, W, hd)
+    assert dims["attention_mask"] == ["batch", "total_sequence"]  # W + T
+    assert manifest.graph("layer_00").inputs[2].dims == ["batch", 4, 8, "past_sequence"]
+    assert manifest.kv_cache == {"layout": "rows", "page_size": 32}
+
+
+def test_layer_and_embed_read_only_the_valid_past(artifact_dir):
+    """What the rows layout relies on: a graph's outputs depend on the valid columns of the bound
+    past alone, not on its width (whole pages of any number) or on what masked columns hold."""
+    from export.parity import ort_session
+
+    rng = np.random.default_rng(0)
+    B, T, valid = 2, 3, 5
+    hidden = rng.standard_normal((B, T, 32)).astype(np.float32)
+    key, value = rng.standard_normal((B, 4, 8, valid)), rng.standard_normal((B, 4, valid, 8))
+    ids = rng.integers(0, 512, (B, T))
+    layer, embed = ort_session(artifact_dir / "layer_00.onnx"), ort_session(artifact_dir / "embed.onnx")
+    runs = []
+    for width in (32, 96):  # one page, three pages: garbage in every column past the valid ones
+        past_key = (rng.standard_normal((B, 4, 8, width)) * 5).astype(np.float32)
+        past_value = (rng.standard_normal((B, 4, width, 8)) * 5).astype(np.float32)
+        past_key[..., :valid], past_value[:, :, :valid] = key, value
+        mask = np.zeros((B, width + T), np.int64)
+        mask[:, :valid] = mask[:, width:] = 1
+        mask[0, :2] = 0  # left padding in row 0
+        runs.append((layer.run(None, {"hidden_states": hidden, "attention_mask": mask, "past_key": past_key,
+                                      "past_value": past_value}),
+                     embed.run(None, {"input_ids": ids, "attention_mask": mask})))
+    (layer_a, embed_a), (layer_b, embed_b) = runs
+    assert [o.shape for o in layer_a] == [(B, T, 32), (B, 4, T, 8), (B, 4, T, 8)]
+    for a, b in zip([*layer_a, *embed_a], [*layer_b, *embed_b]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _elem_types(model):
@@ -57,10 +88,11 @@ def test_fp16_keeps_softmax_and_layer_norm_in_fp32(checkpoint_dir, tmp_path):
 
     session = ort_session(out / "layer_01.onnx")
     hidden = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float16)
-    page = 32  # the default page size; a prefill's past is one all-masked page
+    page = 32  # the default page size; a prefill binds its rows' past one page wide, all masked
     mask = np.concatenate([np.zeros((2, page), np.int64), np.array([[0, 0, 0], [1, 1, 1]], np.int64)], axis=1)
-    past_key = np.zeros((1, 2, 4, 8, page), np.float16)  # (pages, B, nh, hd, page)
-    past_value = np.zeros((1, 2, 4, page, 8), np.float16)  # (pages, B, nh, page, hd)
+    # what earlier occupants of the rows left: finite garbage, masked
+    past_key = (np.random.default_rng(1).standard_normal((2, 4, 8, page)) * 3).astype(np.float16)  # (B, nh, hd, W)
+    past_value = (np.random.default_rng(2).standard_normal((2, 4, page, 8)) * 3).astype(np.float16)  # (B, nh, W, hd)
     outputs = session.run(None, {"hidden_states": hidden, "attention_mask": mask, "past_key": past_key,
                                  "past_value": past_value})
     assert all(np.isfinite(o).all() for o in outputs)

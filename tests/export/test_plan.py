@@ -53,9 +53,17 @@ def test_int4_keeps_embeddings_norms_and_biases_in_fp16():
 def test_kv_cache_rounds_up_to_whole_pages_and_activations():
     arch = _arch()
     w = pm.Workload(tokens=33, batch=3, prompt=8, page_size=32)
-    assert pm.kv_cache_bytes(arch, w, 2) == 2 * 2 * 64 * 3 * 64 * 2  # layers x K,V x 2 pages of 32 x batch x D x fp16
+    # layers x K,V x batch x (heads x head_dim = D) x width 33 rounded up to 64 x fp16
+    assert pm.kv_cache_bytes(arch, w, 2) == 2 * 2 * 3 * 64 * 64 * 2
+    # prefill scores and probabilities (B, heads, T, W + T) in fp32, W = the prompt rounded up to one page
     layer = 2 * 3 * 4 * 8 * (32 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2
     assert pm.activation_bytes(arch, w, 2) == max(layer, 3 * 40 * (2 + 4))
+    # a prompt of 33 binds a past two pages wide: W = 64
+    long = pm.Workload(tokens=48, batch=3, prompt=33, page_size=32)
+    layer = 2 * 3 * 4 * 33 * (64 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2
+    assert pm.activation_bytes(arch, long, 2) == layer
+    assert pm.activation_bytes(arch, pm.Workload(tokens=48, batch=3, prompt=33, page_size=1), 2) == (
+        2 * 3 * 4 * 33 * (33 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2)  # pages of one position: W = T
     p = pm.plan(arch, "fp16", w, overhead=1000)
     assert p.total_bytes == p.weight_bytes + p.kv_bytes + p.activation_bytes + 1000
 
@@ -97,7 +105,7 @@ def test_cli_artifact_reads_manifest_and_measures(artifact_dir, capsys):
     out = capsys.readouterr().out
     # one row, named by the artifact directory ("model"), at the artifact's dtype
     assert [line.split(" | ")[:2] for line in out.splitlines() if " | fp" in line] == [["| model", "fp32"]]
-    assert "(pages of 32)" in out  # the manifest's page size
+    assert "(rounded up to pages of 32)" in out  # the manifest's page size
     line = out.splitlines()[-1]
     assert line.startswith("model fp32: predicted ") and "measured peak RSS" in line
     assert "generated 1 x 48 positions" in line

@@ -98,18 +98,20 @@ def test_quantized_graph_equals_reference_with_its_dequantized_weights(ckpt, tmp
             assert not np.allclose(state[target].numpy(), w.T)  # rounding did change it
             state[target] = torch.from_numpy(np.ascontiguousarray(w.T))
         module.load_state_dict(state)
-        spec = load_manifest(out, check_hashes=False).graph(name)
-        result = check_graph(model, spec, out, "float32")  # float tolerances: atol 1e-4, rtol 1e-4
+        manifest = load_manifest(out, check_hashes=False)
+        # float tolerances: atol 1e-4, rtol 1e-4
+        result = check_graph(model, manifest.graph(name), out, "float32", page_size=manifest.page_size)
         assert result.passed, result.line()
 
 
 def test_quantized_parity_fails_a_graph_with_the_wrong_weights(int4_dir, ckpt):
     manifest = load_manifest(int4_dir, check_hashes=False)
     ref = SkipOPT(OPTForCausalLM.from_pretrained(ckpt).eval())
-    assert check_graph(ref, manifest.graph("layer_01"), int4_dir, "float32", "int4").passed
+    assert check_graph(ref, manifest.graph("layer_01"), int4_dir, "float32", "int4",
+                       page_size=manifest.page_size).passed
     swapped = copy.copy(manifest.graph("layer_01"))
     swapped.file = manifest.graph("layer_04").file  # another layer's weights under layer_01's name
-    result = check_graph(ref, swapped, int4_dir, "float32", "int4")
+    result = check_graph(ref, swapped, int4_dir, "float32", "int4", page_size=manifest.page_size)
     assert not result.passed and result.rel_error > 3 * QUANT_TOLERANCES["int4"]
 
 

@@ -41,7 +41,7 @@ def test_child_cases_equal_the_in_process_reference(artifact_dir, hf_model):
     assert list(side.cases) == [g.name for g in manifest.graphs]
     ref = SkipOPT(hf_model)
     for spec in manifest.graphs:
-        here = parity.torch_cases(ref, spec)
+        here = parity.torch_cases(ref, spec, manifest.page_size)
         there = side.cases[spec.name]
         assert [(c.batch, c.sequence, c.past) for c in there] == list(parity.CASES)
         for a, b in zip(here, there):
@@ -70,6 +70,6 @@ def test_a_wrong_graph_still_fails_against_the_child_cases(artifact_dir, tmp_pat
 
     manifest = load_manifest(artifact_dir)
     layer0, layer1 = manifest.layers[0], manifest.layers[1]
-    cases = parity.torch_cases(SkipOPT(hf_model), layer1)
+    cases = parity.torch_cases(SkipOPT(hf_model), layer1, manifest.page_size)
     assert parity.compare(layer1, cases, artifact_dir, manifest.dtype).passed
     assert not parity.compare(layer0, cases, artifact_dir, manifest.dtype).passed

@@ -160,28 +160,30 @@ def test_parse_size_mib_rejects(text):
 # -- profiles (pure) ----------------------------------------------------------------------------------
 
 
-def _dims(b, s, p, pages, mask_past):
-    """A profile point, pages of 32: past in positions, the pages a layer binds, the embedding's
-    mask columns before the new positions."""
-    return {"batch": b, "sequence": s, "past_sequence": p, "past_pages": pages, "page_size": 32,
-            "mask_past": mask_past}
+def _dims(b, s, p, width):
+    """A profile point, pages of 32: past in positions, the width of the past bound (whole pages
+    that hold the past and the new positions)."""
+    return {"batch": b, "sequence": s, "past": p, "past_sequence": width, "page_size": 32}
 
 
 def test_decode_profile():
     prof = resolve_profile(Limits(batch=4, past=256, max_batch=8, max_seq=1024), 2048, 32)
     assert prof.phase == "decode"
-    assert prof.min == _dims(1, 1, 0, 1, 32)  # a decode step binds at least one page
-    assert prof.opt == prof.run == _dims(4, 1, 256, 8, 256)
-    assert prof.max == _dims(8, 1, 1023, 32, 1024)
-    assert resolve_profile(Limits(batch=2, past=5), 64, 32).max == _dims(2, 1, 63, 2, 64)  # max_seq: the model's
-    assert resolve_profile(Limits(past=33), 64, 32).run == _dims(1, 1, 33, 2, 64)  # a partial page is bound whole
+    assert prof.min == _dims(1, 1, 0, 32)  # a decode step binds at least one page
+    assert prof.opt == prof.run == _dims(4, 1, 256, 288)  # position 256 is written in a ninth page
+    assert prof.max == _dims(8, 1, 1023, 1024)
+    assert resolve_profile(Limits(batch=2, past=5), 64, 32).max == _dims(2, 1, 63, 64)  # max_seq: the model's
+    assert resolve_profile(Limits(past=33), 64, 32).run == _dims(1, 1, 33, 64)  # a partial page is bound whole
+    assert resolve_profile(Limits(past=31), 64, 32).run == _dims(1, 1, 31, 32)  # the new position fits the page
+    assert resolve_profile(Limits(past=32), 64, 32).run == _dims(1, 1, 32, 64)  # ... or needs the next one
 
 
 def test_prefill_profile():
     prof = resolve_profile(Limits(batch=2, sequence=100, max_seq=1024, max_prompt=512), 2048, 32)
     assert prof.phase == "prefill"
-    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0, 1, 0), _dims(2, 100, 0, 1, 0), _dims(2, 512, 0, 1, 0))
-    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64, 32).max == _dims(1, 64, 0, 1, 0)
+    # the prompt over its rows' block, as wide as the prompt rounded up to pages, all masked
+    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0, 32), _dims(2, 100, 0, 128), _dims(2, 512, 0, 512))
+    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64, 32).max == _dims(1, 64, 0, 64)
 
 
 @pytest.mark.parametrize("limits, message", [
@@ -218,18 +220,18 @@ def _cache(artifact_dir):
 
 
 def test_layer_command(artifact_dir, no_trtexec, capsys):
-    code, out, err = _run_cli(capsys, artifact_dir, "--graph", "layer_03", "--batch", 4, "--past", 32,
+    code, out, err = _run_cli(capsys, artifact_dir, "--graph", "layer_03", "--batch", 4, "--past", 20,
                               "--trt-version", "10.3")
     assert code == 0, err
     assert out.splitlines() == [_expected(
         artifact_dir, "layer_03",
-        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x1x4x8x32,past_value:1x1x4x32x8",
-        "hidden_states:4x1x32,attention_mask:4x33,past_key:1x4x4x8x32,past_value:1x4x4x32x8",
-        "hidden_states:4x1x32,attention_mask:4x65,past_key:2x4x4x8x32,past_value:2x4x4x32x8",
+        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x4x8x32,past_value:1x4x32x8",
+        "hidden_states:4x1x32,attention_mask:4x33,past_key:4x4x8x32,past_value:4x4x32x8",
+        "hidden_states:4x1x32,attention_mask:4x65,past_key:4x4x8x64,past_value:4x4x64x8",
         "--memPoolSize=workspace:2048", _cache(artifact_dir), transfers=False)]
     assert "# TensorRT 10.3.0 (--trt-version)" in err
-    assert ("decode profile: batch 1..4 (run 4), sequence 1..1 (run 1), past 0..63 (run 32), layers bind "
-            "past pages 1..2 of 32 (run 1)") in err
+    assert ("decode profile: batch 1..4 (run 4), sequence 1..1 (run 1), past 0..63 (run 20), bound past "
+            "width 32..64 in pages of 32 (run 32)") in err
 
 
 def test_embed_and_head_commands(artifact_dir, no_trtexec, capsys, tmp_path):
@@ -238,7 +240,7 @@ def test_embed_and_head_commands(artifact_dir, no_trtexec, capsys, tmp_path):
     code, out, err = _run_cli(capsys, artifact_dir, "--graph", "embed", *common)
     assert code == 0, err
     assert out.splitlines() == [_expected(
-        artifact_dir, "embed", "input_ids:1x1,attention_mask:1x33", "input_ids:4x1,attention_mask:4x33",
+        artifact_dir, "embed", "input_ids:1x1,attention_mask:1x33", "input_ids:4x1,attention_mask:4x65",
         "input_ids:8x1,attention_mask:8x65", "--fp16", "--memPoolSize=workspace:1024", _cache(artifact_dir),
         f"--saveEngine={tmp_path / 'engines' / 'embed.plan'}")]
     code, out, err = _run_cli(capsys, artifact_dir, "--graph", "head", *common)
@@ -254,9 +256,9 @@ def test_prefill_layer_command(artifact_dir, no_trtexec, capsys, tmp_path):
     assert code == 0, err
     assert out.splitlines() == [_expected(
         artifact_dir, "layer_00",
-        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x1x4x8x32,past_value:1x1x4x32x8",
-        "hidden_states:2x16x32,attention_mask:2x48,past_key:1x2x4x8x32,past_value:1x2x4x32x8",
-        "hidden_states:2x48x32,attention_mask:2x80,past_key:1x2x4x8x32,past_value:1x2x4x32x8",
+        "hidden_states:1x1x32,attention_mask:1x33,past_key:1x4x8x32,past_value:1x4x32x8",
+        "hidden_states:2x16x32,attention_mask:2x48,past_key:2x4x8x32,past_value:2x4x32x8",
+        "hidden_states:2x48x32,attention_mask:2x112,past_key:2x4x8x64,past_value:2x4x64x8",
         "--memPoolSize=workspace:2048", f"--timingCacheFile={tmp_path / 'o' / 'timing.cache'}",
         transfers=False, out=tmp_path / "o")]
 
@@ -443,16 +445,17 @@ def test_run_failure_quotes_the_log(artifact_dir, fake_trtexec, capsys, tmp_path
 
 
 def test_shape_spec_embed_mask_follows_the_runtime(artifact_dir):
-    """The embedding gets the prompt's own mask at prefill (no zero page: it has no past) and the
-    layers' whole-page mask at decode, as the runtime passes them."""
+    """The embedding gets the layers' mask, the bound past (whole pages) + the new positions, at
+    prefill (one all-masked page) and at decode, as the runtime passes it."""
     manifest = load_manifest(artifact_dir, check_hashes=False)
     prefill = resolve_profile(Limits(batch=2, sequence=16), 64, manifest.page_size)
     decode = resolve_profile(Limits(batch=2, past=40), 64, manifest.page_size)
-    assert shape_spec(manifest.embed, prefill.run) == "input_ids:2x16,attention_mask:2x16"
-    assert shape_spec(manifest.layers[0], prefill.run).startswith("hidden_states:2x16x32,attention_mask:2x48,")
+    assert shape_spec(manifest.embed, prefill.run) == "input_ids:2x16,attention_mask:2x48"
+    assert shape_spec(manifest.layers[0], prefill.run) == (
+        "hidden_states:2x16x32,attention_mask:2x48,past_key:2x4x8x32,past_value:2x4x32x8")
     assert shape_spec(manifest.embed, decode.run) == "input_ids:2x1,attention_mask:2x65"
     assert shape_spec(manifest.layers[0], decode.run) == (
-        "hidden_states:2x1x32,attention_mask:2x65,past_key:2x2x4x8x32,past_value:2x2x4x32x8")
+        "hidden_states:2x1x32,attention_mask:2x65,past_key:2x4x8x64,past_value:2x4x64x8")
 
 
 # -- the Polygraphy comparison beside each command ----------------------------------------------------
@@ -498,7 +501,7 @@ def test_polygraphy_layer_command_matches_the_trtexec_profile(artifact_dir, no_t
                          ("--trt-max-shapes", "maxShapes"), ("--input-shapes", "shapes")]:
         assert args[ours] == _as_polygraphy(trt[theirs])
     assert args["--trt-max-shapes"] == ["hidden_states:[4,1,32]", "attention_mask:[4,65]",
-                                        "past_key:[2,4,4,8,32]", "past_value:[2,4,4,32,8]"]
+                                        "past_key:[4,4,8,64]", "past_value:[4,4,64,8]"]
     # fp32 artifact: the engines build with TF32 (TensorRT's default); Polygraphy needs it asked for
     assert args["--tf32"] == [] and "--fp16" not in args and "--strongly-typed" not in args
     assert args["--pool-limit"] == ["workspace:2048M"]

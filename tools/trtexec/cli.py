@@ -99,16 +99,16 @@ def _settings(args) -> RunSettings:
 def _describe(profile: Profile) -> str:
     lo, opt, hi = profile.min, profile.opt, profile.max
     return (f"{profile.phase} profile: batch {lo['batch']}..{hi['batch']} (run {opt['batch']}), sequence "
-            f"{lo['sequence']}..{hi['sequence']} (run {opt['sequence']}), past {lo['past_sequence']}.."
-            f"{hi['past_sequence']} (run {opt['past_sequence']}), layers bind past pages "
-            f"{lo['past_pages']}..{hi['past_pages']} of {opt['page_size']} (run {opt['past_pages']})")
+            f"{lo['sequence']}..{hi['sequence']} (run {opt['sequence']}), past {lo['past']}.."
+            f"{hi['past']} (run {opt['past']}), bound past width {lo['past_sequence']}.."
+            f"{hi['past_sequence']} in pages of {opt['page_size']} (run {opt['past_sequence']})")
 
 
 def _result(job: Job, profile: Profile, paths: OutputPaths, settings: RunSettings) -> GraphResult:
     name = job.graph.name
     iterations, layers = read_profile(paths.profile(name))
     run = profile.run
-    return GraphResult(name, profile.phase, run["batch"], run["sequence"], run["past_sequence"],
+    return GraphResult(name, profile.phase, run["batch"], run["sequence"], run["past"],
                        read_times(paths.times(name), settings.warmup_ms), layers, iterations)
 
 

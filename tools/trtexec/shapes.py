@@ -3,10 +3,11 @@
 Two phases, as the engines use them (issue 3):
   decode:  sequence 1, past 0 .. max_seq-1       (one new token per step over a growing KV cache)
   prefill: sequence 1 .. max_prompt, past 0      (the prompt at full depth from an empty cache)
-The layers read their past in whole pages (manifest kv_cache.page_size): a decode step at past p
-binds past_pages = ceil(p / page) (at least 1) and a prefill one all-masked page, so a layer's
-total_sequence = past_pages * page + sequence. The embedding has no past input: its mask is the
-prompt's at prefill and the layers' (whole pages + 1) at decode, as the runtime passes them.
+The layers' bound past is whole pages (manifest kv_cache.page_size) wide enough for the past and
+the step's new positions (runtime.kvcache): a step of s tokens at past p binds past_sequence =
+ceil((p + s) / page) * page, so a decode step at p binds ceil((p + 1) / page) pages and a prefill
+its prompt rounded up to pages, masked; total_sequence = past_sequence + s. The embedding has no
+past input but gets the layers' mask (bound past + new positions), as the runtime passes it.
 The opt point is the run point: the kernels are tuned for the shape being measured.
 """
 
@@ -18,7 +19,7 @@ from runtime.manifest import GraphSpec
 
 from .errors import ProfileLimitError
 
-DIM_NAMES = ("batch", "sequence", "past_pages", "total_sequence")  # every dynamic dim the export writes
+DIM_NAMES = ("batch", "sequence", "past_sequence", "total_sequence")  # every dynamic dim the export writes
 PHASES = ("decode", "prefill")
 
 
@@ -42,20 +43,19 @@ class Profile:
     run: dict  # for --shapes: the point that is timed
 
 
-def _point(batch: int, sequence: int, past: int, page: int, decode: bool) -> dict:
-    """One point of a profile: past is in positions; the graph's own sizes come from shape_spec."""
-    pages = max(1, -(-past // page)) if decode else 1  # a prefill binds the one zero page
-    return {"batch": batch, "sequence": sequence, "past_sequence": past, "past_pages": pages,
-            "page_size": page, "mask_past": pages * page if decode else 0}
+def _point(batch: int, sequence: int, past: int, page: int) -> dict:
+    """One point of a profile: ``past`` cached positions (0 for a prefill), bound as a past
+    ``past_sequence`` wide, whole pages of ``page`` that hold them and the ``sequence`` new ones;
+    the graph's own sizes come from shape_spec."""
+    width = -(-(past + sequence) // page) * page
+    return {"batch": batch, "sequence": sequence, "past": past, "past_sequence": width, "page_size": page}
 
 
 def graph_sizes(graph: GraphSpec, point: dict) -> dict:
-    """The point's dim sizes for ``graph``: a layer's mask covers its bound pages, the
-    embedding's only the decode past (it sees the prompt's own mask at prefill)."""
-    paged = any("past_pages" in t.dims for t in graph.inputs)
-    past = point["past_pages"] * point["page_size"] if paged else point["mask_past"]
-    return {"batch": point["batch"], "sequence": point["sequence"], "past_pages": point["past_pages"],
-            "total_sequence": past + point["sequence"]}
+    """The point's dim sizes for ``graph``: every mask (the embedding's too) covers the bound past
+    and the new positions."""
+    return {"batch": point["batch"], "sequence": point["sequence"], "past_sequence": point["past_sequence"],
+            "total_sequence": point["past_sequence"] + point["sequence"]}
 
 
 def resolve_profile(limits: Limits, max_position_embeddings: int, page_size: int) -> Profile:
@@ -91,9 +91,8 @@ def _decode_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, page: 
         raise ProfileLimitError(
             f"past {p} + sequence {s} = {p + s} positions exceed max_seq {max_seq}; use --past {max_seq - s} "
             f"or less, or raise --max-seq (at most max_position_embeddings)")
-    run = _point(b, 1, p, page, decode=True)
-    return Profile("decode", _point(1, 1, 0, page, decode=True), run,
-                   _point(max_batch, 1, max_seq - 1, page, decode=True), run)
+    run = _point(b, 1, p, page)
+    return Profile("decode", _point(1, 1, 0, page), run, _point(max_batch, 1, max_seq - 1, page), run)
 
 
 def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_prompt: int | None,
@@ -109,9 +108,8 @@ def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_p
     if s > max_prompt:
         raise ProfileLimitError(f"--seq {s} exceeds --max-prompt {max_prompt}; use --seq {max_prompt} or less, "
                                 f"or raise --max-prompt")
-    run = _point(b, s, 0, page, decode=False)
-    return Profile("prefill", _point(1, 1, 0, page, decode=False), run,
-                   _point(max_batch, max_prompt, 0, page, decode=False), run)
+    run = _point(b, s, 0, page)  # the prompt over its rows' block, masked, as wide as the prompt
+    return Profile("prefill", _point(1, 1, 0, page), run, _point(max_batch, max_prompt, 0, page), run)
 
 
 def shape_spec(graph: GraphSpec, point: dict) -> str:
