@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import socket
@@ -31,9 +30,13 @@ class Sample:
 
 
 def load_prompts(path: str, column: str) -> list[str]:
-    with open(path, newline="") as f:
-        rows = [row[column] for row in csv.DictReader(f)]
-    return list(dict.fromkeys(rows))  # unique, in file order
+    """The unique values of ``column``, in file order, from a .csv / .jsonl, optionally gzip (.gz)."""
+    from tools.finetune.data import DataError, read_rows
+
+    rows = read_rows(path)
+    if column not in rows[0]:
+        raise DataError(f"{path} has no column {column!r}; its columns are {', '.join(map(repr, rows[0]))}")
+    return list(dict.fromkeys(str(row[column]) for row in rows))
 
 
 async def one_request(client, body: dict) -> Sample:
@@ -127,7 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens every time")
     p.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch (default 8)")
     p.add_argument("--threads", type=int, default=1, help="the server's intra-op threads (default 1)")
-    p.add_argument("--prompts", default="data/e2e/val.csv", help="CSV of prompts (default data/e2e/val.csv)")
+    p.add_argument("--prompts", default="data/e2e/devset.csv.gz",
+                   help="CSV of prompts, plain or gzip (default data/e2e/devset.csv.gz, the shipped E2E "
+                        "development split)")
     p.add_argument("--prompt-column", default="mr", help="its prompt column (default mr)")
     p.add_argument("--warmup", type=int, default=8, help="untimed requests first (default 8)")
     args = p.parse_args(argv)
@@ -136,7 +141,15 @@ def main(argv=None) -> int:
     except ImportError:
         print('error: python -m tools.bench.server_load needs httpx: pip install -e ".[serve]"', file=sys.stderr)
         return 2
-    prompts = load_prompts(args.prompts, args.prompt_column)
+    from tools.finetune.data import DataError
+
+    from .serving import data_path
+
+    try:
+        prompts = load_prompts(str(data_path(args.prompts)), args.prompt_column)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "runtime", "serve", args.artifact, "--port", str(port), "--max-batch",

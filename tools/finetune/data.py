@@ -13,10 +13,12 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from runtime.errors import SkipDecodeError
+
+if TYPE_CHECKING:  # torch is imported where batches are built: reading data needs no torch
+    import torch
 
 
 class DataError(SkipDecodeError):
@@ -36,9 +38,10 @@ def _open_text(path: Path):
     return path.open(encoding="utf-8", newline="")
 
 
-def read_pairs(path, prompt_column: str = "prompt", target_column: str = "target") -> list[Example]:
-    """Read (prompt, target) pairs from a .csv (header row) or .jsonl (one object per line),
-    either optionally gzip-compressed (.csv.gz, .jsonl.gz)."""
+def read_rows(path) -> list[dict]:
+    """The rows of a .csv (header row) or .jsonl (one object per line), either optionally
+    gzip-compressed (.csv.gz, .jsonl.gz), as dicts; raises DataError on a missing, empty or
+    unreadable file."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
@@ -60,6 +63,12 @@ def read_pairs(path, prompt_column: str = "prompt", target_column: str = "target
                         f"got {''.join(path.suffixes) or 'no suffix'!r}")
     if not rows:
         raise DataError(f"{path} holds no rows")
+    return rows
+
+
+def read_pairs(path, prompt_column: str = "prompt", target_column: str = "target") -> list[Example]:
+    """Read (prompt, target) pairs from a .csv or .jsonl, optionally gzip-compressed (read_rows)."""
+    rows = read_rows(path)
     missing = [c for c in (prompt_column, target_column) if c not in rows[0]]
     if missing:
         raise DataError(
@@ -131,6 +140,8 @@ class Batch:
 def collate(items: list[Encoded], pad_id: int) -> Batch:
     """Right-pad a list of encoded pairs. labels[b, t] = input_ids[b, t+1] for the positions that
     predict a target token or EOS (t >= prompt_len - 1), else -100."""
+    import torch
+
     T = max(len(e.input_ids) for e in items)
     B = len(items)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
