@@ -13,9 +13,9 @@ the two groups), so a step over n rows of a cache of M costs what it costs on a 
 
 ``W`` (``width``) is the past a step binds, a whole number of ``page`` positions that covers the
 longest row in use: it grows as rows grow and shrinks when the longest one leaves. A storage whose
-graph binds a contiguous block (ONNX Runtime, TensorRT) lays its buffers out at exactly ``W`` and
-re-lays them on a change, a copy of the rows in use once per ``page`` steps of the longest row,
-where every step reads them anyway; one that can bind strided views (torch) keeps buffers of the
+graph binds a contiguous block (ONNX Runtime, TensorRT) sees its buffers at exactly ``W`` and
+re-lays the rows in use in place on a change: a copy of them once per ``page`` steps of the
+longest row, where every step reads them anyway. One that can bind strided views (torch) sees the
 whole capacity and changes nothing.
 
 ``KVCache`` is device-agnostic bookkeeping on the host; a ``KVStorage`` (one per backend kind:
@@ -173,12 +173,21 @@ class KVCache:
         self.storage.close()
 
 
+def _copy(array):
+    """A copy of a numpy array or a torch tensor."""
+    return array.clone() if hasattr(array, "clone") else array.copy()
+
+
 class ArrayStorage(KVStorage):
     """K/V in numpy arrays or torch tensors (the same indexing serves both).
 
-    ``fixed=False`` (ONNX Runtime on the host, TensorRT): buffers exactly ``width`` wide, so a block
-    of rows is contiguous, re-laid on a new width. ``fixed=True`` (the torch backend): buffers of
-    the whole capacity whose addresses never change (CUDA graphs keep them), bound as strided views.
+    Each layer's K and V live in one flat buffer of ``rows x capacity`` positions, allocated once
+    (numpy's zeros are mapped lazily: only what rows write becomes resident), seen as (rows, nh,
+    hd, W) and (rows, nh, W, hd). ``fixed=False`` (ONNX Runtime on the host, TensorRT): the view is
+    exactly W wide, so a block of rows is contiguous, and a new width re-lays the rows in use in
+    place (a copy of them, nothing allocated). ``fixed=True`` (the torch backend): the view is the
+    whole capacity, bound as strided views of W; addresses and strides never change (CUDA graphs
+    keep them).
     """
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, zeros, fixed: bool = False,
@@ -187,28 +196,37 @@ class ArrayStorage(KVStorage):
         self.zeros = zeros  # shape -> zeroed buffer of the cache's dtype on its device
         self.index = index or (lambda a: a)  # host int64 array -> an index the buffers accept
         self.fixed = fixed
-        self.keys: list = []  # per layer (rows, nh, hd, W | capacity)
+        self.flat: list = []  # per layer (K, V), each (rows * nh * hd * capacity,)
+        self.keys: list = []  # per layer (rows, nh, hd, W | capacity): views of ``flat``
         self.values: list = []  # per layer (rows, nh, W | capacity, hd)
-        self.width = 0
-
-    def _buffers(self, rows: int, width: int):
-        return ([self.zeros((rows, self.nh, self.hd, width)) for _ in range(self.num_layers)],
-                [self.zeros((rows, self.nh, width, self.hd)) for _ in range(self.num_layers)])
+        self.rows = self.capacity = self.width = 0
 
     def allocate(self, rows, capacity, width):
-        self.keys, self.values = [], []  # the old buffers go before the new ones are made
-        self.keys, self.values = self._buffers(rows, capacity if self.fixed else width)
-        self.rows, self.width = rows, width
+        self.flat, self.keys, self.values = [], [], []  # the old buffers go before the new ones are made
+        size = rows * self.nh * self.hd * capacity
+        self.flat = [(self.zeros((size,)), self.zeros((size,))) for _ in range(self.num_layers)]
+        self.rows, self.capacity = rows, capacity
+        self._view(capacity if self.fixed else width)
+        self.width = width
+
+    def _view(self, width: int) -> None:
+        n = self.rows * self.nh * self.hd * width
+        self.keys = [k[:n].reshape(self.rows, self.nh, self.hd, width) for k, _ in self.flat]
+        self.values = [v[:n].reshape(self.rows, self.nh, width, self.hd) for _, v in self.flat]
 
     def resize(self, width, used):
         if not self.fixed:
             keep = min(width, self.width)
-            keys, values = self._buffers(self.rows, width)
-            for old, new in zip(self.keys, keys):
-                new[:used, :, :, :keep] = old[:used, :, :, :keep]
-            for old, new in zip(self.values, values):
-                new[:used, :, :keep] = old[:used, :, :keep]
-            self.keys, self.values = keys, values
+            old_keys, old_values = self.keys, self.values
+            self._view(width)
+            for layer in range(self.num_layers):
+                # The old and new views overlap: copy the rows in use out first, then back.
+                k, v = _copy(old_keys[layer][:used, :, :, :keep]), _copy(old_values[layer][:used, :, :keep])
+                self.keys[layer][:used, :, :, :keep] = k
+                self.values[layer][:used, :, :keep] = v
+                # Zeros in the new positions: masked, but a NaN there would survive the mask.
+                self.keys[layer][:used, :, :, keep:] = 0
+                self.values[layer][:used, :, keep:] = 0
         self.width = width
 
     def move(self, src, dst):
@@ -233,7 +251,7 @@ class ArrayStorage(KVStorage):
         self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
 
     def close(self):
-        self.keys, self.values = [], []
+        self.flat, self.keys, self.values = [], [], []
 
 
 __all__ = ["ArrayStorage", "KVCache", "KVStorage"]

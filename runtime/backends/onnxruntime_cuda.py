@@ -145,12 +145,13 @@ class Block:
 
 
 class OrtValueStorage(KVStorage):
-    """The KV cache's buffers as device OrtValues, exactly ``width`` wide (a block of rows is
-    contiguous); moves, re-lays and writes run the helper graphs with outputs bound in place."""
+    """The KV cache's buffers as device OrtValues of the whole capacity, seen exactly ``width``
+    wide (a block of rows is contiguous); moves, re-lays and writes run the helper graphs with
+    their outputs bound in place."""
 
     def __init__(self, backend: "OnnxRuntimeIOBindingBackend"):
         self.b = backend
-        self.keys: list = []  # per layer (rows, nh, hd, W)
+        self.keys: list = []  # per layer (rows, nh, hd, W): the first elements of the buffer
         self.values: list = []  # per layer (rows, nh, W, hd)
         self.rows = self.width = 0
         self.grids: dict = {}
@@ -159,17 +160,15 @@ class OrtValueStorage(KVStorage):
         nh, hd = self.b._nh, self.b._hd
         return (rows, nh, hd, width), (rows, nh, width, hd)
 
-    def _zeros(self, shape):
-        # np.zeros maps lazily, so only the copy to the device touches it; a device buffer from
-        # ortvalue_from_shape_and_type would hold whatever was there, and a NaN in a masked past
-        # position still poisons attention (NaN * 0 is NaN).
-        return self.b._to_device(np.zeros(shape, self.b._dtype))
-
     def allocate(self, rows, capacity, width):
         self.keys, self.values = [], []
-        k, v = self._shapes(rows, width)
-        self.keys = [self._zeros(k) for _ in self.b._layer_names]
-        self.values = [self._zeros(v) for _ in self.b._layer_names]
+        # Zeros uploaded once: a device buffer from ortvalue_from_shape_and_type would hold
+        # whatever was there, and a NaN in a masked past position still poisons attention
+        # (NaN * 0 is NaN). np.zeros maps lazily, so only the copy to the device touches it.
+        size = rows * self.b._nh * self.b._hd * capacity
+        zeros = lambda: self.b._to_device(np.zeros(size, self.b._dtype))  # noqa: E731
+        self.keys = [zeros() for _ in self.b._layer_names]
+        self.values = [zeros() for _ in self.b._layer_names]
         self.rows = rows
         self._set_width(width)
 
@@ -178,20 +177,22 @@ class OrtValueStorage(KVStorage):
         self.grids = {k: self.b._to_device(g) for k, g in kv_grids(self.b._nh, self.b._hd, width).items()}
 
     def resize(self, width, used):
-        k_shape, v_shape = self._shapes(self.rows, width)
-        keep = min(width, self.width)
-        old_k, old_v = self._shapes(used, self.width)
-        new_k, new_v = self._shapes(used, width)
-        keys, values = [], []
-        for old_key, old_value in zip(self.keys, self.values):
-            key, value = self._zeros(k_shape), self._zeros(v_shape)
-            if used:
-                self.b._resize(old_key, old_k, key, new_k, axis=3, keep=keep)
-                self.b._resize(old_value, old_v, value, new_v, axis=2, keep=keep)
-            keys.append(key)
-            values.append(value)
-        self.keys, self.values = keys, values
+        if used:
+            keep = min(width, self.width)
+            old_k, old_v = self._shapes(used, self.width)
+            new_k, new_v = self._shapes(used, width)
+            for buffer in self.keys:  # re-laid into a scratch the graph allocates, then copied back
+                self.b._resize(buffer, old_k, new_k, axis=3, keep=keep)
+            for buffer in self.values:
+                self.b._resize(buffer, old_v, new_v, axis=2, keep=keep)
         self._set_width(width)
+
+    def to_host(self) -> list[np.ndarray]:
+        """Every layer's K, then every layer's V, as the graphs see them (at the current width),
+        copied to the host: for tests and debugging."""
+        k, v = self._shapes(self.rows, self.width)
+        n = int(np.prod(k))
+        return [b.numpy()[:n].reshape(k) for b in self.keys] + [b.numpy()[:n].reshape(v) for b in self.values]
 
     def move(self, src, dst):
         row = self.b._nh * self.b._hd * self.width  # elements of one row of K, and of V
@@ -317,18 +318,19 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         self._bind_out(b, "y", dst, (count,), dst_offset)
         self._helpers["copy"].run_with_iobinding(b)
 
-    def _resize(self, src, src_shape, dst, dst_shape, axis: int, keep: int) -> None:
-        """dst (at dst_shape) = src (at src_shape) cut or zero-padded along ``axis`` to its new size."""
+    def _resize(self, buffer, old_shape, new_shape, axis: int, keep: int) -> None:
+        """Re-lay the first elements of ``buffer`` from ``old_shape`` to ``new_shape`` (cut or
+        zero-padded along ``axis``): into a scratch output, then copied back over the buffer."""
         b = self._helper_bindings["resize"]
-        self._bind(b, "x", src, src_shape)
-        ends = np.array(src_shape, dtype=np.int64)
+        self._bind(b, "x", buffer, old_shape)
+        ends = np.array(old_shape, dtype=np.int64)
         ends[axis] = keep
         pads = np.zeros(8, dtype=np.int64)
-        pads[4 + axis] = dst_shape[axis] - keep  # zeros after the kept positions
+        pads[4 + axis] = new_shape[axis] - keep  # zeros after the kept positions
         b.bind_cpu_input("ends", ends)
         b.bind_cpu_input("pads", pads)
-        self._bind_out(b, "y", dst, dst_shape)
-        self._helpers["resize"].run_with_iobinding(b)
+        scratch = self._run(self._helpers["resize"], b)[0]  # new_shape, on the device
+        self._copy(scratch, 0, buffer, 0, int(np.prod(new_shape)))
 
     def head(self, hidden, rows=None):
         hidden = self._on_device(hidden)
