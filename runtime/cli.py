@@ -39,3 +39,16 @@ def run(body: Callable[[], int | None]) -> int:
     except SkipDecodeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
+
+
+def prefill_chunk(text: str) -> int | str | None:
+    """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or a number of tokens >= 1, got {text!r}")
+    return value

@@ -20,9 +20,12 @@ layer by layer, and each layer updates exactly the rows whose set holds it; the 
 hidden state through unchanged. A row never runs a layer it skipped at an earlier step (its budget
 only shrinks), so every layer it runs holds its complete past.
 
-Chunked prefill: while other rows decode, a joining prompt runs ``prefill_chunk`` tokens per
-round, so a running row waits at most one chunk between two tokens (as vLLM's chunked prefill,
-Sarathi-Serve); with nothing decoding, the prompt runs whole.
+Chunked prefill: while other rows decode, a joining prompt runs a chunk of its tokens per round,
+so a running row waits at most one chunk between two tokens (as vLLM's chunked prefill,
+Sarathi-Serve); with nothing decoding, the prompt runs whole. ``prefill_chunk`` is the chunk in
+tokens, or "auto": chunks sized so that one takes about ``AUTO_STALL`` decode steps, adjusted
+after every chunk to the time it took (a chunk of T tokens costs about the weights' read plus T
+tokens of compute, so the right T differs by orders of magnitude between a 2-core CPU and a GPU).
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 
 
 _DONE = object()  # the last item of a request's event queue, after its result or error
+AUTO = "auto"
+AUTO_STALL = 1.25  # "auto" chunks take this many decode steps: a running row's longest gap is ~2.25 steps
+AUTO_FIRST, AUTO_MIN, AUTO_MAX = 16, 4, 1024  # "auto" chunk sizes, tokens: the first one (no
+# timing yet), and the bounds (below 4, per-call overhead is all a chunk costs)
 
 
 @dataclass(eq=False)  # identity: a row is found in the cache by what it is
@@ -119,9 +126,12 @@ class Engine:
     """The scheduler and decode loop over a KV cache. It talks to the backend only through ``Backend``."""
 
     def __init__(self, backend: Backend, num_layers: int, pad_token_id: int, max_batch: int,
-                 capacity: int, page: int, max_queue: int | None = None, prefill_chunk: int | None = None):
+                 capacity: int, page: int, max_queue: int | None = None,
+                 prefill_chunk: int | str | None = AUTO):
         self.backend, self.num_layers, self.pad = backend, num_layers, pad_token_id
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.auto_chunk = AUTO_FIRST  # tokens of the next "auto" chunk
+        self.step_seconds: float | None = None  # a decode step's time, smoothed
         self.cache = KVCache(backend.kv_storage(), max_batch, capacity, page)
         self.waiting: deque[Request] = deque()  # requests with rows not yet seated, in arrival order
         self.running: list[Request] = []  # requests with seated rows
@@ -273,8 +283,9 @@ class Engine:
         start, k = seqs[0].row, len(seqs)
         total = p.input_ids.shape[1]
         chunk = total - p.done
-        if self.prefill_chunk and cache.decoding:  # rows are waiting for their next token
-            chunk = min(chunk, self.prefill_chunk)
+        auto = self.prefill_chunk == AUTO and cache.decoding > 0
+        if cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
+            chunk = min(chunk, self.auto_chunk if auto else self.prefill_chunk)
         cols = slice(p.done, p.done + chunk)
         ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
         began = time.perf_counter()
@@ -285,7 +296,11 @@ class Engine:
         cache.advance(start, start + k, new)
         p.done += chunk
         logits = backend.head(hidden) if p.done == total else None  # (k, V)
-        r.stats.prefill_seconds += time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        r.stats.prefill_seconds += seconds
+        if auto and self.step_seconds:  # the size that would have taken the budget, were time linear in tokens near it
+            target = chunk * AUTO_STALL * self.step_seconds / seconds
+            self.auto_chunk = int(min(max(target, AUTO_MIN), AUTO_MAX))
         if logits is not None:
             with self.lock:
                 self.prefill = None
@@ -310,6 +325,7 @@ class Engine:
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
         seconds = time.perf_counter() - began
+        self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(seqs):
             s.logits = logits[j]

@@ -14,7 +14,7 @@ import numpy as np
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
 from . import validate
-from .engine import _DONE, Engine, Request
+from .engine import _DONE, AUTO, Engine, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
@@ -23,9 +23,10 @@ from .stats import GenerationResult, TokenEvent
 from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
-# Prompt tokens a joining request runs per round while other rows decode: a running row waits at
-# most one chunk between two tokens (docs/benchmarks.md, "A prompt joins")
-DEFAULT_PREFILL_CHUNK = 64
+# Prompt tokens a joining request runs per round while other rows decode: "auto" sizes them to
+# about a decode step each (runtime/engine.py), so a running row's longest wait stays near two
+# steps (docs/benchmarks.md, "A prompt joins")
+DEFAULT_PREFILL_CHUNK = AUTO
 
 
 class GenerationStream:
@@ -78,7 +79,7 @@ class Generator:
 
     def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int | None = None,
                  max_length: int | None = None, max_queue: int | None = None,
-                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK):
+                 prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
@@ -93,10 +94,11 @@ class Generator:
             if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
                 bound = f"in [{low}, {high}] (max_position_embeddings)" if high else f">= {low}"
                 raise InvalidArgumentError(f"{name} must be an int {bound}, got {value!r}")
-        for name, value in (("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
-            low = 1 if name == "prefill_chunk" else 0
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise InvalidArgumentError(f"{name} must be None or an int >= {low}, got {value!r}")
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0):
+            raise InvalidArgumentError(f"max_queue must be None or an int >= 0, got {max_queue!r}")
+        if prefill_chunk not in (None, AUTO) and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                                  or prefill_chunk < 1):
+            raise InvalidArgumentError(f"prefill_chunk must be 'auto', None or an int >= 1, got {prefill_chunk!r}")
         backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, manifest.model.pad_token_id,
@@ -324,7 +326,7 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
 
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,
          max_length: int | None = None, max_queue: int | None = None,
-         prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, **backend_options) -> Generator:
+         prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
@@ -339,8 +341,9 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         max_position_embeddings, or the backend's limit if lower, e.g. the engines' max_seq); the
         KV cache is preallocated for max_batch x max_length.
     max_queue: requests allowed to wait for a row (None: unbounded); past it, QueueFullError.
-    prefill_chunk: prompt tokens a joining request runs per step while other rows decode (default
-        64; None runs every prompt whole, stalling the running rows for its length).
+    prefill_chunk: prompt tokens a joining request runs per step while other rows decode: an int,
+        "auto" (the default: chunks of about one decode step's time, adjusted as they run) or None
+        (every prompt whole, stalling the running rows for its length).
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
     """
     validate.check_backend_options(backend_options)

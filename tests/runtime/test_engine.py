@@ -8,7 +8,7 @@ import pytest
 
 import runtime
 from runtime.backends.cuda_graphs import EagerCapture
-from runtime.engine import EngineClosedError, QueueFullError
+from runtime.engine import AUTO_MIN, EngineClosedError, QueueFullError
 from runtime.errors import PolicyError
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
@@ -335,11 +335,12 @@ def test_stepper_and_worker_thread_do_not_mix(artifact_dir):
 
 
 def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir):
-    """A long prompt joins a decoding row in chunks of 4 tokens: both rows' tokens equal those with
-    the prompt run whole, and the running row got tokens between the chunks."""
-    long_prompt = " ".join([PROMPTS[2]] * 4)
+    """A long prompt joins a decoding row in chunks (4 tokens, or "auto": about a decode step's
+    time each): both rows' tokens equal those with the prompt run whole, and the running row got
+    tokens between the chunks."""
+    long_prompt = " ".join(f"item {k} of the list," for k in range(5))  # ~55 tokens
     results = {}
-    for chunk in (None, 4):
+    for chunk in (None, 4, "auto"):
         gen = runtime.load(artifact_dir, max_batch=2, threads=1, prefill_chunk=chunk)
         with gen.stepper() as stepper:
             first = stepper.add(PROMPTS[0], 30, ignore_eos=True, speedup=2)
@@ -354,5 +355,12 @@ def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir):
         results[chunk] = (first.result.token_ids, joining.result.token_ids, steps_until_joined)
         gen.close()
     prompt_tokens = joining.result.stats.prompt_tokens
-    assert results[4][:2] == results[None][:2]
+    assert results[4][:2] == results[None][:2] == results["auto"][:2]
     assert results[None][2] == 1 and results[4][2] == -(-prompt_tokens // 4)
+    assert 1 < results["auto"][2] <= -(-prompt_tokens // AUTO_MIN)
+
+
+@pytest.mark.parametrize("value", [0, -3, True, 2.5, "fast"])
+def test_prefill_chunk_is_checked(artifact_dir, value):
+    with pytest.raises(ValueError, match=f"prefill_chunk must be 'auto', None or an int >= 1, got {value!r}"):
+        runtime.load(artifact_dir, max_batch=1, threads=1, prefill_chunk=value)
