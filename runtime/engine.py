@@ -58,7 +58,7 @@ class QueueFullError(SkipDecodeError, RuntimeError):
 
 _DONE = object()  # the last item of a request's event queue, after its result or error
 AUTO = "auto"
-AUTO_STALL = 1.25  # "auto" chunks take this many decode steps: a running row's longest gap is ~2.25 steps
+AUTO_STALL = 1.25  # "auto" chunks take about this many decode steps: a running row waits ~2.25
 AUTO_FIRST, AUTO_MIN, AUTO_MAX = 16, 4, 1024  # "auto" chunk sizes, tokens: the first one (no
 # timing yet), and the bounds (below 4, per-call overhead is all a chunk costs)
 
@@ -251,11 +251,11 @@ class Engine:
             self.waiting.popleft()
         if r not in self.running:
             self.running.append(r)
-        self.cache.seat(seqs)
         picked = slice(seqs[0].index, seqs[-1].index + 1)
         mask = r.attention_mask[picked]
         first = int(np.argmax(mask.any(axis=0)))  # the columns every seated row pads are cut
         self.prefill = Prefill(r, seqs, r.input_ids[picked, first:], mask[:, first:])
+        self.cache.seat(seqs, positions=mask.shape[1] - first + 1)  # the prompt and its first token
 
     def _end(self, request: Request, outcome) -> None:
         """Free the request's rows and deliver ``outcome`` (a result, an exception, or None)."""
@@ -289,7 +289,7 @@ class Engine:
         cols = slice(p.done, p.done + chunk)
         ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
         began = time.perf_counter()
-        cache.reserve(start, start + k, chunk)
+        cache.reserve(start, start + k, chunk)  # at the first chunk: the whole prompt (seat)
         mask = cache.mask(start, start + k, new)  # (k, W + T)
         hidden = backend.embed(ids, mask)  # (k, T, D)
         hidden = run_layers(backend, cache, start, k, hidden, mask, r.policy.prefill_layers())

@@ -41,7 +41,8 @@ class KVStorage(ABC):
 
     @abstractmethod
     def resize(self, width: int, used: int) -> None:
-        """Bind ``width`` positions from now on; rows [0, used) keep their first min(old, new)."""
+        """Bind ``width`` positions from now on; rows [0, used) keep their first min(old, new), the
+        others hold finite values (masked until written)."""
 
     @abstractmethod
     def move(self, src: int, dst: int) -> None:
@@ -79,6 +80,7 @@ class KVCache:
         self.length = np.zeros(max_rows, dtype=np.int64)  # positions each row holds
         self.valid = np.zeros((max_rows, self.capacity), dtype=np.int64)  # the rows' attention masks
         self.used = self.decoding = 0  # rows [0, decoding) decode, [decoding, used) join
+        self.joining = 0  # positions the joining rows will hold once their prompt has run
         self.moves = self.resizes = 0  # counters, for tests and benchmarks
         storage.allocate(max_rows, self.capacity, self.width)
 
@@ -88,13 +90,15 @@ class KVCache:
     def free(self) -> int:
         return self.max_rows - self.used
 
-    def seat(self, owners: list) -> range:
-        """Seat ``owners`` as the joining rows, after the decoding ones; at most one group joins at once."""
+    def seat(self, owners: list, positions: int = 0) -> range:
+        """Seat ``owners`` as the joining rows, after the decoding ones; at most one group joins at
+        once. ``positions``: what each will hold once its prompt has run, so that the width is
+        fitted to it once (at the first chunk), not page after page."""
         if self.used != self.decoding:
             raise RuntimeError("a group of rows is already joining: promote() it first")
         if len(owners) > self.free:
             raise ValueError(f"{len(owners)} rows do not fit the {self.free} free rows of the KV cache")
-        start = self.used
+        start, self.joining = self.used, positions
         for k, owner in enumerate(owners):
             self.owners[start + k] = owner
             owner.row = start + k
@@ -103,7 +107,7 @@ class KVCache:
 
     def promote(self) -> None:
         """The joining rows have their prompt: from now on they decode."""
-        self.decoding = self.used
+        self.decoding, self.joining = self.used, 0
 
     def release(self, row: int) -> None:
         """Free ``row``; the last row of its group (and the last joining row) fill the gap."""
@@ -118,6 +122,8 @@ class KVCache:
         else:
             self._move(self.used - 1, row)
         self.used -= 1
+        if self.used == self.decoding:
+            self.joining = 0
 
     def _move(self, src: int, dst: int) -> None:
         """Row src to row dst (its K/V, length, mask and owner); src becomes empty."""
@@ -137,6 +143,8 @@ class KVCache:
         """Fit the width to the rows in use once rows [start, stop) hold ``tokens`` more positions:
         grown when they would not fit, shrunk when the longest row has left (exact, in pages)."""
         needed = int(self.length[: self.used].max(initial=0))
+        if self.used > self.decoding:
+            needed = max(needed, self.joining)
         if stop > start:
             needed = max(needed, int(self.length[start:stop].max()) + tokens)
         if needed > self.capacity:
@@ -220,13 +228,12 @@ class ArrayStorage(KVStorage):
             old_keys, old_values = self.keys, self.values
             self._view(width)
             for layer in range(self.num_layers):
-                # The old and new views overlap: copy the rows in use out first, then back.
+                # The old and new views overlap: copy the rows in use out first, then back. The
+                # new positions keep what the memory held (zeros, or K/V written before: finite,
+                # and masked); zeroing them would touch every fresh page at once.
                 k, v = _copy(old_keys[layer][:used, :, :, :keep]), _copy(old_values[layer][:used, :, :keep])
                 self.keys[layer][:used, :, :, :keep] = k
                 self.values[layer][:used, :, :keep] = v
-                # Zeros in the new positions: masked, but a NaN there would survive the mask.
-                self.keys[layer][:used, :, :, keep:] = 0
-                self.values[layer][:used, :, keep:] = 0
         self.width = width
 
     def move(self, src, dst):
