@@ -255,7 +255,7 @@ class Engine:
         mask = r.attention_mask[picked]
         first = int(np.argmax(mask.any(axis=0)))  # the columns every seated row pads are cut
         self.prefill = Prefill(r, seqs, r.input_ids[picked, first:], mask[:, first:])
-        self.cache.seat(seqs, positions=mask.shape[1] - first + 1)  # the prompt and its first token
+        self.cache.seat(seqs)
 
     def _end(self, request: Request, outcome) -> None:
         """Free the request's rows and deliver ``outcome`` (a result, an exception, or None)."""

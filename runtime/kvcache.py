@@ -80,7 +80,6 @@ class KVCache:
         self.length = np.zeros(max_rows, dtype=np.int64)  # positions each row holds
         self.valid = np.zeros((max_rows, self.capacity), dtype=np.int64)  # the rows' attention masks
         self.used = self.decoding = 0  # rows [0, decoding) decode, [decoding, used) join
-        self.joining = 0  # positions the joining rows will hold once their prompt has run
         self.moves = self.resizes = 0  # counters, for tests and benchmarks
         storage.allocate(max_rows, self.capacity, self.width)
 
@@ -90,15 +89,13 @@ class KVCache:
     def free(self) -> int:
         return self.max_rows - self.used
 
-    def seat(self, owners: list, positions: int = 0) -> range:
-        """Seat ``owners`` as the joining rows, after the decoding ones; at most one group joins at
-        once. ``positions``: what each will hold once its prompt has run, so that the width is
-        fitted to it once (at the first chunk), not page after page."""
+    def seat(self, owners: list) -> range:
+        """Seat ``owners`` as the joining rows, after the decoding ones; at most one group joins at once."""
         if self.used != self.decoding:
             raise RuntimeError("a group of rows is already joining: promote() it first")
         if len(owners) > self.free:
             raise ValueError(f"{len(owners)} rows do not fit the {self.free} free rows of the KV cache")
-        start, self.joining = self.used, positions
+        start = self.used
         for k, owner in enumerate(owners):
             self.owners[start + k] = owner
             owner.row = start + k
@@ -107,7 +104,7 @@ class KVCache:
 
     def promote(self) -> None:
         """The joining rows have their prompt: from now on they decode."""
-        self.decoding, self.joining = self.used, 0
+        self.decoding = self.used
 
     def release(self, row: int) -> None:
         """Free ``row``; the last row of its group (and the last joining row) fill the gap."""
@@ -122,8 +119,6 @@ class KVCache:
         else:
             self._move(self.used - 1, row)
         self.used -= 1
-        if self.used == self.decoding:
-            self.joining = 0
 
     def _move(self, src: int, dst: int) -> None:
         """Row src to row dst (its K/V, length, mask and owner); src becomes empty."""
@@ -141,10 +136,12 @@ class KVCache:
 
     def reserve(self, start: int, stop: int, tokens: int) -> None:
         """Fit the width to the rows in use once rows [start, stop) hold ``tokens`` more positions:
-        grown when they would not fit, shrunk when the longest row has left (exact, in pages)."""
+        grown when they would not fit, shrunk when the longest row has left (exact, in pages).
+
+        A joining prompt grows it chunk by chunk, not to its whole length at once: a re-lay
+        touches every page of the rows in use at the new width, and fresh pages fault in slowly
+        (156 ms for a 512-token join on OPT-125m here, against 2-8 ms a page)."""
         needed = int(self.length[: self.used].max(initial=0))
-        if self.used > self.decoding:
-            needed = max(needed, self.joining)
         if stop > start:
             needed = max(needed, int(self.length[start:stop].max()) + tokens)
         if needed > self.capacity:

@@ -99,20 +99,3 @@ def test_refusals():
     with pytest.raises(ValueError, match="row 1 is not in use"):
         cache.release(1)
 
-
-def test_a_joining_prompt_sets_the_width_once():
-    """Seated with the positions its prompt will hold, a joining row gets that width at its first
-    chunk, and the decode steps in between do not shrink it back (one re-lay, not one a page)."""
-    cache = make(capacity=16)
-    a, b = Seq("a"), Seq("b")
-    fill(cache, cache.seat([a]), 2, 1.0)
-    cache.promote()
-    rows = cache.seat([b], positions=10)
-    fill(cache, rows, 3, 2.0)  # the first chunk of b's prompt
-    assert cache.width == 3 * PAGE and cache.resizes == 1
-    cache.reserve(0, cache.decoding, 1)  # a decode step of a, while b still joins
-    assert cache.width == 3 * PAGE and cache.resizes == 1
-    fill(cache, rows, 3, 3.0)
-    cache.promote()
-    cache.reserve(0, cache.decoding, 1)  # b holds 6 positions: two pages
-    assert cache.width == 2 * PAGE and cache.resizes == 2
