@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+PAGE = 32  # the KV width's step, as export's default page_size
+
 ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
 DTYPES = ("float16", "float32")
 
@@ -116,25 +118,36 @@ def build_model(arch: str, device, dtype, seed: int):
     return model.to(dtype).eval()
 
 
-def run_steps(backend, ids: np.ndarray, policy, new_tokens: int) -> tuple[float, list[int]]:
-    """Prefill ``ids`` (untimed), then ``new_tokens`` decode steps: (seconds per step, layers per step)."""
+def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int) -> tuple[float, list[int]]:
+    """Prefill ``ids`` (untimed) into ``cache``'s rows, then ``new_tokens`` decode steps: (seconds
+    per step, layers per step). The rows are released at the end, so the cache (and the CUDA graphs
+    captured over its buffers) serves the next run."""
+    from types import SimpleNamespace
+
+    from runtime.backends.base import DecodeStep, run_layers
+
     B, P = ids.shape
-    slots, zeros = np.arange(B), np.zeros(B, np.int64)
-    mask = np.ones((B, P), np.int64)
-    hidden = backend.embed(ids, mask)
-    for i in range(len(backend.layers)):
-        hidden = backend.layer(i, hidden, mask, slots, zeros)
+    prompt = np.ones((B, P), np.int64)
+    cache.seat([SimpleNamespace(row=-1) for _ in range(B)])
+    cache.reserve(0, B, P)
+    mask = cache.mask(0, B, prompt)
+    hidden = run_layers(backend, cache, 0, B, backend.embed(ids, mask), mask, range(len(backend.layers)))
+    cache.advance(0, B, prompt)
+    cache.promote()
     tokens = backend.head(hidden).argmax(-1)  # (B,)
-    counts, start = [], time.perf_counter()
+    counts, new, start = [], np.ones((B, 1), np.int64), time.perf_counter()
     for g in range(new_tokens):
         layers = list(policy.active_layers(g))
-        past = P + g
-        step_mask = np.ones((B, past + 1), np.int64)
-        logits = backend.decode(tokens[:, None].astype(np.int64), step_mask, np.full(B, past, np.int64),
-                                layers, [np.ones(B, bool)] * len(layers), slots)  # waits for the device
-        tokens = logits.argmax(-1)
+        cache.reserve(0, B, 1)
+        step = DecodeStep(tokens[:, None].astype(np.int64), cache.mask(0, B, new), layers,
+                          [np.ones(B, bool)] * len(layers))
+        tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
+        cache.advance(0, B, new)
         counts.append(len(layers))
-    return (time.perf_counter() - start) / new_tokens, counts
+    seconds = (time.perf_counter() - start) / new_tokens
+    for row in reversed(range(B)):
+        cache.release(row)
+    return seconds, counts
 
 
 def measure(options: Options, log=print) -> tuple[list[Row], dict]:
@@ -142,6 +155,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
 
     from runtime.backends.cuda_graphs import EagerCapture
     from runtime.backends.torch import TorchBackend
+    from runtime.kvcache import KVCache
     from runtime.policy import SkipPolicy
 
     device = torch.device(options.device)
@@ -162,8 +176,8 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
             graphs.use_graphs(EagerCapture())  # the same static step, run eagerly
         for batch in options.batches:
             capacity = options.prompt + options.new_tokens + 1
-            for backend in (eager, graphs):
-                backend.allocate(batch, capacity)
+            caches = {name: KVCache(backend.kv_storage(), batch, capacity, PAGE)
+                      for name, backend in (("eager", eager), ("graph", graphs))}
             ids = rng.integers(4, model.config.vocab_size, (batch, options.prompt)).astype(np.int64)
             for speedup in options.speedups:
                 policy = (SkipPolicy.full_depth(L, options.new_tokens) if speedup == 1 else
@@ -172,7 +186,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                 for r in range(options.rounds + 1):  # round 0 warms up (and captures the graphs)
                     order = [("eager", eager), ("graph", graphs)][:: 1 if r % 2 else -1]
                     for name, backend in order:
-                        seconds, counts = run_steps(backend, ids, policy, options.new_tokens)
+                        seconds, counts = run_steps(backend, caches[name], ids, policy, options.new_tokens)
                         if r:
                             times[name].append(seconds)
                 layers = statistics.fmean(counts)
