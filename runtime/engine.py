@@ -125,10 +125,9 @@ class Prefill:
 class Engine:
     """The scheduler and decode loop over a KV cache. It talks to the backend only through ``Backend``."""
 
-    def __init__(self, backend: Backend, num_layers: int, pad_token_id: int, max_batch: int,
-                 capacity: int, page: int, max_queue: int | None = None,
-                 prefill_chunk: int | str | None = AUTO):
-        self.backend, self.num_layers, self.pad = backend, num_layers, pad_token_id
+    def __init__(self, backend: Backend, num_layers: int, max_batch: int, capacity: int, page: int,
+                 max_queue: int | None = None, prefill_chunk: int | str | None = AUTO):
+        self.backend, self.num_layers = backend, num_layers
         self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
         self.auto_chunk = AUTO_FIRST  # tokens of the next "auto" chunk
         self.step_seconds: float | None = None  # a decode step's time, smoothed

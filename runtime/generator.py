@@ -101,8 +101,8 @@ class Generator:
             raise InvalidArgumentError(f"prefill_chunk must be 'auto', None or an int >= 1, got {prefill_chunk!r}")
         backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
-        self.engine = Engine(backend, manifest.model.num_layers, manifest.model.pad_token_id,
-                             max_batch, max_length, manifest.page_size, max_queue, prefill_chunk)
+        self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
+                             max_queue, prefill_chunk)
 
     @property
     def num_layers(self) -> int:

@@ -45,6 +45,10 @@ class KVStorage(ABC):
         others hold finite values (masked until written)."""
 
     @abstractmethod
+    def empty(self, rows: int, width: int) -> tuple[Any, Any]:
+        """(K, V) of ``rows`` rows holding nothing, ``width`` positions of zeros (read-only)."""
+
+    @abstractmethod
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src``'s K/V of every layer to row ``dst``."""
 
@@ -152,13 +156,21 @@ class KVCache:
             self.width = width
             self.resizes += 1
 
+    def bound(self, start: int, stop: int) -> int:
+        """The past width rows [start, stop) bind: the cache's, or one page of zeros when none of
+        them holds anything yet (a prompt's first chunk: its attention then spans the prompt, not
+        the prompt twice)."""
+        return self.width if self.length[start:stop].any() else self.page
+
     def past(self, layer: int, start: int, stop: int):
         """(K, V) of rows [start, stop) for layer ``layer``, bound in place."""
+        if not self.length[start:stop].any():
+            return self.storage.empty(stop - start, self.page)
         return self.storage.past(layer, start, stop)
 
     def mask(self, start: int, stop: int, new: np.ndarray) -> np.ndarray:
-        """(R, W + T) attention mask of rows [start, stop): their valid past, then ``new`` (R, T)."""
-        return np.concatenate([self.valid[start:stop, : self.width], new], axis=1)
+        """(R, bound + T) attention mask of rows [start, stop): their valid past, then ``new`` (R, T)."""
+        return np.concatenate([self.valid[start:stop, : self.bound(start, stop)], new], axis=1)
 
     def write(self, layer: int, new_key, new_value, src: np.ndarray, start: int) -> None:
         """The new K/V of batch rows ``src`` (a block's rows, 0-based) to cache rows start + src, at
@@ -202,6 +214,7 @@ class ArrayStorage(KVStorage):
         self.index = index or (lambda a: a)  # host int64 array -> an index the buffers accept
         self.fixed = fixed
         self.flat: list = []  # per layer (K, V), each (rows * nh * hd * capacity,)
+        self.zeros_flat = None  # (rows * nh * hd * page,): the past of rows that hold nothing
         self.keys: list = []  # per layer (rows, nh, hd, W | capacity): views of ``flat``
         self.values: list = []  # per layer (rows, nh, W | capacity, hd)
         self.rows = self.capacity = self.width = 0
@@ -210,6 +223,7 @@ class ArrayStorage(KVStorage):
         self.flat, self.keys, self.values = [], [], []  # the old buffers go before the new ones are made
         size = rows * self.nh * self.hd * capacity
         self.flat = [(self.zeros((size,)), self.zeros((size,))) for _ in range(self.num_layers)]
+        self.zeros_flat = None
         self.rows, self.capacity = rows, capacity
         self._view(capacity if self.fixed else width)
         self.width = width
@@ -233,6 +247,13 @@ class ArrayStorage(KVStorage):
                 self.values[layer][:used, :, :keep] = v
         self.width = width
 
+    def empty(self, rows, width):
+        n = rows * self.nh * self.hd * width
+        if self.zeros_flat is None or len(self.zeros_flat) < n:
+            self.zeros_flat = self.zeros((self.rows * self.nh * self.hd * width,))
+        zeros = self.zeros_flat[:n]
+        return zeros.reshape(rows, self.nh, self.hd, width), zeros.reshape(rows, self.nh, width, self.hd)
+
     def move(self, src, dst):
         for buffers in (self.keys, self.values):
             for b in buffers:
@@ -255,7 +276,7 @@ class ArrayStorage(KVStorage):
         self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
 
     def close(self):
-        self.flat, self.keys, self.values = [], [], []
+        self.flat, self.keys, self.values, self.zeros_flat = [], [], [], None
 
 
 __all__ = ["ArrayStorage", "KVCache", "KVStorage"]

@@ -155,6 +155,7 @@ class OrtValueStorage(KVStorage):
         self.values: list = []  # per layer (rows, nh, W, hd)
         self.rows = self.width = 0
         self.grids: dict = {}
+        self.zeros = None  # (rows * nh * hd * page,) on the device: the past of rows holding nothing
 
     def _shapes(self, rows: int, width: int):
         nh, hd = self.b._nh, self.b._hd
@@ -169,7 +170,7 @@ class OrtValueStorage(KVStorage):
         zeros = lambda: self.b._to_device(np.zeros(size, self.b._dtype))  # noqa: E731
         self.keys = [zeros() for _ in self.b._layer_names]
         self.values = [zeros() for _ in self.b._layer_names]
-        self.rows = rows
+        self.rows, self.zeros = rows, None
         self._set_width(width)
 
     def _set_width(self, width: int) -> None:
@@ -186,6 +187,13 @@ class OrtValueStorage(KVStorage):
             for buffer in self.values:
                 self.b._resize(buffer, old_v, new_v, axis=2, keep=keep)
         self._set_width(width)
+
+    def empty(self, rows, width):
+        n = rows * self.b._nh * self.b._hd * width
+        if self.zeros is None or int(np.prod(self.zeros.shape())) < n:
+            self.zeros = self.b._to_device(np.zeros(self.rows * self.b._nh * self.b._hd * width, self.b._dtype))
+        k, v = self._shapes(rows, width)
+        return Block(self.zeros, 0, k), Block(self.zeros, 0, v)  # K and V share it: both read-only
 
     def to_host(self) -> list[np.ndarray]:
         """Every layer's K, then every layer's V, as the graphs see them (at the current width),
@@ -214,7 +222,7 @@ class OrtValueStorage(KVStorage):
         self.b._scatter(self.values[layer], new_value, src, cell + pos * hd, self.grids["v"])
 
     def close(self):
-        self.keys, self.values, self.grids = [], [], {}
+        self.keys, self.values, self.grids, self.zeros = [], [], {}, None
 
 
 class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):

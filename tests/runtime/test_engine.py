@@ -228,9 +228,9 @@ def test_context_manager_waits_for_running_requests(artifact_dir):
 
 
 def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
-    """The past given to every graph is a view of the layer's K/V buffer (the block of rows that
-    run, at the cache's width), allocated once; the graphs return only the new position's K/V:
-    nothing copies or concatenates the past."""
+    """The past given to every decode graph is a view of the layer's K/V buffer (the block of rows
+    that run, at the cache's width), allocated once; the graphs return only the new position's K/V:
+    nothing copies or concatenates the past. A prompt's first chunk binds one page of zeros."""
     gen = runtime.load(artifact_dir, max_batch=4, threads=1)
     backend, storage = gen.engine.backend, gen.engine.cache.storage
     seen = []
@@ -252,7 +252,10 @@ def test_onnxruntime_binds_the_kv_buffer_in_place(artifact_dir):
     result = gen.generate(PROMPTS[:2], 40, speedup=2, ignore_eos=True)
     decode = [s for s in seen if s[3][2] == 1]
     assert len(decode) == sum(len(s.layers) for s in result.stats.steps)
-    assert all(in_k and in_v for in_k, in_v, _, _ in seen)
+    assert all(in_k and in_v for in_k, in_v, _, _ in decode)
+    prefill = [s for s in seen if s[3][2] > 1]  # the prompt: its rows hold nothing yet, so they
+    assert {shape for _, _, shape, _ in prefill} == {(2, gen.manifest.model.num_heads,  # bind one page
+                                                     gen.manifest.model.head_dim, 32)}  # of zeros
     m = gen.manifest.model
     assert {shape[:3] for _, _, shape, _ in decode} == {(2, m.num_heads, m.head_dim)}  # 2 rows of 4
     assert {shape[3] for _, _, shape, _ in decode} == {32, 64}  # the width follows the rows, in pages

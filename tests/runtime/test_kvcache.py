@@ -99,3 +99,19 @@ def test_refusals():
     with pytest.raises(ValueError, match="row 1 is not in use"):
         cache.release(1)
 
+
+
+def test_rows_holding_nothing_bind_one_page_of_zeros():
+    """A prompt's first chunk reads no past: it binds one page of zeros, not the cache's width."""
+    cache = make(capacity=16)
+    a, b = Seq("a"), Seq("b")
+    fill(cache, cache.seat([a]), 9, 1.0)  # a holds 9 positions: 3 pages
+    cache.promote()
+    rows = cache.seat([b])
+    assert cache.bound(rows.start, rows.stop) == PAGE and cache.bound(0, 1) == 3 * PAGE
+    key, value = cache.past(0, rows.start, rows.stop)
+    assert key.shape == (1, NH, HD, PAGE) and value.shape == (1, NH, PAGE, HD) and not key.any()
+    assert cache.mask(rows.start, rows.stop, np.ones((1, 2), np.int64)).tolist() == [[0] * PAGE + [1, 1]]
+    fill(cache, rows, 2, 2.0)  # once it holds something, it binds the width like the others
+    assert cache.bound(rows.start, rows.stop) == 3 * PAGE
+    assert not cache.storage.zeros_flat.any()  # nothing ever writes the zeros

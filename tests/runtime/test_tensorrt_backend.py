@@ -163,8 +163,10 @@ def test_past_is_bound_in_place(artifact_dir, tmp_path, fake_gpu):
             row_bytes = storage.keys[index][0].numel() * storage.keys[index].element_size()
             expected = (storage.keys[index].data_ptr() + start * row_bytes,
                         storage.values[index].data_ptr() + start * row_bytes)
+            if not cache.length[start:start + rows].any():  # a first chunk: one page of zeros
+                expected = (storage.zeros_flat.data_ptr(),) * 2
             out = backend.layer(index, hidden, mask, past_key, past_value)
-            calls.append((index, start, rows, cache.width, expected, len(fake.bound)))
+            calls.append((index, start, rows, cache.bound(start, start + rows), expected, len(fake.bound)))
             return out
 
     gen.engine.backend = Spy(backend)

@@ -203,6 +203,11 @@ def test_kv_buffers_are_preallocated_and_written_in_place(torch_generator, torch
 
     def layer(index, hidden, mask, past_key, past_value):
         rows, T = hidden.shape[0], hidden.shape[1]
+        if not cache.length[:rows].any():  # the prompt: its rows hold nothing, one page of zeros
+            assert mask.shape == (rows, cache.page + T) and not mask[:, : cache.page].any()
+            assert past_key.data_ptr() == storage.zeros_flat.data_ptr() and not past_key.any()
+            assert past_key.shape == (rows, m.num_heads, m.head_dim, cache.page)
+            return backend.layer(index, hidden, mask, past_key, past_value)
         assert mask.shape == (rows, cache.width + T)
         for view, buffer in ((past_key, storage.keys[index]), (past_value, storage.values[index])):
             # a view of the block at row 0 (one request: it prefills and decodes from row 0), no copy
