@@ -43,9 +43,7 @@ def _parser():
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")
-    be.add_argument("--prefill-chunk", type=cli.prefill_chunk, default=DEFAULT_PREFILL_CHUNK,
-                    help="prompt tokens a joining request runs per step while others decode: N, "
-                         "'auto' (chunks of about one decode step) or 'none' (whole) (default %(default)s)")
+    cli.add_prefill_chunk(be, DEFAULT_PREFILL_CHUNK)
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
                     help="skip the sha256 of files changed since they were last verified (sizes are still checked)")

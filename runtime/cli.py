@@ -41,6 +41,13 @@ def run(body: Callable[[], int | None]) -> int:
         return USER_ERROR
 
 
+def add_prefill_chunk(group, default) -> None:
+    """--prefill-chunk, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--prefill-chunk", type=prefill_chunk, default=default,
+                       help="prompt tokens a joining request runs per step while others decode: N, "
+                            "'auto' (chunks of about one decode step) or 'none' (whole) (default %(default)s)")
+
+
 def prefill_chunk(text: str) -> int | str | None:
     """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
     if text in ("auto", "none"):

@@ -27,9 +27,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int,
                    help="rows decoded together: KV rows (default 8, or the backend's limit if lower); "
                         "a step costs the rows that run, not the rows it could hold")
-    p.add_argument("--prefill-chunk", type=cli.prefill_chunk, default=DEFAULT_PREFILL_CHUNK,
-                   help="prompt tokens a joining request runs per step while others decode: N, "
-                        "'auto' (chunks of about one decode step) or 'none' (whole) (default %(default)s)")
+    cli.add_prefill_chunk(p, DEFAULT_PREFILL_CHUNK)
     p.add_argument("--max-queue", type=int,
                    help="requests allowed to wait for a row; past it the server answers 503 with "
                         "Retry-After (default: unbounded)")

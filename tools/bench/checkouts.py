@@ -154,3 +154,42 @@ def label(checkout: Path) -> str:
 
 def describe_checkout(checkout: Path, key: str | None = None) -> str:
     return f"{label(checkout)} (key {key or checkout_key(checkout)})"
+
+
+def log(*args) -> None:
+    """Progress on stderr, so that stdout is the table."""
+    print(*args, file=sys.stderr, flush=True)
+
+
+def setup(parser, args) -> tuple[dict, list[Path], Path]:
+    """(load options, checkouts, work directory) of a before/after benchmark's --load-option,
+    --checkout and --work-dir, checked (parser.error on a bad one)."""
+    try:
+        options = parse_options(args.load_option)
+    except ValueError as exc:
+        parser.error(f"--load-option: {exc}")
+    checkouts = [c.resolve() for c in (args.checkout or [REPO])]
+    for c in checkouts:
+        if not (c / "runtime").is_dir():
+            parser.error(f"--checkout {c}: no runtime/ there; pass a copy of this repository")
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / ".gitignore").write_text("*\n")
+    return options, checkouts, work
+
+
+def prepare(args, checkouts: list[Path], work: Path) -> tuple[dict, dict]:
+    """(key, artifact) of every checkout: its own export of --arch, or --artifact for all."""
+    keys = {c: checkout_key(c) for c in checkouts}  # at the start: a checkout may change while it runs
+    artifacts = {c: Path(args.artifact).resolve() if args.artifact
+                 else artifact_for(c, args.arch, work, 0, log=log, key=keys[c]) for c in checkouts}
+    return keys, artifacts
+
+
+def exit_code(run, *args) -> int:
+    """``run(*args)``, or 2 with one ``error:`` line when a checkout could not be measured."""
+    try:
+        return run(*args)
+    except CheckoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

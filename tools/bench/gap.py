@@ -33,11 +33,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkouts import (CheckoutError, artifact_for, checkout_key, describe_checkout, label, parse_options,
-                        run_child, tokenizer_of)
+from .checkouts import CheckoutError, describe_checkout, exit_code, label, log, prepare, run_child, setup, tokenizer_of
 from .machine import describe
 from .prompts import make_prompt
-from .runner import REPO, schedule
+from .runner import schedule
 from .stats import median
 
 CHILD = r"""
@@ -163,33 +162,13 @@ def main(argv=None) -> int:
         p.error("--join-after must be >= 1 and leave the running request at least two more tokens")
     if args.rounds < 1 or args.max_batch < 2:
         p.error("--rounds must be >= 1 and --max-batch >= 2 (two requests run together)")
-    try:
-        options = parse_options(args.load_option)
-    except ValueError as exc:
-        p.error(f"--load-option: {exc}")
-    checkouts = [c.resolve() for c in (args.checkout or [REPO])]
-    for c in checkouts:
-        if not (c / "runtime").is_dir():
-            p.error(f"--checkout {c}: no runtime/ there; pass a copy of this repository")
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    (work / ".gitignore").write_text("*\n")
-
-    def log(*a):
-        print(*a, file=sys.stderr, flush=True)
-
-    try:
-        return _run(args, argv, options, checkouts, work, log)
-    except CheckoutError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    options, checkouts, work = setup(p, args)
+    return exit_code(_run, args, argv, options, checkouts, work)
 
 
-def _run(args, argv, options, checkouts, work, log) -> int:
+def _run(args, argv, options, checkouts, work) -> int:
     started = time.perf_counter()
-    keys = {c: checkout_key(c) for c in checkouts}  # at the start: a checkout may change while it runs
-    artifacts = {c: Path(args.artifact).resolve() if args.artifact
-                 else artifact_for(c, args.arch, work, 0, log=log, key=keys[c]) for c in checkouts}
+    keys, artifacts = prepare(args, checkouts, work)
     tok = tokenizer_of(artifacts[checkouts[0]])
     short, long_ = make_prompt(tok, args.short_prompt), make_prompt(tok, args.long_prompt, row=1)
     per = {c: [] for c in checkouts}
