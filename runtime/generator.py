@@ -33,7 +33,7 @@ class GenerationStream:
     """Iterator of TokenEvent for one request; ``.result`` holds the GenerationResult once it is
     exhausted. The engine runs the request whether or not the stream is read: a stream paused
     while another runs loses nothing. ``close()`` (or dropping the stream) cancels the request
-    and frees its slots at the engine's next step."""
+    and frees its rows at the engine's next step."""
 
     def __init__(self, engine: Engine, request: Request):
         self._engine, self._request = engine, request
@@ -58,7 +58,7 @@ class GenerationStream:
         raise StopIteration
 
     def close(self) -> None:
-        """Cancel the request if it is still running (its slots go to other requests)."""
+        """Cancel the request if it is still running (its rows go to other requests)."""
         if not self._done:
             self._done = True
             self._engine.cancel(self._request)
@@ -85,9 +85,9 @@ class Generator:
         self.backend = backend
         self.tokenizer = tokenizer
         limit = manifest.model.max_position_embeddings
-        slots_limit, length_limit = backend.limits()  # e.g. what TensorRT engines were built for
+        rows_limit, length_limit = backend.limits()  # e.g. what TensorRT engines were built for
         if max_batch is None:
-            max_batch = min(DEFAULT_MAX_BATCH, slots_limit or DEFAULT_MAX_BATCH)
+            max_batch = min(DEFAULT_MAX_BATCH, rows_limit or DEFAULT_MAX_BATCH)
         if max_length is None:
             max_length = min(limit, length_limit or limit)
         for name, value, low, high in (("max_batch", max_batch, 1, None), ("max_length", max_length, 2, limit)):

@@ -73,7 +73,7 @@ def batch_bucket(rows_needed: int, rows: int) -> int:
 @dataclass(frozen=True)
 class GraphKey:
     layers: tuple[int, ...]  # the active-layer set, ascending
-    batch: int  # the first `batch` slots run
+    batch: int  # the first `batch` rows of the KV cache run
     width: int  # past positions attention reads
 
 

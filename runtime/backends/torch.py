@@ -207,7 +207,7 @@ class TorchBackend(Backend):
         return hidden.to(device=self.device, dtype=self.dtype)
 
     def _zeros(self, shape) -> torch.Tensor:
-        if self.device.type == "cpu":  # numpy's zeros are mapped lazily: untouched slots cost nothing
+        if self.device.type == "cpu":  # numpy's zeros are mapped lazily: untouched rows cost nothing
             return torch.from_numpy(np.zeros(shape, np.dtype(str(self.dtype).removeprefix("torch."))))
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
