@@ -367,3 +367,14 @@ def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir):
 def test_prefill_chunk_is_checked(artifact_dir, value):
     with pytest.raises(ValueError, match=f"prefill_chunk must be 'auto', None or an int >= 1, got {value!r}"):
         runtime.load(artifact_dir, max_batch=1, threads=1, prefill_chunk=value)
+
+
+def test_64_prompts_on_8_rows_equal_each_alone(artifact_dir):
+    """One call of 64 prompts on a Generator of 8 rows: every row equals its prompt run alone."""
+    prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(64)]
+    with runtime.load(artifact_dir, max_batch=1, threads=1) as one:
+        want = [one.generate(p, 4, ignore_eos=True, speedup=2).token_ids[0] for p in prompts]
+    with runtime.load(artifact_dir, max_batch=8, threads=1) as gen:
+        result = gen.generate(prompts, 4, ignore_eos=True, speedup=2)
+        assert gen.engine.owner == [None] * 8
+    assert result.token_ids == want
