@@ -18,7 +18,14 @@ USER_ERROR = 2  # exit code of every user error, the same as argparse's usage er
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default in --help and keeps descriptions' line breaks."""
+    """Shows each option's default in --help and keeps descriptions' line breaks. A default of None
+    is not shown: such an option's help says what happens without it ("(default: None)" beside
+    "default: the artifact's" said it twice, and wrongly)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def parser(prog: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
@@ -45,7 +52,7 @@ def add_prefill_chunk(group, default) -> None:
     """--prefill-chunk, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     group.add_argument("--prefill-chunk", type=prefill_chunk, default=default,
                        help="prompt tokens a joining request runs per step while others decode: N, "
-                            "'auto' (chunks of about one decode step) or 'none' (whole) (default %(default)s)")
+                            "'auto' (chunks of about one decode step) or 'none' (whole)")
 
 
 def prefill_chunk(text: str) -> int | str | None:
