@@ -314,6 +314,9 @@ class TensorRTBackend(Backend):
     def limits(self) -> tuple[int, int]:
         return self.max_batch, self.max_seq  # what the engines' profiles were built for
 
+    def max_tokens(self) -> int:
+        return self.max_prompt  # the prefill profile and the hidden buffers end there
+
     def check_limits(self, rows: int, length: int) -> None:
         hint = f"rebuild the engines with `python -m engines build {self.directory}"
         if rows > self.max_batch:

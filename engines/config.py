@@ -23,7 +23,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 class EngineBuildConfig:
     max_batch: int = 8  # largest batch the engines accept; the runtime's KV buffers are this wide
     max_seq: int = 1024  # prompt + new tokens; profiles bind a past up to it in whole pages; KV buffers this wide
-    max_prompt: int | None = None  # longest (padded) prompt of the prefill profile; None = max_seq
+    max_prompt: int | None = None  # most prompt tokens one call takes (prefill profile; longer prompts run in chunks); None = max_seq
     workspace: int = 2 * GiB  # builder memory-pool limit for tactic scratch space; 1GiB on 8 GB boards
     precision: str = "fp32"  # "fp32" or "fp16"; an fp16 artifact always builds fp16
     timing_cache: str | None = None  # shared timing cache file; None = ENGINE_DIR/timing.cache

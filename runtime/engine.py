@@ -285,6 +285,7 @@ class Engine:
         auto = self.prefill_chunk == AUTO and cache.decoding > 0
         if cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
             chunk = min(chunk, self.auto_chunk if auto else self.prefill_chunk)
+        chunk = min(chunk, self.backend.max_tokens() or chunk)  # e.g. TensorRT engines' max_prompt
         cols = slice(p.done, p.done + chunk)
         ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
         began = time.perf_counter()

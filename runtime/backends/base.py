@@ -53,6 +53,11 @@ class Backend(ABC):
         """(most rows, most positions per row) this backend can run; None = no limit of its own."""
         return None, None
 
+    def max_tokens(self) -> int | None:
+        """Most new tokens a graph call takes (a prefill chunk); None = no limit of its own. A longer
+        prompt is run in chunks of at most this many."""
+        return None
+
     def check_limits(self, rows: int, length: int) -> None:
         """Refuse a Generator of ``rows`` KV rows of ``length`` positions past ``limits()``."""
         most_rows, most_length = self.limits()
