@@ -161,6 +161,21 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def add_common_arguments(parser, name: str) -> None:
+    """The options every before/after benchmark takes (``name``: its default JSON file's stem)."""
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--load-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a runtime.load keyword for every checkout, e.g. prefill_chunk=16 (VALUE "
+                             "parsed as JSON when it can be); repeatable")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
+    parser.add_argument("--seed", type=int, default=0, help="round order (the weights are seed 0)")
+    parser.add_argument("--checkout", nargs="+", action="extend", type=Path,
+                        help="copies of this repository whose runtimes to measure, interleaved (default: this one)")
+    parser.add_argument("--work-dir", default=".bench", help="the checkouts' exports")
+    parser.add_argument("--json", help=f"write every run's record here (default WORK_DIR/{name}.json)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measured process")
+
+
 def setup(parser, args) -> tuple[dict, list[Path], Path]:
     """(load options, checkouts, work directory) of a before/after benchmark's --load-option,
     --checkout and --work-dir, checked (parser.error on a bad one)."""

@@ -33,7 +33,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkouts import CheckoutError, describe_checkout, exit_code, label, log, prepare, run_child, setup, tokenizer_of
+from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, label, log, prepare,
+                        run_child, setup, tokenizer_of)
 from .machine import describe
 from .prompts import make_prompt
 from .runner import schedule
@@ -140,23 +141,13 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
-    p.add_argument("--max-batch", type=int, default=8, help="KV slots of the Generator")
+    p.add_argument("--max-batch", type=int, default=8, help="KV rows of the Generator")
     p.add_argument("--short-prompt", type=int, default=32, help="the running request's prompt, in tokens")
     p.add_argument("--new-tokens", type=int, default=200, help="the running request's tokens")
     p.add_argument("--join-after", type=int, default=20, help="submit the second request after this many tokens")
     p.add_argument("--long-prompt", type=int, default=512, help="the joining request's prompt, in tokens")
     p.add_argument("--join-new-tokens", type=int, default=16, help="the joining request's tokens")
-    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    p.add_argument("--load-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a runtime.load keyword for every checkout, e.g. a prefill chunk size (VALUE "
-                        "parsed as JSON when it can be); repeatable")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
-    p.add_argument("--seed", type=int, default=0, help="round order (the weights are seed 0)")
-    p.add_argument("--checkout", nargs="+", action="extend", type=Path,
-                   help="copies of this repository whose runtimes to measure, interleaved (default: this one)")
-    p.add_argument("--work-dir", default=".bench", help="the checkouts' exports")
-    p.add_argument("--json", help="write every run's record here (default WORK_DIR/gap.json)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per measured process")
+    add_common_arguments(p, "gap")
     args = p.parse_args(argv)
     if not 1 <= args.join_after < args.new_tokens - 1:
         p.error("--join-after must be >= 1 and leave the running request at least two more tokens")

@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from .checkouts import CheckoutError, describe_checkout, exit_code, label, log, prepare, run_child, setup, tokenizer_of
+from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, label, log, prepare,
+                        run_child, setup, tokenizer_of)
 from .machine import describe
 from .prompts import make_prompt
 from .runner import schedule
@@ -102,21 +103,12 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
-    p.add_argument("--max-batch", type=int, nargs="+", default=[1, 8, 32], help="KV slots of the Generator")
+    p.add_argument("--max-batch", type=int, nargs="+", default=[1, 8, 32], help="KV rows of the Generator")
     p.add_argument("--prompts", type=int, nargs="+", default=[32, 500], help="prompt lengths in tokens (BOS included)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens of the timed request")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed generation first, same prompt")
-    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--max-length", type=int, help="runtime.load's max_length (default: the runtime's)")
-    p.add_argument("--load-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="another runtime.load keyword (VALUE parsed as JSON when it can be); repeatable")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
-    p.add_argument("--seed", type=int, default=0, help="round order (the weights are seed 0)")
-    p.add_argument("--checkout", nargs="+", action="extend", type=Path,
-                   help="copies of this repository whose runtimes to measure, interleaved (default: this one)")
-    p.add_argument("--work-dir", default=".bench", help="the checkouts' exports")
-    p.add_argument("--json", help="write every run's record here (default WORK_DIR/slots.json)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per measured process")
+    add_common_arguments(p, "slots")
     args = p.parse_args(argv)
     if args.rounds < 1 or min(args.max_batch) < 1 or min(args.prompts) < 2 or args.new_tokens < 2:
         p.error("--rounds and --max-batch must be >= 1, --prompts and --new-tokens >= 2")
