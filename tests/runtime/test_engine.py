@@ -282,10 +282,14 @@ def test_a_step_computes_the_rows_that_run_not_the_rows_it_could_hold(artifact_d
     gen.close()
 
 
-def test_rows_leaving_from_the_middle_keep_the_others_exact(artifact_dir):
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch", "torch-static"])
+def test_rows_leaving_from_the_middle_keep_the_others_exact(artifact_dir, backend):
     """Rows finish in an order that empties the middle of the pack: the last rows move into the
     gaps, and every row's tokens (and each step's logits) equal its run alone."""
-    gen = runtime.load(artifact_dir, max_batch=4, threads=1)
+    name, options = BACKENDS[backend]
+    gen = runtime.load(artifact_dir, backend=name, max_batch=4, threads=1, **options)
+    if backend == "torch-static":
+        gen.backend.use_graphs(EagerCapture())
     lengths = [20, 4, 9, 16]  # row 1 leaves first, then row 2: the middle of the pack
     prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(4)]
     want = [gen.generate(p, n, ignore_eos=True, speedup=2) for p, n in zip(prompts, lengths)]
@@ -337,14 +341,15 @@ def test_stepper_and_worker_thread_do_not_mix(artifact_dir):
     gen.close()
 
 
-def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir):
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill(artifact_dir, backend):
     """A long prompt joins a decoding row in chunks (4 tokens, or "auto": about a decode step's
     time each): both rows' tokens equal those with the prompt run whole, and the running row got
     tokens between the chunks."""
     long_prompt = " ".join(f"item {k} of the list," for k in range(5))  # ~55 tokens
     results = {}
     for chunk in (None, 4, "auto"):
-        gen = runtime.load(artifact_dir, max_batch=2, threads=1, prefill_chunk=chunk)
+        gen = runtime.load(artifact_dir, backend=backend, max_batch=2, threads=1, prefill_chunk=chunk)
         with gen.stepper() as stepper:
             first = stepper.add(PROMPTS[0], 30, ignore_eos=True, speedup=2)
             stepper.step()
