@@ -383,3 +383,45 @@ def test_64_prompts_on_8_rows_equal_each_alone(artifact_dir):
         result = gen.generate(prompts, 4, ignore_eos=True, speedup=2)
         assert gen.engine.owner == [None] * 8
     assert result.token_ids == want
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_random_schedule_keeps_every_row_exact(artifact_dir, seed, backend):
+    """Requests of 1-3 prompts with random lengths, budgets and arrival steps on 4 rows, chunked
+    prefill of 3 tokens, some cancelled on the way: every request that finishes equals its run
+    alone (on ONNX Runtime, whatever this backend), and the cache ends empty."""
+    rng = np.random.default_rng(seed)
+    words = ["item", "list", "the", "of", "a", "coffee", "shop", "river", "French", "food"]
+    calls = []
+    for k in range(10):
+        prompts = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(rng.integers(1, 4))]
+        options = dict(speedup=float(rng.choice([1, 2, 3])), ignore_eos=True)
+        calls.append((prompts, int(rng.integers(2, 14)), options, int(rng.integers(0, 12)),
+                      bool(rng.random() < 0.2)))  # (prompts, new tokens, options, arrival step, cancel)
+    with runtime.load(artifact_dir, max_batch=4, threads=1) as ref:
+        want = [ref.generate(p, n, **o).token_ids for p, n, o, _, _ in calls]
+    name, load_options = BACKENDS[backend]
+    gen = runtime.load(artifact_dir, backend=name, max_batch=4, threads=1, prefill_chunk=3, **load_options)
+    if backend == "torch-static":
+        gen.backend.use_graphs(EagerCapture())
+    with gen.stepper() as stepper:
+        handles, step = {}, 0
+        while len(handles) < len(calls) or not stepper.done:
+            for k, (p, n, o, at, _) in enumerate(calls):
+                if at == step and k not in handles:
+                    handles[k] = stepper.add(p, n, **o)
+            for k, (_, _, _, at, cancel) in enumerate(calls):
+                if cancel and step == at + 2 and k in handles:
+                    stepper.cancel(handles[k])
+            stepper.step()
+            step += 1
+        assert gen.engine.owner == [None] * 4 and gen.engine.cache.used == 0
+    for k, (_, _, _, _, cancel) in enumerate(calls):
+        h = handles[k]
+        assert h.done and h.error is None
+        if cancel and h.result is None:
+            continue
+        assert h.result.token_ids == want[k], f"call {k}"
+    assert gen.engine.cache.moves > 0
+    gen.close()
