@@ -289,7 +289,7 @@ class Engine:
         cols = slice(p.done, p.done + chunk)
         ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
         began = time.perf_counter()
-        cache.reserve(start, start + k, chunk)  # at the first chunk: the whole prompt (seat)
+        cache.reserve(start, start + k, chunk)  # the width grows with the prompt, a page at a time
         mask = cache.mask(start, start + k, new)  # (k, W + T)
         hidden = backend.embed(ids, mask)  # (k, T, D)
         hidden = run_layers(backend, cache, start, k, hidden, mask, r.policy.prefill_layers())
