@@ -161,6 +161,27 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def parser(prog: str, doc: str):
+    """The argument parser of a before/after benchmark, with the --arch/--artifact it always takes."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
+    p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
+    return p
+
+
+def header(prog: str, argv, started: float) -> str:
+    """The first lines of a before/after benchmark's output: its command, then the machine and how long it ran."""
+    from .machine import describe
+
+    m = describe()
+    return (f"{prog}{''.join(f' {a}' for a in argv)}\n\n{m['date']}; {m['cpu']}, {m['cores']} cores; "
+            f"Python {m['python']}; onnxruntime {m['versions']['onnxruntime']}; load average "
+            f"{os.getloadavg()[0]:.1f} at the end; {(time.perf_counter() - started) / 60:.1f} min")
+
+
 def add_common_arguments(parser, name: str) -> None:
     """The options every before/after benchmark takes (``name``: its default JSON file's stem)."""
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")

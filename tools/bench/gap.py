@@ -24,17 +24,15 @@ seeded); figures are medians across rounds.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, label, log, prepare,
-                        run_child, setup, tokenizer_of)
+from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, header, label, log,
+                        parser, prepare, run_child, setup, tokenizer_of)
 from .machine import describe
 from .prompts import make_prompt
 from .runner import schedule
@@ -131,16 +129,9 @@ def render(by_checkout: dict[str, GapStats]) -> list[str]:
     return lines
 
 
-def command_line(argv) -> str:
-    return "python -m tools.bench.gap" + "".join(f" {a}" for a in argv)
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m tools.bench.gap", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
-    p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
+    p = parser("python -m tools.bench.gap", __doc__)
     p.add_argument("--max-batch", type=int, default=8, help="KV rows of the Generator")
     p.add_argument("--short-prompt", type=int, default=32, help="the running request's prompt, in tokens")
     p.add_argument("--new-tokens", type=int, default=200, help="the running request's tokens")
@@ -184,10 +175,7 @@ def _run(args, argv, options, checkouts, work) -> int:
         log(f"round {round_ + 1} {label(c)}: median gap {s.median_ms:.2f} ms, longest {s.longest_ms:.1f} ms "
             f"({s.ratio:.1f}x) at token {s.longest_at}; joining TTFT {s.ttft_ms:.1f} ms "
             f"(its prefill {1e3 * record['second_prefill_s']:.1f} ms)")
-    m = describe()
-    print(f"{command_line(argv)}\n\n{m['date']}; {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
-          f"onnxruntime {m['versions']['onnxruntime']}; load average {os.getloadavg()[0]:.1f} at the end; "
-          f"{(time.perf_counter() - started) / 60:.1f} min")
+    print(header("python -m tools.bench.gap", argv, started))
     print(f"{args.arch if not args.artifact else args.artifact}, ONNX Runtime, {args.threads} threads, max_batch "
           f"{args.max_batch}, full depth, greedy, EOS ignored: a {args.short_prompt}-token prompt decoding "
           f"{args.new_tokens} tokens; after its token {args.join_after}, a {args.long_prompt}-token prompt joins "

@@ -21,15 +21,13 @@ every checkout runs ``--artifact``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, label, log, prepare,
-                        run_child, setup, tokenizer_of)
+from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, header, label, log,
+                        parser, prepare, run_child, setup, tokenizer_of)
 from .machine import describe
 from .prompts import make_prompt
 from .runner import schedule
@@ -93,16 +91,9 @@ def render_comparison(ms: dict[str, dict], names: list[str], max_batches, prompt
     return lines
 
 
-def command_line(argv) -> str:
-    return "python -m tools.bench.slots" + "".join(f" {a}" for a in argv)
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m tools.bench.slots", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
-    p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
+    p = parser("python -m tools.bench.slots", __doc__)
     p.add_argument("--max-batch", type=int, nargs="+", default=[1, 8, 32], help="KV rows of the Generator")
     p.add_argument("--prompts", type=int, nargs="+", default=[32, 500], help="prompt lengths in tokens (BOS included)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens of the timed request")
@@ -142,10 +133,7 @@ def _run(args, argv, options, checkouts, work) -> int:
         log(f"round {round_ + 1} {label(c)} max_batch {mb} prompt {n}: {record['token_ms']:.2f} ms/token "
             f"(prefill {1e3 * record['prefill_s']:.0f} ms, {record['steps']} steps, "
             f"peak RSS {record['peak_rss_mib']:.0f} MiB)")
-    m = describe()
-    print(f"{command_line(argv)}\n\n{m['date']}; {m['cpu']}, {m['cores']} cores; Python {m['python']}; "
-          f"onnxruntime {m['versions']['onnxruntime']}; load average {os.getloadavg()[0]:.1f} at the end; "
-          f"{(time.perf_counter() - started) / 60:.1f} min")
+    print(header("python -m tools.bench.slots", argv, started))
     print(f"{args.arch if not args.artifact else args.artifact}, ONNX Runtime, {args.threads} threads, one request "
           f"alone, full depth, {args.new_tokens} new tokens, greedy, EOS ignored; decode ms/token = "
           f"decode_seconds / decode steps (prefill excluded), median of {args.rounds} rounds"
