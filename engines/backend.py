@@ -451,30 +451,18 @@ class TensorRTBackend(Backend):
 
 
 class StreamStorage(ArrayStorage):
-    """The KV cache's torch buffers on the backend's device, every operation on its stream."""
+    """The KV cache's torch buffers on the backend's device, every operation on its stream, the
+    rows and capacity checked against the engines' limits."""
 
     def __init__(self, backend: TensorRTBackend):
         device = backend._device
         torch = device.torch
         super().__init__(len(backend.manifest.layers), backend._nh, backend._hd,
                          lambda shape: torch.zeros(shape, dtype=backend._act_dtype, device=device.device),
-                         index=backend._upload)
+                         index=backend._upload, scope=device.scope)
         self.backend = backend
 
     def allocate(self, rows, capacity, width):
         b = self.backend
         b.check_limits(rows, min(capacity, b.max_seq))  # capacity: whole pages of a checked max_length
-        with b._device.scope():
-            super().allocate(rows, capacity, width)
-
-    def resize(self, width, used):
-        with self.backend._device.scope():
-            super().resize(width, used)
-
-    def move(self, src, dst):
-        with self.backend._device.scope():
-            super().move(src, dst)
-
-    def write(self, layer, new_key, new_value, src, dst, positions):
-        with self.backend._device.scope():
-            super().write(layer, new_key, new_value, src, dst, positions)
+        super().allocate(rows, capacity, width)

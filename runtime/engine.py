@@ -128,7 +128,7 @@ class Engine:
     def __init__(self, backend: Backend, num_layers: int, max_batch: int, capacity: int, page: int,
                  max_queue: int | None = None, prefill_chunk: int | str | None = AUTO):
         self.backend, self.num_layers = backend, num_layers
-        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.auto_chunk = AUTO_FIRST  # tokens of the next "auto" chunk
         self.step_seconds: float | None = None  # a decode step's time, smoothed
         self.cache = KVCache(backend.kv_storage(), max_batch, capacity, page)

@@ -25,6 +25,7 @@ things that touch them: allocate, re-lay at a new width, move a row, write new K
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -208,11 +209,12 @@ class ArrayStorage(KVStorage):
     """
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, zeros, fixed: bool = False,
-                 index=None):
+                 index=None, scope=contextlib.nullcontext):
         self.num_layers, self.nh, self.hd = num_layers, num_heads, head_dim
         self.zeros = zeros  # shape -> zeroed buffer of the cache's dtype on its device
         self.index = index or (lambda a: a)  # host int64 array -> an index the buffers accept
         self.fixed = fixed
+        self.scope = scope  # () -> context every buffer operation runs in (TensorRT: its CUDA stream)
         self.flat: list = []  # per layer (K, V), each (rows * nh * hd * capacity,)
         self.zeros_flat = None  # (rows * nh * hd * page,): the past of rows that hold nothing
         self.keys: list = []  # per layer (rows, nh, hd, W | capacity): views of ``flat``
@@ -222,7 +224,8 @@ class ArrayStorage(KVStorage):
     def allocate(self, rows, capacity, width):
         self.flat, self.keys, self.values = [], [], []  # the old buffers go before the new ones are made
         size = rows * self.nh * self.hd * capacity
-        self.flat = [(self.zeros((size,)), self.zeros((size,))) for _ in range(self.num_layers)]
+        with self.scope():
+            self.flat = [(self.zeros((size,)), self.zeros((size,))) for _ in range(self.num_layers)]
         self.zeros_flat = None
         self.rows, self.capacity = rows, capacity
         self._view(capacity if self.fixed else width)
@@ -238,26 +241,29 @@ class ArrayStorage(KVStorage):
             keep = min(width, self.width)
             old_keys, old_values = self.keys, self.values
             self._view(width)
-            for layer in range(self.num_layers):
-                # The old and new views overlap: copy the rows in use out first, then back. The
-                # new positions keep what the memory held (zeros, or K/V written before: finite,
-                # and masked); zeroing them would touch every fresh page at once.
-                k, v = _copy(old_keys[layer][:used, :, :, :keep]), _copy(old_values[layer][:used, :, :keep])
-                self.keys[layer][:used, :, :, :keep] = k
-                self.values[layer][:used, :, :keep] = v
+            with self.scope():
+                for layer in range(self.num_layers):
+                    # The old and new views overlap: copy the rows in use out first, then back.
+                    # The new positions keep what the memory held (zeros, or K/V written before:
+                    # finite, and masked); zeroing them would touch every fresh page at once.
+                    k, v = _copy(old_keys[layer][:used, :, :, :keep]), _copy(old_values[layer][:used, :, :keep])
+                    self.keys[layer][:used, :, :, :keep] = k
+                    self.values[layer][:used, :, :keep] = v
         self.width = width
 
     def empty(self, rows, width):
         n = rows * self.nh * self.hd * width
         if self.zeros_flat is None or len(self.zeros_flat) < n:
-            self.zeros_flat = self.zeros((self.rows * self.nh * self.hd * width,))
+            with self.scope():
+                self.zeros_flat = self.zeros((self.rows * self.nh * self.hd * width,))
         zeros = self.zeros_flat[:n]
         return zeros.reshape(rows, self.nh, self.hd, width), zeros.reshape(rows, self.nh, width, self.hd)
 
     def move(self, src, dst):
-        for buffers in (self.keys, self.values):
-            for b in buffers:
-                b[dst] = b[src]
+        with self.scope():
+            for buffers in (self.keys, self.values):
+                for b in buffers:
+                    b[dst] = b[src]
 
     def past(self, layer, start, stop):
         if self.fixed:
@@ -267,13 +273,14 @@ class ArrayStorage(KVStorage):
 
     def write(self, layer, new_key, new_value, src, dst, positions):
         T = new_key.shape[2]
-        at = self.index(dst[:, None])  # (R, 1)
-        where = self.index(positions[:, None] + np.arange(T))  # (R, T)
-        picked = self.index(src)
-        # Advanced indices on dims 0 and 3 (K) or 2 (V) around slices put the index dims first:
-        # both targets are (R, T, nh, hd), as is the source once its nh and T dims swap.
-        self.keys[layer][at, :, :, where] = new_key[picked].swapaxes(1, 2)
-        self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
+        with self.scope():
+            at = self.index(dst[:, None])  # (R, 1)
+            where = self.index(positions[:, None] + np.arange(T))  # (R, T)
+            picked = self.index(src)
+            # Advanced indices on dims 0 and 3 (K) or 2 (V) around slices put the index dims
+            # first: both targets are (R, T, nh, hd), as is the source once its nh and T dims swap.
+            self.keys[layer][at, :, :, where] = new_key[picked].swapaxes(1, 2)
+            self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
 
     def close(self):
         self.flat, self.keys, self.values, self.zeros_flat = [], [], [], None
