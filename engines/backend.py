@@ -47,7 +47,7 @@ import numpy as np
 
 from runtime.backends.base import Backend
 from runtime.errors import ArtifactError, SkipDecodeError
-from runtime.kvcache import ArrayStorage
+from runtime.kvcache import ArrayStorage, pages_width
 from runtime.manifest import GraphSpec, Manifest
 
 from .errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
@@ -281,7 +281,7 @@ class TensorRTBackend(Backend):
         ids_name = manifest.embed.inputs[0].name
         self._ids = empty(B * self.max_prompt, torch_dtype(torch, self._runners["embed"].dtype(ids_name)))
         # Widest mask: a prefill chunk of max_prompt over the widest past (whole pages of max_seq).
-        self._mask_width = -(-self.max_seq // self._page) * self._page + self.max_prompt
+        self._mask_width = pages_width(self.max_seq, self._page) + self.max_prompt
         self._mask_buffers: dict = {}  # torch dtype -> flat buffer of max_batch x _mask_width
         self._mask_source = None  # the host mask last uploaded; the engine builds a new one per step
         self._mask_views: dict = {}  # torch dtype -> (B, S) view of the upload

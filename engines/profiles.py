@@ -1,9 +1,9 @@
 """Optimization profiles for the two phases of generation, derived from the manifest's dims.
 
 Profile 0, prefill: the prompt (or a chunk of it) at full depth, sequence 1..max_prompt, over a
-                   bound past of past_sequence page..max_pages * page positions (its rows' block
-                   at the cache's current width, masked where nothing is valid).
-Profile 1, decode:  one token per step over past_sequence page..max_pages * page positions.
+                   bound past of past_sequence page..(max_seq in whole pages) positions (one page of zeros
+                   for a prompt's first chunk, its rows' block at the cache's width for later ones).
+Profile 1, decode:  one token per step over past_sequence page..(max_seq in whole pages) positions.
 
 The bound past width (past_sequence) is always whole pages of the manifest's kv_cache.page_size,
 at least one, wide enough for the longest row in use once it holds the step's new positions
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.kvcache import bound_width, pages_width
 from runtime.manifest import GraphSpec
 
 from .config import EngineBuildConfig
@@ -71,19 +72,14 @@ def _mid(hi: int) -> int:
     return max(1, (hi + 1) // 2)
 
 
-def max_pages(max_seq: int, page_size: int) -> int:
-    """Pages a row of max_seq positions spans: the runtime's KV buffers' widest bound past."""
-    return -(-max_seq // page_size)
-
-
 def dim_ranges(config: EngineBuildConfig, page_size: int) -> list[dict[str, tuple[int, int, int]]]:
     """(min, opt, max) of every named dim, per profile (prefill, decode); the same for every graph
     (the embedding's mask is the layers')."""
     b, p, page = config.max_batch, config.prompt_limit, page_size
-    widest = max_pages(config.max_seq, page) * page
+    widest = pages_width(config.max_seq, page)
     batch, sequence = (1, _mid(b), b), (1, _mid(p), p)
     # total = past + sequence at min, opt and max, so opt is a shape that really occurs
-    prefill_past = (page, -(-sequence[1] // page) * page, widest)  # opt: a prompt into fresh rows
+    prefill_past = (page, bound_width(0, sequence[1], page), widest)  # opt: a prompt into fresh rows
     decode_past = (page, _mid(widest // page) * page, widest)
     return [{"batch": batch, "sequence": sequence, "past_sequence": prefill_past,
              "total_sequence": tuple(w + n for w, n in zip(prefill_past, sequence))},

@@ -18,8 +18,8 @@ only the new K/V the graph returns into their own positions, so no step copies o
 past. That width is a whole multiple of the manifest's kv_cache.page_size (the step by which it
 grows), at least one page and wide enough for the longest row's past and new positions
 (runtime.kvcache); each row's valid past is its own positions [0, length) of it and the mask is 0
-over the rest. A prefill (or a chunk of a prompt) binds its rows' block the same way, masked where
-nothing is valid. The embedding gets the same mask (past width + new positions): positions come
+over the rest. A later chunk of a prompt binds its rows' block the same way; a prompt's first chunk,
+whose rows hold nothing yet, binds one page of zeros, all masked. The embedding gets the same mask (past width + new positions): positions come
 from the mask's cumulative sum, so masked columns contribute nothing.
 """
 
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.kvcache import bound_width
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from runtime.modeling import SkipOPT, graph_module
@@ -96,15 +97,14 @@ def graph_specs(model: SkipOPT, dtype: str) -> list[GraphSpec]:
 def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, past: int,
                    page_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random inputs for ``spec`` as a runtime binds them: ``past`` valid positions at the front of
-    a past ``past_sequence`` wide, whole pages of ``page_size`` that hold the past and the new
-    positions (runtime.kvcache: a prefill, past 0, binds its prompt rounded up to pages, all
-    masked); the mask covers that width and then the ``sequence`` new positions, for the embedding
+    a past ``past_sequence`` wide (``runtime.kvcache.bound_width``: whole pages of ``page_size``
+    that hold the past and the new positions; a prefill, past 0, binds one page, all masked); the mask covers that width and then the ``sequence`` new positions, for the embedding
     too. The K/V past the valid positions is random, as an earlier occupant of a row leaves it;
     left padding in row 0 and a shorter past in row 1 exercise the masking of padding and of
     unused positions."""
     g = torch.Generator().manual_seed(seed)
     dtype = model.dtype
-    width = max(1, -(-(past + sequence) // page_size)) * page_size  # the bound past: whole pages
+    width = bound_width(past, sequence, page_size)  # the past the runtime binds
     sizes = {"batch": batch, "sequence": sequence, "past_sequence": width,
              "total_sequence": width + sequence}
     out = {}

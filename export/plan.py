@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import ModelNotFoundError, SkipDecodeError
+from runtime.kvcache import bound_width, pages_width
 
 from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
 
@@ -198,11 +199,6 @@ def weight_bytes(arch: Arch, weights: str, workload: Workload = Workload()) -> t
     return total, floats
 
 
-def pages_width(positions: int, page_size: int) -> int:
-    """``positions`` rounded up to whole pages: the width of a KV buffer that holds them."""
-    return -(-positions // page_size) * page_size
-
-
 def kv_cache_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
     """The runtime's K and V buffers: per layer a K of (batch, heads, head_dim, capacity) and a V of
     (batch, heads, capacity, head_dim), the capacity (tokens) rounded up to whole pages."""
@@ -215,14 +211,14 @@ def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
     prefill of the longest prompt, or the head's logits.
 
     Layer prefill: attention scores and probabilities in fp32 (softmax is fp32 in every export) over
-    the bound past and the prompt, (B, heads, T, W + T) each, W the bound past width, here the
-    prompt rounded up to whole pages (the width its rows' block has once it holds the prompt);
+    the bound past and the prompt, (B, heads, T, W + T) each, W the bound past width, one page for
+    a prompt into fresh rows (runtime.kvcache.bound_width);
     fc1's output (B, T, ffn); and q, k, v, the attention output and the residuals, (B, T, D) each,
     six of them. Head: the last position's logits (B, V) in the artifact's dtype plus the float32
     copy the engine keeps.
     """
     B, T, D = workload.batch, workload.prompt, arch.hidden_size
-    W = pages_width(T, workload.page_size)
+    W = bound_width(0, T, workload.page_size)
     scores = 2 * B * arch.num_heads * T * (W + T) * 4
     layer = scores + B * T * (arch.ffn_dim + 6 * D) * dtype_bytes
     head = B * arch.vocab_size * (dtype_bytes + 4)

@@ -67,8 +67,17 @@ class KVStorage(ABC):
         return None
 
 
-def _pages(positions: int, page: int) -> int:
+def pages_width(positions: int, page: int) -> int:
+    """``positions`` rounded up to whole pages of ``page``, at least one page."""
     return max(1, -(-int(positions) // page)) * page
+
+
+def bound_width(past: int, tokens: int, page: int) -> int:
+    """The past width a row holding ``past`` positions binds for a step of ``tokens`` new ones, when
+    it runs alone (``KVCache.bound``): one page of zeros while it holds nothing, else whole pages
+    holding its past and the new positions. For the export's checks, the TensorRT profiles and
+    tools.trtexec, which describe the shapes the runtime binds."""
+    return page if past == 0 else pages_width(past + tokens, page)
 
 
 class KVCache:
@@ -79,7 +88,7 @@ class KVCache:
             raise ValueError(f"a KV cache needs max_rows, capacity and page >= 1, got {max_rows}, "
                              f"{capacity}, {page}")
         self.storage, self.max_rows, self.page = storage, max_rows, page
-        self.capacity = _pages(capacity, page)  # the longest row, in whole pages
+        self.capacity = pages_width(capacity, page)  # the longest row, in whole pages
         self.width = page  # positions bound per row: whole pages, >= the longest row in use
         self.owners: list[Any] = [None] * max_rows  # row -> its sequence (anything with a ``row``)
         self.length = np.zeros(max_rows, dtype=np.int64)  # positions each row holds
@@ -151,7 +160,7 @@ class KVCache:
             needed = max(needed, int(self.length[start:stop].max()) + tokens)
         if needed > self.capacity:
             raise ValueError(f"rows would hold {needed} positions, past the KV capacity {self.capacity}")
-        width = _pages(needed, self.page)
+        width = pages_width(needed, self.page)
         if width != self.width:
             self.storage.resize(width, self.used)
             self.width = width
@@ -286,4 +295,4 @@ class ArrayStorage(KVStorage):
         self.flat, self.keys, self.values, self.zeros_flat = [], [], [], None
 
 
-__all__ = ["ArrayStorage", "KVCache", "KVStorage"]
+__all__ = ["ArrayStorage", "KVCache", "KVStorage", "bound_width", "pages_width"]

@@ -2,8 +2,8 @@ import pytest
 
 from engines.config import EngineBuildConfig
 from engines.errors import EngineConfigError, EngineLimitError
-from engines.profiles import (DECODE, PREFILL, Profile, ShapeRange, choose_profile, dim_ranges, graph_profiles,
-                             max_pages)
+from engines.profiles import DECODE, PREFILL, Profile, ShapeRange, choose_profile, dim_ranges, graph_profiles
+from runtime.kvcache import pages_width
 from runtime.manifest import GraphSpec, TensorSpec, load_manifest
 
 SMALL = EngineBuildConfig(max_batch=4, max_seq=48, max_prompt=16)  # 2 pages of 32
@@ -20,9 +20,9 @@ def table(profile: Profile) -> dict:
 
 def test_dim_ranges_default_limits():
     prefill, decode = dim_ranges(EngineBuildConfig(), 32)  # batch 8, sequence 1024, prompt = sequence
-    # the bound past + the prompt; opt: a prompt of 512 into fresh rows binds 512 (16 pages)
-    assert prefill == {"batch": (1, 4, 8), "sequence": (1, 512, 1024), "past_sequence": (32, 512, 1024),
-                       "total_sequence": (33, 1024, 2048)}
+    # the bound past + the prompt; opt: a prompt of 512 into fresh rows binds one page of zeros
+    assert prefill == {"batch": (1, 4, 8), "sequence": (1, 512, 1024), "past_sequence": (32, 32, 1024),
+                       "total_sequence": (33, 544, 2048)}
     assert decode == {"batch": (1, 4, 8), "sequence": (1, 1, 1), "past_sequence": (32, 512, 1024),
                       "total_sequence": (33, 513, 1025)}  # whole pages + 1
 
@@ -37,9 +37,9 @@ def test_dim_ranges_edges():
     assert prefill["total_sequence"] == (33, 49, 97) and decode["total_sequence"] == (33, 33, 65)
     assert dim_ranges(EngineBuildConfig(max_seq=160), 32)[1]["past_sequence"] == (32, 96, 160)  # opt 3 of 5 pages
     assert dim_ranges(EngineBuildConfig(max_seq=10, max_prompt=4), 4)[0]["past_sequence"] == (4, 4, 12)
-    prefill = dim_ranges(EngineBuildConfig(max_seq=160, max_prompt=100), 32)[0]  # opt prompt 50: two pages
-    assert prefill["past_sequence"] == (32, 64, 160) and prefill["total_sequence"] == (33, 114, 260)
-    assert max_pages(64, 32) == 2 and max_pages(65, 32) == 3
+    prefill = dim_ranges(EngineBuildConfig(max_seq=160, max_prompt=100), 32)[0]  # opt prompt 50: one page
+    assert prefill["past_sequence"] == (32, 32, 160) and prefill["total_sequence"] == (33, 82, 260)
+    assert pages_width(64, 32) == 64 and pages_width(65, 32) == 96
 
 
 def test_embed_profiles(manifest):

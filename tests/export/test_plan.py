@@ -55,15 +55,15 @@ def test_kv_cache_rounds_up_to_whole_pages_and_activations():
     w = pm.Workload(tokens=33, batch=3, prompt=8, page_size=32)
     # layers x K,V x batch x (heads x head_dim = D) x width 33 rounded up to 64 x fp16
     assert pm.kv_cache_bytes(arch, w, 2) == 2 * 2 * 3 * 64 * 64 * 2
-    # prefill scores and probabilities (B, heads, T, W + T) in fp32, W = the prompt rounded up to one page
+    # prefill scores and probabilities (B, heads, T, W + T) in fp32, W = one page: a prompt into fresh rows
     layer = 2 * 3 * 4 * 8 * (32 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2
     assert pm.activation_bytes(arch, w, 2) == max(layer, 3 * 40 * (2 + 4))
-    # a prompt of 33 binds a past two pages wide: W = 64
+    # a prompt of 33, longer than a page, still binds one page of zeros: W = 32
     long = pm.Workload(tokens=48, batch=3, prompt=33, page_size=32)
-    layer = 2 * 3 * 4 * 33 * (64 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2
+    layer = 2 * 3 * 4 * 33 * (32 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2
     assert pm.activation_bytes(arch, long, 2) == layer
     assert pm.activation_bytes(arch, pm.Workload(tokens=48, batch=3, prompt=33, page_size=1), 2) == (
-        2 * 3 * 4 * 33 * (33 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2)  # pages of one position: W = T
+        2 * 3 * 4 * 33 * (1 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2)  # pages of one position: W = 1
     p = pm.plan(arch, "fp16", w, overhead=1000)
     assert p.total_bytes == p.weight_bytes + p.kv_bytes + p.activation_bytes + 1000
 

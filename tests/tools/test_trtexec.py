@@ -161,8 +161,8 @@ def test_parse_size_mib_rejects(text):
 
 
 def _dims(b, s, p, width):
-    """A profile point, pages of 32: past in positions, the width of the past bound (whole pages
-    that hold the past and the new positions)."""
+    """A profile point, pages of 32: past in positions, the width of the past bound (one page for
+    an empty past, else whole pages that hold the past and the new positions)."""
     return {"batch": b, "sequence": s, "past": p, "past_sequence": width, "page_size": 32}
 
 
@@ -181,9 +181,9 @@ def test_decode_profile():
 def test_prefill_profile():
     prof = resolve_profile(Limits(batch=2, sequence=100, max_seq=1024, max_prompt=512), 2048, 32)
     assert prof.phase == "prefill"
-    # the prompt over its rows' block, as wide as the prompt rounded up to pages, all masked
-    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0, 32), _dims(2, 100, 0, 128), _dims(2, 512, 0, 512))
-    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64, 32).max == _dims(1, 64, 0, 64)
+    # the prompt into fresh rows: one page of zeros, all masked, whatever its length
+    assert (prof.min, prof.opt, prof.max) == (_dims(1, 1, 0, 32), _dims(2, 100, 0, 32), _dims(2, 512, 0, 32))
+    assert resolve_profile(Limits(sequence=1, phase="prefill"), 64, 32).max == _dims(1, 64, 0, 32)
 
 
 @pytest.mark.parametrize("limits, message", [
@@ -258,7 +258,7 @@ def test_prefill_layer_command(artifact_dir, no_trtexec, capsys, tmp_path):
         artifact_dir, "layer_00",
         "hidden_states:1x1x32,attention_mask:1x33,past_key:1x4x8x32,past_value:1x4x32x8",
         "hidden_states:2x16x32,attention_mask:2x48,past_key:2x4x8x32,past_value:2x4x32x8",
-        "hidden_states:2x48x32,attention_mask:2x112,past_key:2x4x8x64,past_value:2x4x64x8",
+        "hidden_states:2x48x32,attention_mask:2x80,past_key:2x4x8x32,past_value:2x4x32x8",
         "--memPoolSize=workspace:2048", f"--timingCacheFile={tmp_path / 'o' / 'timing.cache'}",
         transfers=False, out=tmp_path / "o")]
 

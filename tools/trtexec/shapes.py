@@ -4,9 +4,9 @@ Two phases, as the engines use them (issue 3):
   decode:  sequence 1, past 0 .. max_seq-1       (one new token per step over a growing KV cache)
   prefill: sequence 1 .. max_prompt, past 0      (the prompt at full depth from an empty cache)
 The layers' bound past is whole pages (manifest kv_cache.page_size) wide enough for the past and
-the step's new positions (runtime.kvcache): a step of s tokens at past p binds past_sequence =
-ceil((p + s) / page) * page, so a decode step at p binds ceil((p + 1) / page) pages and a prefill
-its prompt rounded up to pages, masked; total_sequence = past_sequence + s. The embedding has no
+the step's new positions (runtime.kvcache.bound_width): a step of s tokens at past p > 0 binds
+past_sequence = ceil((p + s) / page) * page, so a decode step at p binds ceil((p + 1) / page)
+pages, and a prefill (p = 0) one page of zeros, masked; total_sequence = past_sequence + s. The embedding has no
 past input but gets the layers' mask (bound past + new positions), as the runtime passes it.
 The opt point is the run point: the kernels are tuned for the shape being measured.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.kvcache import bound_width
 from runtime.manifest import GraphSpec
 
 from .errors import ProfileLimitError
@@ -45,10 +46,9 @@ class Profile:
 
 def _point(batch: int, sequence: int, past: int, page: int) -> dict:
     """One point of a profile: ``past`` cached positions (0 for a prefill), bound as a past
-    ``past_sequence`` wide, whole pages of ``page`` that hold them and the ``sequence`` new ones;
-    the graph's own sizes come from shape_spec."""
-    width = -(-(past + sequence) // page) * page
-    return {"batch": batch, "sequence": sequence, "past": past, "past_sequence": width, "page_size": page}
+    ``past_sequence`` wide (``bound_width``); the graph's own sizes come from shape_spec."""
+    return {"batch": batch, "sequence": sequence, "past": past,
+            "past_sequence": bound_width(past, sequence, page), "page_size": page}
 
 
 def graph_sizes(graph: GraphSpec, point: dict) -> dict:
@@ -108,7 +108,7 @@ def _prefill_profile(b: int, s: int, p: int, max_batch: int, max_seq: int, max_p
     if s > max_prompt:
         raise ProfileLimitError(f"--seq {s} exceeds --max-prompt {max_prompt}; use --seq {max_prompt} or less, "
                                 f"or raise --max-prompt")
-    run = _point(b, s, 0, page)  # the prompt over its rows' block, masked, as wide as the prompt
+    run = _point(b, s, 0, page)  # the prompt over one page of zeros
     return Profile("prefill", _point(1, 1, 0, page), run, _point(max_batch, max_prompt, 0, page), run)
 
 
