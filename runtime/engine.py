@@ -44,7 +44,7 @@ from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
 from .kvcache import KVCache
 from .policy import SkipPolicy
-from .sampling import SamplingConfig, select
+from .sampling import SamplingConfig, penalize, select, token_logprob
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 
 
@@ -90,6 +90,7 @@ class Request:
     eos: set[int]
     stops: list[str]
     detok: list[IncrementalDetokenizer]
+    logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, _DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -101,6 +102,7 @@ class Request:
         seeds = np.random.SeedSequence(self.sampling.seed).spawn(B)
         self.seqs = [Sequence(self, b, np.random.default_rng(seeds[b])) for b in range(B)]
         self.stats = GenerationStats(0, B, T0, 0)
+        self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 
     @property
     def rows(self) -> int:
@@ -350,19 +352,24 @@ class Engine:
             last = g == r.max_new_tokens - 1
             B = r.rows
             logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
-            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B)
+            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B,
+                               None if r.logprobs is None else [None] * B)
             for s in members:
                 b = s.index
                 logits[b] = s.logits
-                token = int(select(s.logits[None, :], r.sampling, s.rng)[0])
                 detok, before = r.detok[b], s.text
+                scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
+                token = int(select(scores[None, :], r.sampling, s.rng)[0])
+                if r.logprobs is not None:
+                    event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
+                    r.token_logprobs[b].append(event.logprobs[b])
                 delta = detok.add(token)
                 if token in r.eos or last:
                     delta += detok.flush()
                 text = before + delta
                 hit = _first_stop(text, r.stops, len(before))
-                if hit is not None:
-                    text = text[:hit]
+                if hit is not None:  # the whole last token stays, so that text == decode(token_ids)
+                    text += detok.flush()
                 event.token_ids[b], event.texts[b] = token, text[len(before):]
                 s.text, s.token, s.logits = text, token, None
                 reason = "eos" if token in r.eos else "stop" if hit is not None else "length" if last else None
@@ -376,13 +383,13 @@ class Engine:
         for r in dict.fromkeys(s.request for s in seqs):
             if r.done:
                 result = GenerationResult([s.text for s in r.seqs], [d.tokens for d in r.detok], r.stats,
-                                          r.policy, [s.reason for s in r.seqs])
+                                          r.policy, [s.reason for s in r.seqs], r.token_logprobs)
                 with self.lock:
                     self._end(r, result)
 
 
 def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:
-    """End index of the earliest stop string in ``text`` (kept in the output, as transformers).
+    """End index of the earliest stop string in ``text`` (the row ends at the token that completes it).
 
     Only matches that end after ``new_from`` (the text before it was searched at earlier steps)
     are looked for, so a step searches a bounded tail, not the whole text.

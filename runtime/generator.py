@@ -57,6 +57,11 @@ class GenerationStream:
                 return item
         raise StopIteration
 
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """Tokens of each row's prompt (its padding left out)."""
+        return [int(n) for n in self._request.attention_mask.sum(axis=1)]
+
     def close(self) -> None:
         """Cancel the request if it is still running (its rows go to other requests)."""
         if not self._done:
@@ -127,20 +132,36 @@ class Generator:
                 prefill: str | None = None, do_sample: bool = False, temperature: float = 1.0,
                 top_k: int = 50, top_p: float = 1.0, seed: int | None = None,
                 eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
-                stop_strings: str | Sequence[str] | None = None) -> Request:
-        """The engine request of a ``generate`` call, checked and tokenized (not yet submitted)."""
-        prompts = validate.check_prompts(prompts)
+                stop_strings: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
+                frequency_penalty: float = 0.0, logprobs: int | None = None) -> Request:
+        """The engine request of a ``generate`` call, checked and tokenized (not yet submitted).
+
+        ``prompts`` may also be token ids (a list of lists of ints), run as given. ``logprobs=k``
+        records every generated token's log-probability and its k most likely alternatives
+        (``GenerationResult.logprobs``, ``TokenEvent.logprobs``)."""
+        vocab = self.manifest.model.vocab_size
+        ids = _token_id_rows(prompts, vocab)
+        prompts = ids if ids is not None else validate.check_prompts(prompts)
         max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
-        eos = validate.check_eos(eos_token_id, self.manifest.model.vocab_size,
-                                 self.manifest.model.eos_token_id, ignore_eos)
+        eos = validate.check_eos(eos_token_id, vocab, self.manifest.model.eos_token_id, ignore_eos)
         stops = validate.check_stop_strings(stop_strings)
-        sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed)
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= vocab):
+            raise InvalidArgumentError(f"logprobs must be None or an int in [0, {vocab}] (the vocabulary), "
+                                       f"got {logprobs!r}")
+        sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed, presence_penalty, frequency_penalty)
         chosen = self.policy_for(max_new_tokens, policy, speedup, decay=decay, exponent=exponent,
                                  prefill=prefill)
-        enc = self.tokenizer(prompts, padding=True, return_tensors="np")
-        input_ids = enc["input_ids"].astype(np.int64)  # (B, T0), left padded
-        attention_mask = enc["attention_mask"].astype(np.int64)  # (B, T0)
-        validate.check_nonempty_rows(attention_mask, prompts)
+        if ids is not None:
+            width = max(map(len, ids))
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            input_ids = np.array([[pad] * (width - len(r)) + r for r in ids], dtype=np.int64)  # (B, T0)
+            attention_mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in ids], dtype=np.int64)
+        else:
+            enc = self.tokenizer(prompts, padding=True, return_tensors="np")
+            input_ids = enc["input_ids"].astype(np.int64)  # (B, T0), left padded
+            attention_mask = enc["attention_mask"].astype(np.int64)  # (B, T0)
+            validate.check_nonempty_rows(attention_mask, prompts)
         # Each row runs alone as far as its KV is concerned (the engine cuts the padding that all
         # rows seated together share), so each row's own length is what must fit.
         longest = int(attention_mask.sum(axis=1).max())
@@ -149,7 +170,7 @@ class Generator:
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
         return Request(input_ids, attention_mask, max_new_tokens, chosen, sampling, eos, stops,
-                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts])
+                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts], logprobs)
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).
@@ -285,6 +306,25 @@ class Stepper:
         self.close()
 
 
+def _token_id_rows(prompts, vocab_size: int) -> list[list[int]] | None:
+    """``prompts`` as token-id rows when it is a non-empty list of non-empty lists of ints (checked
+    against the vocabulary), else None (text prompts, checked by validate.check_prompts)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts \
+            or not all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+        return None
+    rows = []
+    for i, p in enumerate(prompts):
+        row = [int(t) for t in p if isinstance(t, (int, np.integer)) and not isinstance(t, bool)]
+        if not row or len(row) != len(p):
+            raise InvalidArgumentError(f"token-id prompt {i} must be a non-empty list of ints, got {list(p)!r}")
+        outside = [t for t in row if not 0 <= t < vocab_size]
+        if outside:
+            raise InvalidArgumentError(f"token-id prompt {i} holds {outside[0]}, outside the vocabulary "
+                                       f"[0, {vocab_size - 1}] of this model")
+        rows.append(row)
+    return rows
+
+
 def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None, *,
                decay: str | None = None, exponent: float | None = None,
                prefill: str | None = None) -> SkipPolicy:
@@ -365,8 +405,14 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
         artifact's default policy (full depth unless set at export).
     decay ("linear" | "power"), exponent, prefill ("full" | "policy"): the policy's shape (SkipPolicy's
         fields of those names), overriding the artifact's; with speedup, the target is met under it.
+    prompts may also be token ids: a list of lists of ints, run as given (no BOS added).
     do_sample, temperature, top_k, top_p, seed: sampling, as in transformers.
-    eos_token_id (int or list; default the model's), ignore_eos, stop_strings: when a row ends.
+    presence_penalty, frequency_penalty: OpenAI's penalties on the tokens generated so far.
+    logprobs: k to record each generated token's log-probability and its k most likely tokens
+        (``result.logprobs``); None records none.
+    eos_token_id (int or list; default the model's), ignore_eos, stop_strings: when a row ends. A
+        row stopped by a stop string keeps it, with the rest of the token that completed it (as
+        transformers: text == decode(token_ids)); the server leaves it out, as OpenAI.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
     threads, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import validate
+from .errors import InvalidArgumentError
+from .stats import TokenLogprob
+
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range of presence_penalty and frequency_penalty
 
 
 @dataclass(frozen=True)
@@ -17,6 +21,10 @@ class SamplingConfig:
     top_k: int = 50  # keep the k most likely tokens; 0 disables (transformers' default is 50)
     top_p: float = 1.0  # keep the smallest set whose probability reaches top_p; 1.0 disables
     seed: int | None = None  # seed of the sampling RNG; None draws from the OS
+    # OpenAI's penalties on the tokens a row generated so far (0 = off): logits -= presence * (count > 0)
+    # + frequency * count, before temperature; greedy decoding applies them too
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         # typed errors (InvalidArgumentError, a SkipDecodeError and a ValueError) from one place
@@ -25,6 +33,32 @@ class SamplingConfig:
         validate.check_top_k(self.top_k)
         validate.check_top_p(self.top_p)
         validate.check_seed(self.seed)
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise InvalidArgumentError(f"{name} must be a number in [{low:g}, {high:g}] (0 disables it), "
+                                           f"got {value!r}")
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty)
+
+
+def penalize(logits: np.ndarray, generated: list[int], config: SamplingConfig) -> np.ndarray:
+    """logits (V,) -> (V,) with OpenAI's presence and frequency penalties for the ``generated`` ids."""
+    counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=logits.shape[-1])[: logits.shape[-1]]
+    return logits - (config.presence_penalty * (counts > 0) + config.frequency_penalty * counts).astype(np.float32)
+
+
+def token_logprob(logits: np.ndarray, token: int, k: int) -> TokenLogprob:
+    """The log-softmax of ``logits`` (V,) at ``token``, and its ``k`` most likely tokens."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    logp = x - (m + np.log(np.exp(x - m).sum()))  # (V,)
+    top = np.argpartition(-logp, k - 1)[:k] if 0 < k < logp.shape[0] else np.arange(logp.shape[0] if k else 0)
+    top = top[np.argsort(-logp[top], kind="stable")]
+    return TokenLogprob(int(token), float(logp[token]), [(int(i), float(logp[i])) for i in top])
 
 
 def select(logits: np.ndarray, config: SamplingConfig, rng: np.random.Generator) -> np.ndarray:

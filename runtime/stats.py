@@ -80,12 +80,23 @@ class GenerationStats:
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the model: the log-softmax of the logits it was
+    selected from (before temperature, top-k/top-p and penalties, as OpenAI and vLLM report them)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the k most likely tokens (k = the request's logprobs), most likely first
+
+
+@dataclass
 class GenerationResult:
     texts: list[str]  # generated text per prompt (prompt excluded)
     token_ids: list[list[int]]  # generated ids per prompt, up to and including EOS / stop
     stats: GenerationStats
     policy: SkipPolicy
     finish_reasons: list[str] = field(default_factory=list)  # per row: "eos", "stop" or "length"
+    logprobs: list[list[TokenLogprob]] | None = None  # per row, per generated token (logprobs=k asked)
 
     def layers_of_row(self, row: int) -> list[tuple[int, ...]]:
         """The layers row ``row`` ran at each of its decode steps."""
@@ -103,3 +114,4 @@ class TokenEvent:
     logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling
     finish_reasons: list[str | None] = field(default_factory=list)  # per row: "eos", "stop" or
     # "length" at the step the row ended, else None (a streaming server needs it before the result)
+    logprobs: list[TokenLogprob | None] | None = None  # per row, with logprobs=k (None: finished rows)

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from ..engine import EngineClosedError, QueueFullError
 from ..errors import InputTooLongError, PolicyError
 from ..generator import GenerationStream, Generator
-from .protocol import (Completion, CompletionRequest, RequestError, StopHoldback, choice,
+from .protocol import (Completion, CompletionLogprobs, CompletionRequest, RequestError, StopHoldback, choice,
                        completion_response, error_body, openai_finish_reason, parse_completion,
                        policy_error_param, skipdecode_info, usage)
 
@@ -151,24 +151,25 @@ class CompletionServer:
             stream = self._submit(req)
         except RequestError as exc:
             return _error_response(exc)
-        # the Generator's own tokenizer call (same padding settings): switching a fast tokenizer's
-        # padding mutates it, which another thread's tokenizer call may be borrowing
-        enc = self.gen.tokenizer(req.prompts, padding=True, return_tensors="np")
-        prompt_tokens = int(enc["attention_mask"].sum())
+        prompt_tokens = sum(stream.prompt_lengths[:: req.n])  # each prompt once, whatever n
+        echoes = [self._text(p) if req.echo else "" for p in req.rows]
         completion = Completion(self.model_id)
         if req.stream:
-            return _EventStream(self._events(stream, req, completion, prompt_tokens), stream.close)
+            return _EventStream(self._events(stream, req, completion, prompt_tokens, echoes), stream.close)
         try:
-            return await self._complete(request, stream, req, completion, prompt_tokens)
+            return await self._complete(request, stream, req, completion, prompt_tokens, echoes)
         finally:
             stream.close()
+
+    def _text(self, prompt) -> str:
+        return prompt if isinstance(prompt, str) else self.gen.tokenizer.decode(prompt, skip_special_tokens=True)
 
     # -- the work ----------------------------------------------------------------------------
 
     def _submit(self, req: CompletionRequest) -> GenerationStream:
         """Submit to the engine at once; its refusals become the HTTP errors they mean."""
         try:
-            return self.gen.stream(req.prompts, req.max_tokens, **req.generate_kwargs())
+            return self.gen.stream(req.rows, req.max_tokens, **req.generate_kwargs())
         except QueueFullError as exc:
             raise RequestError(f"the server is at capacity: {exc}", None, 503, "queue_full", "server_error",
                                retry_after=self.config.retry_after) from exc
@@ -182,10 +183,10 @@ class CompletionServer:
             raise RequestError(str(exc).replace("max_new_tokens", "max_tokens"), "max_tokens",
                                code="context_length_exceeded") from exc
         except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
-            raise RequestError(str(exc)) from exc
+            raise RequestError(str(exc), "prompt" if "prompt" in str(exc) else None) from exc
 
     async def _complete(self, request: Request, stream: GenerationStream, req: CompletionRequest,
-                        completion: Completion, prompt_tokens: int) -> Response:
+                        completion: Completion, prompt_tokens: int, echoes: list[str]) -> Response:
         """Wait for the whole result, giving up (and freeing the slots) if the client leaves."""
         outcome: dict = {}
 
@@ -206,7 +207,8 @@ class CompletionServer:
             tg.start_soon(wait)
             tg.start_soon(watch)
         if "result" in outcome:
-            return JSONResponse(completion_response(completion, outcome["result"], req.stop, prompt_tokens))
+            return JSONResponse(completion_response(completion, outcome["result"], req, prompt_tokens, echoes,
+                                                    self.gen.tokenizer))
         if "error" in outcome:
             exc = outcome["error"]
             if isinstance(exc, EngineClosedError):
@@ -216,23 +218,29 @@ class CompletionServer:
         return Response(status_code=499)  # the client left; nobody reads this
 
     async def _events(self, stream: GenerationStream, req: CompletionRequest, completion: Completion,
-                      prompt_tokens: int):
-        """OpenAI's stream: one chunk per choice per step that adds text or ends the choice, then
-        (with stream_options.include_usage) a chunk with no choices and the usage, then [DONE]."""
-        holds = [StopHoldback(req.stop) for _ in req.prompts]
+                      prompt_tokens: int, echoes: list[str]):
+        """OpenAI's stream: the echoed prompts first (with echo), then one chunk per choice per step
+        that adds text, a token's logprobs or ends the choice, then (with
+        stream_options.include_usage) a chunk with no choices and the usage, then [DONE]."""
+        holds = [StopHoldback(req.stop) for _ in echoes]
+        logprobs = [CompletionLogprobs(self.gen.tokenizer, len(e)) for e in echoes]
 
         def chunk(payload: dict) -> str:
             return f"data: {json.dumps(payload)}\n\n"
 
         try:
+            for b, echo in enumerate(echoes):
+                if echo:
+                    yield chunk(completion.envelope([choice(b, echo, None)]))
             while (event := await self._wait(_next_event, stream)) is not None:
                 for b, delta in enumerate(event.texts):
                     if event.token_ids[b] is None:  # this choice had already finished
                         continue
                     reason = event.finish_reasons[b]
                     text = holds[b].push(delta) if reason is None else holds[b].finish(delta, reason)
-                    if text or reason is not None:
-                        yield chunk(completion.envelope([choice(b, text, openai_finish_reason(reason))]))
+                    lp = None if event.logprobs is None else logprobs[b].add([event.logprobs[b]], [delta])
+                    if text or lp or reason is not None:
+                        yield chunk(completion.envelope([choice(b, text, openai_finish_reason(reason), lp)]))
             if req.include_usage and stream.result is not None:
                 yield chunk({**completion.envelope([]), "usage": usage(prompt_tokens, stream.result),
                              "skipdecode": skipdecode_info(stream.result)})

@@ -13,8 +13,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ..detokenize import IncrementalDetokenizer
 from ..errors import SkipDecodeError
-from ..stats import GenerationResult
+from ..sampling import PENALTY_RANGE
+from ..stats import GenerationResult, TokenLogprob
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 # SkipPolicy's fields a request may set; decay/exponent/prefill: the shape options (runtime.policy)
@@ -42,9 +44,9 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 @dataclass
 class CompletionRequest:
-    """One checked ``/v1/completions`` body, in the runtime's terms."""
+    """One checked ``/v1/completions`` (or chat) body, in the runtime's terms."""
 
-    prompts: list[str]  # one choice per prompt; all of them run as one engine request (its rows)
+    prompts: list  # one per prompt: a string, or token ids (a list of ints)
     max_tokens: int  # new tokens per prompt
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage and skipdecode
@@ -56,6 +58,16 @@ class CompletionRequest:
     ignore_eos: bool  # extension (as vLLM): generate max_tokens even past EOS, for benchmarks
     speedup: float | None  # extension: SkipDecode theoretical speedup target
     policy: dict | None  # extension: SkipPolicy fields (POLICY_FIELDS)
+    n: int = 1  # choices per prompt: rows of the same prompt, each with its own random stream
+    echo: bool = False  # the prompt's text before each choice's text
+    logprobs: int | None = None  # per generated token: its log-probability and the k most likely
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def rows(self) -> list:
+        """The engine's rows: each prompt n times; choice i is row i (OpenAI's index order)."""
+        return [p for p in self.prompts for _ in range(self.n)]
 
     def generate_kwargs(self) -> dict:
         """Keyword arguments of ``Generator.stream`` / ``runtime.generate`` for this request."""
@@ -63,23 +75,22 @@ class CompletionRequest:
         return dict(speedup=self.speedup, policy=self.policy, do_sample=not greedy,
                     temperature=1.0 if greedy else self.temperature, top_k=self.top_k,
                     top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
-                    stop_strings=self.stop or None)
+                    stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
+                    frequency_penalty=self.frequency_penalty, logprobs=self.logprobs)
 
 
 # Fields OpenAI defines that this server accepts only at their neutral value: the message says why.
 _NEUTRAL = {
-    "n": (1, "n > 1 is not supported: send the prompt several times (or as a list) instead"),
-    "best_of": (1, "best_of > 1 is not supported"),
-    "echo": (False, "echo is not supported: the response holds the completion only"),
-    "logprobs": (None, "logprobs are not supported"),
+    "best_of": (1, "best_of > 1 is not supported; n > 1 returns n choices"),
     "suffix": (None, "suffix (insertion) is not supported by OPT"),
-    "presence_penalty": (0, "presence_penalty is not supported; send 0 or leave it out"),
-    "frequency_penalty": (0, "frequency_penalty is not supported; send 0 or leave it out"),
 }
 _IGNORED = {"user"}  # accepted and not used, as many OpenAI-compatible servers do
-_KNOWN = {"model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p",
-          "top_k", "seed", "stop", "ignore_eos", "speedup", "policy", "logit_bias",
-          *_NEUTRAL, *_IGNORED}
+_COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed",
+           "stop", "ignore_eos", "speedup", "policy", "logit_bias", "n", "presence_penalty",
+           "frequency_penalty", "logprobs", *_IGNORED}
+_KNOWN = {"prompt", "echo", *_COMMON, *_NEUTRAL}
+MAX_LOGPROBS = 5  # OpenAI's limit of a completion's logprobs
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit of a chat completion's top_logprobs
 
 
 def _is_int(v) -> bool:
@@ -101,52 +112,83 @@ def _number(body: dict, name: str, default: float, low: float, high: float, low_
     return float(v)
 
 
+def _int(body: dict, name: str, default, low: int, high: int | None = None, why: str = ""):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v) or v < low or (high is not None and v > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise RequestError(f"{name} must be an int {bound}{why}, got {v!r}", name)
+    return v
+
+
+def _bool(body: dict, name: str) -> bool:
+    v = body.get(name)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise RequestError(f"{name} must be true or false, got {v!r}", name)
+    return v
+
+
+def _prompts(prompt) -> list:
+    """OpenAI's four prompt forms: a string, a list of strings, token ids, a list of token-id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_is_int(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise RequestError(f"prompt must be a string, a non-empty list of strings, a list of token ids or a "
+                       f"list of token-id lists, got {prompt!r}", "prompt")
+
+
 def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: int = 16,
                      default_speedup: float | None = None) -> CompletionRequest:
     """Check a decoded JSON body; raise RequestError naming the first field that is wrong."""
+    _check_fields(body, _KNOWN, model_id)
+    for name, (neutral, why) in _NEUTRAL.items():
+        if body.get(name) is not None and body.get(name) != neutral:
+            raise RequestError(f"{why} (got {name}={body[name]!r})", name, code="unsupported")
+    prompts = _prompts(body.get("prompt"))
+    echo = _bool(body, "echo")
+    logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+    if echo and logprobs is not None:
+        raise RequestError("echo with logprobs is not supported: the runtime computes no log-probabilities "
+                           "for prompt tokens; send echo or logprobs, not both", "echo", code="unsupported")
+    max_tokens = _int(body, "max_tokens", default_max_tokens, 1)
+    return _request(body, prompts, max_tokens, max_batch, default_speedup, echo=echo, logprobs=logprobs)
+
+
+def _check_fields(body, known: set, model_id: str) -> None:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - _KNOWN)
+    unknown = sorted(set(body) - known)
     if unknown:
-        raise RequestError(f"unrecognized request field {unknown[0]!r}; this server accepts "
-                           f"{', '.join(sorted(_KNOWN))}", unknown[0])
+        raise RequestError(f"unrecognized request field {unknown[0]!r}; this endpoint accepts "
+                           f"{', '.join(sorted(known))}", unknown[0])
     model = body.get("model")
     if model is not None and model != model_id:
         raise RequestError(f"model {model!r} is not served here; this server serves {model_id!r} "
                            f"(GET /v1/models)", "model", status=404, code="model_not_found")
-    for name, (neutral, why) in _NEUTRAL.items():
-        if body.get(name) is not None and body.get(name) != neutral:
-            raise RequestError(f"{why} (got {name}={body[name]!r})", name, code="unsupported")
     if body.get("logit_bias"):
         raise RequestError("logit_bias is not supported; leave it out or send {}", "logit_bias",
                            code="unsupported")
 
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    elif isinstance(prompt, list) and prompt and all(_is_int(p) or isinstance(p, list) for p in prompt):
-        raise RequestError("token-id prompts are not supported; send the prompt as text", "prompt",
-                           code="unsupported")
-    else:
-        raise RequestError(f"prompt is required: a string or a non-empty list of strings, got {prompt!r}",
-                           "prompt")
-    if len(prompts) > max_batch:
-        raise RequestError(f"{len(prompts)} prompts exceed this server's --max-batch {max_batch}; "
-                           f"send at most {max_batch} per request", "prompt")
 
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = default_max_tokens
-    elif not _is_int(max_tokens) or max_tokens < 1:
-        raise RequestError(f"max_tokens must be an int >= 1, got {max_tokens!r}", "max_tokens")
+def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default_speedup: float | None,
+             **extra) -> CompletionRequest:
+    """The fields completions and chat share."""
+    n = _int(body, "n", 1, 1, max_batch, f" (this server's --max-batch {max_batch})")
+    if len(prompts) * n > max_batch:
+        what = f"{len(prompts)} prompts x n={n}" if n > 1 else f"{len(prompts)} prompts"
+        raise RequestError(f"{what} exceed this server's --max-batch {max_batch}; send at most "
+                           f"{max_batch} choices per request", "n" if n > 1 else "prompt")
 
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise RequestError(f"stream must be true or false, got {stream!r}", "stream")
+    stream = _bool(body, "stream")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -160,11 +202,8 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
 
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)  # OpenAI's default and range
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    top_k = body.get("top_k", 0)
-    if top_k is None:
-        top_k = 0
-    if not _is_int(top_k) or top_k < 0:
-        raise RequestError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}", "top_k")
+    top_k = _int(body, "top_k", 0, 0, why=" (0 disables it)")
+    penalties = {name: _number(body, name, 0.0, *PENALTY_RANGE) for name in ("presence_penalty", "frequency_penalty")}
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise RequestError(f"seed must be an int, got {seed!r}", "seed")
@@ -177,9 +216,7 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
             or len(stops) > MAX_STOP_SEQUENCES:
         raise RequestError(f"stop must be a non-empty string or a list of at most "
                            f"{MAX_STOP_SEQUENCES} non-empty strings, got {stop!r}", "stop")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(f"ignore_eos must be true or false, got {ignore_eos!r}", "ignore_eos")
+    ignore_eos = _bool(body, "ignore_eos")
 
     speedup, policy = body.get("speedup"), body.get("policy")
     if speedup is not None and policy is not None:
@@ -200,7 +237,8 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
     if speedup is None and policy is None:
         speedup = default_speedup
     return CompletionRequest(prompts, max_tokens, stream, include_usage, temperature, top_p, top_k,
-                             seed, stops, ignore_eos, None if speedup is None else float(speedup), policy)
+                             seed, stops, ignore_eos, None if speedup is None else float(speedup), policy,
+                             n=n, **penalties, **extra)
 
 
 def policy_error_param(message: str, request: CompletionRequest) -> str:
@@ -218,10 +256,11 @@ def policy_error_param(message: str, request: CompletionRequest) -> str:
 
 
 def cut_stop(text: str, stops: list[str]) -> str:
-    """The runtime keeps the stop string it stopped at (as transformers); OpenAI leaves it out.
-    The runtime's text ends exactly at the stop string that ended it: drop the longest that fits."""
-    ends = [s for s in stops if s and text.endswith(s)]
-    return text[: len(text) - max(map(len, ends))] if ends else text
+    """The runtime keeps the stop string it stopped at and the rest of the token that completed it
+    (as transformers); OpenAI returns the text before it. No stop string occurs earlier in the
+    runtime's text (the row would have ended there), so the first occurrence is the one."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return text[: min(found)] if found else text
 
 
 @dataclass
@@ -284,8 +323,8 @@ class Completion:
                 "model": self.model, "choices": choices}
 
 
-def choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def usage(prompt_tokens: int, result: GenerationResult) -> dict:
@@ -306,10 +345,43 @@ def skipdecode_info(result: GenerationResult) -> dict:
             "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4)}
 
 
-def completion_response(completion: Completion, result: GenerationResult, stops: list[str],
-                        prompt_tokens: int) -> dict:
-    choices = [choice(i, text if reason == "length" else cut_stop(text, stops), openai_finish_reason(reason))
-               for i, (text, reason) in enumerate(zip(result.texts, result.finish_reasons))]
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's own text, special tokens included (OpenAI's ``tokens``)."""
+    return tokenizer.decode([token_id])
+
+
+class CompletionLogprobs:
+    """OpenAI's legacy ``logprobs`` of one choice: ``tokens``, ``token_logprobs``, ``top_logprobs``
+    (the k most likely tokens, and the chosen one) and ``text_offset`` (each token's first
+    character in the choice's text, echoed prompt included). A token that only completes a
+    character split across tokens starts where that character does."""
+
+    def __init__(self, tokenizer, offset: int = 0):
+        self.tokenizer, self.offset = tokenizer, offset
+        self.detok = IncrementalDetokenizer(tokenizer)
+
+    def add(self, lps: list[TokenLogprob], texts: list[str] | None = None) -> dict:
+        """The object for ``lps``; ``texts``: the text each token added, when the caller has it."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for j, lp in enumerate(lps):
+            top = {token_text(self.tokenizer, i): v for i, v in lp.top}
+            out["tokens"].append(token_text(self.tokenizer, lp.token_id))
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append({**top, out["tokens"][-1]: lp.logprob})
+            out["text_offset"].append(self.offset)
+            self.offset += len(texts[j] if texts is not None else self.detok.add(lp.token_id))
+        return out
+
+
+def completion_response(completion: Completion, result: GenerationResult, req: CompletionRequest,
+                        prompt_tokens: int, echoes: list[str], tokenizer) -> dict:
+    """The whole response; ``echoes``: each choice's prompt text with echo, else ""."""
+    choices = []
+    for i, (text, reason) in enumerate(zip(result.texts, result.finish_reasons)):
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = CompletionLogprobs(tokenizer, len(echoes[i])).add(result.logprobs[i])
+        text = text if reason == "length" else cut_stop(text, req.stop)
+        choices.append(choice(i, echoes[i] + text, openai_finish_reason(reason), logprobs))
     return {**completion.envelope(choices), "usage": usage(prompt_tokens, result),
             "skipdecode": skipdecode_info(result)}
-

@@ -195,12 +195,15 @@ def test_eos_finishes_a_row_while_others_continue(generator):
         assert stopped.token_ids[b] == expect
 
 
-def test_stop_strings_truncate_after_the_match(generator):
+def test_stop_strings_end_the_row_at_the_token_that_completes_them(generator):
     full = generator.generate(PROMPTS[0], NEW, ignore_eos=True)
     stop = full.texts[0][3:5]
     result = generator.generate(PROMPTS[0], NEW, ignore_eos=True, stop_strings=[stop])
-    assert result.texts[0] == full.texts[0][: full.texts[0].index(stop) + len(stop)]
-    assert len(result.token_ids[0]) < NEW
+    ids = result.token_ids[0]
+    assert ids == full.token_ids[0][: len(ids)] and len(ids) < NEW
+    # as transformers: the text is the tokens' text, stop string included, up to the token's end
+    assert result.texts[0] == generator.tokenizer.decode(ids, skip_special_tokens=True)
+    assert stop in result.texts[0] and stop not in generator.tokenizer.decode(ids[:-1], skip_special_tokens=True)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(generator):

@@ -128,12 +128,69 @@ def test_stop_sequence_is_left_out_as_openai(server, generator):
     stop = full[3:5]
     assert len(stop) == 2, f"greedy text too short to pick a stop string from: {full!r}"
     kept = generator.generate(PROMPTS[0], 12, stop_strings=[stop]).texts[0]
-    assert kept.endswith(stop)
+    assert stop in kept
+    before = kept[: kept.index(stop)]
     body = complete(server, prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=stop)
-    assert body["choices"][0]["text"] == kept[: -len(stop)]
+    assert body["choices"][0]["text"] == before
     assert body["choices"][0]["finish_reason"] == "stop"
     chunks = complete_streaming(server, prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=[stop, "zzz"])
-    assert stream_texts(chunks) == ({0: kept[: -len(stop)]}, {0: "stop"})
+    assert stream_texts(chunks) == ({0: before}, {0: "stop"})
+
+
+def test_logprobs_as_openai_from_the_runtimes_log_softmax(server, generator):
+    expected = generator.generate(PROMPTS[0], 6, logprobs=2, ignore_eos=True)
+    body = complete(server, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=2, ignore_eos=True)
+    (ch,) = body["choices"]
+    lp = ch["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert lp["token_logprobs"] == pytest.approx([t.logprob for t in expected.logprobs[0]], abs=1e-6)
+    assert lp["tokens"] == [generator.tokenizer.decode([i]) for i in expected.token_ids[0]]
+    for tok, top, t in zip(lp["tokens"], lp["top_logprobs"], expected.logprobs[0]):
+        assert top[tok] == pytest.approx(t.logprob)  # the chosen token is always there
+        assert max(top.values()) == pytest.approx(t.top[0][1]) and len(top) <= 3
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert lp["text_offset"][-1] <= len(ch["text"])
+    chunks = complete_streaming(server, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=2,
+                                ignore_eos=True)
+    streamed = {k: [v for c in chunks for ch in c["choices"] for v in ch["logprobs"][k]] for k in lp}
+    assert streamed == lp
+
+
+def test_n_choices_each_with_its_own_random_stream(server, generator):
+    sampling = dict(do_sample=True, temperature=1.0, top_k=0, seed=11)
+    expected = generator.generate([PROMPTS[0]] * 2 + [PROMPTS[1]] * 2, 8, ignore_eos=True, **sampling)
+    assert expected.texts[0] != expected.texts[1], "two rows of the same prompt drew the same tokens"
+    body = complete(server, prompt=PROMPTS[:2], n=2, max_tokens=8, seed=11, ignore_eos=True)
+    assert [c["text"] for c in body["choices"]] == expected.texts
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    prompt_tokens = sum(len(generator.tokenizer(p)["input_ids"]) for p in PROMPTS[:2])
+    assert body["usage"]["prompt_tokens"] == prompt_tokens  # each prompt once, as OpenAI
+    assert body["usage"]["completion_tokens"] == 4 * 8
+    texts, _ = stream_texts(complete_streaming(server, prompt=PROMPTS[:2], n=2, max_tokens=8, seed=11,
+                                               ignore_eos=True))
+    assert [texts[i] for i in range(4)] == expected.texts
+
+
+def test_echo_and_token_id_prompts(server, generator):
+    expected = generator.generate(PROMPTS[:2], 5).texts
+    body = complete(server, prompt=PROMPTS[:2], max_tokens=5, temperature=0, echo=True)
+    assert [c["text"] for c in body["choices"]] == [p + t for p, t in zip(PROMPTS, expected)]
+    texts, _ = stream_texts(complete_streaming(server, prompt=PROMPTS[:2], max_tokens=5, temperature=0, echo=True))
+    assert [texts[0], texts[1]] == [p + t for p, t in zip(PROMPTS, expected)]
+    ids = [generator.tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    body = complete(server, prompt=ids, max_tokens=5, temperature=0)
+    assert [c["text"] for c in body["choices"]] == expected
+    assert body["usage"]["prompt_tokens"] == sum(map(len, ids))
+    single = complete(server, prompt=ids[0], max_tokens=5, temperature=0)  # one prompt as a list of ids
+    assert single["choices"][0]["text"] == expected[0]
+
+
+def test_penalties_reach_the_sampler(server, generator):
+    expected = generator.generate(PROMPTS[0], 16, ignore_eos=True, frequency_penalty=1.5, presence_penalty=0.5)
+    body = complete(server, prompt=PROMPTS[0], max_tokens=16, temperature=0, ignore_eos=True,
+                    frequency_penalty=1.5, presence_penalty=0.5)
+    assert body["choices"][0]["text"] == expected.texts[0]
+    assert expected.texts[0] != generator.generate(PROMPTS[0], 16, ignore_eos=True).texts[0]
 
 
 # -- under load ----------------------------------------------------------------------------------------
@@ -245,8 +302,11 @@ def test_queue_full_answers_503_with_retry_after(slow):
     (b"[1, 2]", 400, None),
     ({"max_tokens": 4}, 400, "prompt"),
     ({"prompt": 5}, 400, "prompt"),
-    ({"prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"prompt": [[1, 2], []]}, 400, "prompt"),
+    ({"prompt": [1, 10 ** 7]}, 400, "prompt"),  # outside the vocabulary
     ({"prompt": ["a"] * 9}, 400, "prompt"),  # more than max_batch 8
+    ({"prompt": ["a", "b"], "n": 5}, 400, "n"),  # 10 rows, more than max_batch 8
+    ({"prompt": "a", "n": 0}, 400, "n"),
     ({"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
     ({"prompt": "a", "max_tokens": "8"}, 400, "max_tokens"),
     ({"prompt": "a", "max_tokens": 100}, 400, "max_tokens"),  # beyond max_position_embeddings 64
@@ -256,9 +316,14 @@ def test_queue_full_answers_503_with_retry_after(slow):
     ({"prompt": "a", "seed": 1.5}, 400, "seed"),
     ({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}, 400, "stop"),
     ({"prompt": "a", "stop": [""]}, 400, "stop"),
-    ({"prompt": "a", "n": 2}, 400, "n"),
-    ({"prompt": "a", "logprobs": 2}, 400, "logprobs"),
-    ({"prompt": "a", "echo": True}, 400, "echo"),
+    ({"prompt": "a", "logprobs": 6}, 400, "logprobs"),  # OpenAI's limit is 5
+    ({"prompt": "a", "logprobs": True}, 400, "logprobs"),
+    ({"prompt": "a", "logprobs": 1, "echo": True}, 400, "echo"),
+    ({"prompt": "a", "echo": 1}, 400, "echo"),
+    ({"prompt": "a", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ({"prompt": "a", "frequency_penalty": "high"}, 400, "frequency_penalty"),
+    ({"prompt": "a", "max_completion_tokens": 4}, 400, "max_completion_tokens"),  # chat's name, as OpenAI
+    ({"prompt": "a", "best_of": 2}, 400, "best_of"),
     ({"prompt": "a", "stream": "yes"}, 400, "stream"),
     ({"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"prompt": "a", "speedup": 0.5}, 400, "speedup"),
