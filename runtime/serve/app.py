@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+import hmac
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -43,6 +46,16 @@ class ServeConfig:
     close_generator: bool = True  # close the Generator at shutdown; False when the caller owns it
     waiter_threads: int = 64  # worker threads blocked on engine streams at once; more requests wait
     # for one without holding a thread (the engine runs them regardless, so nothing deadlocks)
+    api_key: str | None = field(default=None, repr=False)  # bearer token /v1/* requires; None: open.
+    # Never logged or repr'd
+    allowed_origins: list[str] | None = None  # CORS origins ("*": any); None: no CORS headers at all
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> "ServeConfig":
+        """The settings of ``python -m runtime serve``'s options."""
+        return cls(model_name=args.model_name, speedup=args.speedup, shutdown_timeout=args.shutdown_timeout,
+                   close_generator=False, api_key=args.api_key, allowed_origins=args.allowed_origins,
+                   **overrides)
 
 
 class _EventStream(StreamingResponse):
@@ -101,6 +114,8 @@ class CompletionServer:
         self.gen, self.config = generator, config
         self.model_id = config.model_name or Path(generator.directory).resolve().name
         self.limiter = anyio.CapacityLimiter(config.waiter_threads)
+        # when the artifact was written (its manifest is written last), as OpenAI's Unix seconds
+        self.created = int((Path(generator.directory) / "manifest.json").stat().st_mtime)
 
     async def _wait(self, fn, stream):
         return await anyio.to_thread.run_sync(fn, stream, abandon_on_cancel=True, limiter=self.limiter)
@@ -118,7 +133,7 @@ class CompletionServer:
 
     def _model_card(self) -> dict:
         m = self.gen.manifest
-        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "skipdecode-edge",
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "skipdecode-edge",
                 "skipdecode": {"num_layers": m.model.num_layers, "default_policy": m.policy,
                                "default_speedup": self.config.speedup,
                                "max_length": self.gen.max_length, "max_batch": self.gen.max_batch}}
@@ -171,8 +186,13 @@ class CompletionServer:
         try:
             return self.gen.stream(req.rows, req.max_tokens, **req.generate_kwargs())
         except QueueFullError as exc:
-            raise RequestError(f"the server is at capacity: {exc}", None, 503, "queue_full", "server_error",
-                               retry_after=self.config.retry_after) from exc
+            engine = self.gen.engine
+            raise RequestError(
+                f"the server is at capacity: its {self.gen.max_batch} rows are busy and {engine.max_queue} "
+                f"requests already wait (--max-batch {self.gen.max_batch}, --max-queue {engine.max_queue}); "
+                f"retry after {self.config.retry_after} s, or start the server with a larger --max-queue or "
+                f"--max-batch", None, 503, "queue_full", "server_error",
+                retry_after=self.config.retry_after) from exc
         except EngineClosedError as exc:
             raise RequestError("the server is shutting down; retry on another instance", None, 503,
                                "shutting_down", "server_error") from exc
@@ -263,6 +283,27 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(_internal_error(exc), status_code=500)
 
 
+class BearerAuth:
+    """``Authorization: Bearer KEY`` on /v1/*, answered 401 in OpenAI's error shape otherwise.
+    /health and /metrics stay open (load balancers and Prometheus scrape them)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.key = app, api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+            headers = dict(scope["headers"])
+            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+                said = "no API key was sent" if not token else "the API key sent is not this server's"
+                body = error_body(f"{said}: send the server's --api-key as 'Authorization: Bearer KEY'",
+                                  "invalid_request_error", code="invalid_api_key")
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(generator: Generator, config: ServeConfig | None = None) -> Starlette:
     """The ASGI app serving ``generator``: /v1/completions, /v1/models, /health."""
     config = config or ServeConfig()
@@ -283,7 +324,13 @@ def create_app(generator: Generator, config: ServeConfig | None = None) -> Starl
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = []
+    if config.allowed_origins:  # CORS only when asked for: a browser page elsewhere may not call us otherwise
+        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                                     allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"]))
+    if config.api_key:  # inside CORS, so that a browser's preflight and a 401 still carry its headers
+        middleware.append(Middleware(BearerAuth, api_key=config.api_key))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.server = server
     return app

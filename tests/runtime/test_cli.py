@@ -47,10 +47,12 @@ def test_json_stop_ignore_eos_and_policy(artifact_dir, capsys):
     assert rows[0]["policy"]["max_layers"] == 4 and rows[0]["policy"]["min_layers"] == 2
     assert rows[0]["stats"]["layers_per_step"][0] == 4 and isinstance(rows[0]["text"], str)
     stop = rows[0]["text"][:1]
-    if stop:  # the first character of the text as a stop string: the row ends right there
+    if stop:  # the first character of the text as a stop string: the row ends with the token that made it
         assert main(argv + ["--stop", stop]) == 0
         first = json.loads(capsys.readouterr().out.splitlines()[0])
-        assert first["text"] == stop
+        n = len(first["token_ids"])
+        assert first["text"].startswith(stop) and rows[0]["text"].startswith(first["text"])
+        assert first["token_ids"] == rows[0]["token_ids"][:n] and n < 6
 
 
 def test_policy_shape_options(artifact_dir, capsys):

@@ -285,7 +285,8 @@ def test_queue_full_answers_503_with_retry_after(slow):
             r = client.post("/v1/completions", json=dict(prompt="third", max_tokens=3))
             assert r.status_code == 503
             assert int(r.headers["Retry-After"]) >= 1
-            assert r.json()["error"]["code"] == "queue_full" and "max_queue 1" in r.json()["error"]["message"]
+            assert r.json()["error"]["code"] == "queue_full"
+            assert "--max-queue 1" in r.json()["error"]["message"] and "--max-batch 1" in r.json()["error"]["message"]
             backend.gate.set()
             assert first.result()["usage"]["completion_tokens"] == 3
             assert stream_texts(second.result())[1] == {0: "length"}
@@ -353,12 +354,38 @@ def test_models_health_and_no_chat(server, generator):
     models = server.get("/v1/models").json()
     (card,) = models["data"]
     assert card["object"] == "model" and card["skipdecode"]["num_layers"] == generator.num_layers
+    assert card["created"] == int((Path(generator.directory) / "manifest.json").stat().st_mtime) > 0
     assert server.get(f"/v1/models/{card['id']}").status_code == 200
     assert complete(server, prompt="Hi", max_tokens=1, model=card["id"])["model"] == card["id"]
     assert server.get("/health").json()["status"] == "ok"
     r = server.post("/v1/chat/completions", json={"messages": []})
     assert r.status_code == 404 and "chat template" in r.json()["error"]["message"]
     assert server.get("/v1/nothing").json()["error"]["type"] == "invalid_request_error"
+
+
+def test_api_key_and_cors_only_when_asked(generator, server):
+    key = "sk-test-0123456789"
+    config = ServeConfig(close_generator=False, api_key=key, allowed_origins=["https://app.example"])
+    assert key not in repr(config)
+    with LiveServer(create_app(generator, config)) as live, httpx.Client(base_url=live.url, timeout=TIMEOUT) as c:
+        body = dict(prompt="Hi", max_tokens=1)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):
+            r = c.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+            assert r.json()["error"]["code"] == "invalid_api_key" and key not in r.text
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert c.get("/v1/models").status_code == 401
+        ok = c.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}",
+                                                           "Origin": "https://app.example"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
+        assert c.get("/health").status_code == 200  # probes need no key
+        pre = c.options("/v1/completions", headers={"Origin": "https://app.example",
+                                                    "Access-Control-Request-Method": "POST",
+                                                    "Access-Control-Request-Headers": "authorization"})
+        assert pre.status_code == 200 and "POST" in pre.headers["access-control-allow-methods"]
+    # the shared server was started without --allowed-origins: no CORS headers
+    r = server.get("/v1/models", headers={"Origin": "https://app.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
 # -- the command line ----------------------------------------------------------------------------------
@@ -375,9 +402,10 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(artifact_dir, generato
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.runtime.serve_helpers", "--delay", "0.05", str(artifact_dir),
-         "--port", str(port), "--threads", "1", "--max-batch", "4", "--no-access-log"],
+         "--port", str(port), "--threads", "1", "--max-batch", "4", "--device", "cpu"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SKIPDECODE_API_KEY": API_KEY})
+    auth = {"Authorization": f"Bearer {API_KEY}"}
     try:
         def up():
             assert proc.poll() is None, proc.stdout.read()
@@ -391,7 +419,8 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(artifact_dir, generato
 
         def client(i):
             body = dict(prompt=PROMPTS[i % 3], max_tokens=20, ignore_eos=True, temperature=0, stream=True)
-            with httpx.Client(timeout=TIMEOUT) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
+            with httpx.Client(timeout=TIMEOUT, headers=auth) as c, \
+                    c.stream("POST", f"{url}/v1/completions", json=body) as r:
                 lines = r.iter_lines()
                 first = next(lines)
                 started.wait()
@@ -414,15 +443,54 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(artifact_dir, generato
         assert proc.wait(timeout=60) == 0
         out = proc.stdout.read()
         assert "Shutting down" in out and "Traceback" not in out, out
+        assert "(API key required)" in out and "POST /v1/completions" in out  # the access log ran
+        assert API_KEY not in out
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
+API_KEY = "sk-never-logged-4242"
+
+
+def _one_error_line(capsys, *words) -> None:
+    out, err = capsys.readouterr()
+    assert "serving" not in out and len(err.splitlines()) == 1 and err.startswith("error: "), (out, err)
+    for word in words:
+        assert word in err, err
+
+
 def test_cli_explains_bad_speedup(artifact_dir, capsys):
     from runtime.serve.cli import main
 
-    assert main([str(artifact_dir), "--speedup", "99", "--port", "1"]) == 2
-    assert "--speedup" in capsys.readouterr().err
+    assert main([str(artifact_dir), "--speedup", "99", "--port", "0"]) == 2
+    _one_error_line(capsys, "--speedup")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "99999"], ["--port must be in [0, 65535], got 99999"]),
+    (["--port", "0", "--host", "no-such-host.invalid"], ["--host 'no-such-host.invalid'", "127.0.0.1"]),
+    (["--port", "0", "--host", "192.0.2.1"], ["cannot listen on 192.0.2.1:0"]),  # not this machine's
+    (["--port", "0", "--engine-dir", "x"], ["--engine-dir applies only to --backend tensorrt"]),
+    (["--port", "0", "--max-batch", "0"], ["--max-batch must be >= 1"]),
+    (["--port", "0", "--device", "cuda:7"], ["cuda"]),  # no such device here: the backend says so
+])
+def test_cli_startup_errors_are_one_line(artifact_dir, capsys, args, words):
+    from runtime.serve.cli import main
+
+    assert main([str(artifact_dir), *args]) == 2
+    _one_error_line(capsys, *words)
+
+
+def test_cli_port_in_use_is_one_line_and_never_claims_to_serve(artifact_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "runtime", "serve", str(artifact_dir), "--port", str(port)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "serving" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use; "
+                                        f"another process listens there: pick another --port, or stop that process"]
 
