@@ -27,6 +27,7 @@ from starlette.routing import Route
 from ..engine import EngineClosedError, QueueFullError
 from ..errors import InputTooLongError, PolicyError
 from ..generator import GenerationStream, Generator
+from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
 from .protocol import (Completion, CompletionLogprobs, CompletionRequest, RequestError, StopHoldback, choice,
                        completion_response, error_body, openai_finish_reason, parse_completion,
                        policy_error_param, skipdecode_info, usage)
@@ -87,13 +88,16 @@ class _EventStream(StreamingResponse):
                 await self.body_iterator.aclose()
 
 
-def _next_event(stream: GenerationStream):
-    return next(stream, None)
+def _next_event(stream: GenerationStream, timer: RequestTimer):
+    event = next(stream, None)
+    if event is not None:
+        timer.event(event)
+    return event
 
 
-def _drain(stream: GenerationStream):
-    for _ in stream:
-        pass
+def _drain(stream: GenerationStream, timer: RequestTimer):
+    for event in stream:
+        timer.event(event)
     return stream.result
 
 
@@ -116,9 +120,10 @@ class CompletionServer:
         self.limiter = anyio.CapacityLimiter(config.waiter_threads)
         # when the artifact was written (its manifest is written last), as OpenAI's Unix seconds
         self.created = int((Path(generator.directory) / "manifest.json").stat().st_mtime)
+        self.metrics = Metrics(generator.engine, generator.num_layers)
 
-    async def _wait(self, fn, stream):
-        return await anyio.to_thread.run_sync(fn, stream, abandon_on_cancel=True, limiter=self.limiter)
+    async def _wait(self, fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self.limiter)
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -138,6 +143,10 @@ class CompletionServer:
                                "default_speedup": self.config.speedup,
                                "max_length": self.gen.max_length, "max_batch": self.gen.max_batch}}
 
+    async def prometheus(self, request: Request) -> Response:
+        body, content_type = self.metrics.render()
+        return Response(body, media_type=content_type)
+
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
@@ -154,6 +163,7 @@ class CompletionServer:
             None, 404, "not_found"))
 
     async def completions(self, request: Request) -> Response:
+        timer = RequestTimer(self.metrics)
         try:
             raw = await request.body()
             try:
@@ -167,12 +177,13 @@ class CompletionServer:
         except RequestError as exc:
             return _error_response(exc)
         prompt_tokens = sum(stream.prompt_lengths[:: req.n])  # each prompt once, whatever n
+        self.metrics.prompt_tokens.inc(prompt_tokens)
         echoes = [self._text(p) if req.echo else "" for p in req.rows]
         completion = Completion(self.model_id)
         if req.stream:
-            return _EventStream(self._events(stream, req, completion, prompt_tokens, echoes), stream.close)
+            return _EventStream(self._events(stream, timer, req, completion, prompt_tokens, echoes), stream.close)
         try:
-            return await self._complete(request, stream, req, completion, prompt_tokens, echoes)
+            return await self._complete(request, stream, timer, req, completion, prompt_tokens, echoes)
         finally:
             stream.close()
 
@@ -205,15 +216,16 @@ class CompletionServer:
         except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
             raise RequestError(str(exc), "prompt" if "prompt" in str(exc) else None) from exc
 
-    async def _complete(self, request: Request, stream: GenerationStream, req: CompletionRequest,
-                        completion: Completion, prompt_tokens: int, echoes: list[str]) -> Response:
+    async def _complete(self, request: Request, stream: GenerationStream, timer: RequestTimer,
+                        req: CompletionRequest, completion: Completion, prompt_tokens: int,
+                        echoes: list[str]) -> Response:
         """Wait for the whole result, giving up (and freeing the slots) if the client leaves."""
         outcome: dict = {}
 
         async with anyio.create_task_group() as tg:
             async def wait() -> None:
                 try:
-                    outcome["result"] = await self._wait(_drain, stream)
+                    outcome["result"] = await self._wait(_drain, stream, timer)
                 except Exception as exc:  # noqa: BLE001 - this request's failure, answered below
                     outcome["error"] = exc
                 tg.cancel_scope.cancel()
@@ -227,6 +239,7 @@ class CompletionServer:
             tg.start_soon(wait)
             tg.start_soon(watch)
         if "result" in outcome:
+            self._finished(req, outcome["result"])
             return JSONResponse(completion_response(completion, outcome["result"], req, prompt_tokens, echoes,
                                                     self.gen.tokenizer))
         if "error" in outcome:
@@ -237,8 +250,11 @@ class CompletionServer:
             return JSONResponse(_internal_error(exc), status_code=500)
         return Response(status_code=499)  # the client left; nobody reads this
 
-    async def _events(self, stream: GenerationStream, req: CompletionRequest, completion: Completion,
-                      prompt_tokens: int, echoes: list[str]):
+    def _finished(self, req: CompletionRequest, result) -> None:
+        self.metrics.finished(speedup_label(req.speedup, req.policy), result.stats.layers_per_step)
+
+    async def _events(self, stream: GenerationStream, timer: RequestTimer, req: CompletionRequest,
+                      completion: Completion, prompt_tokens: int, echoes: list[str]):
         """OpenAI's stream: the echoed prompts first (with echo), then one chunk per choice per step
         that adds text, a token's logprobs or ends the choice, then (with
         stream_options.include_usage) a chunk with no choices and the usage, then [DONE]."""
@@ -252,7 +268,7 @@ class CompletionServer:
             for b, echo in enumerate(echoes):
                 if echo:
                     yield chunk(completion.envelope([choice(b, echo, None)]))
-            while (event := await self._wait(_next_event, stream)) is not None:
+            while (event := await self._wait(_next_event, stream, timer)) is not None:
                 for b, delta in enumerate(event.texts):
                     if event.token_ids[b] is None:  # this choice had already finished
                         continue
@@ -261,6 +277,8 @@ class CompletionServer:
                     lp = None if event.logprobs is None else logprobs[b].add([event.logprobs[b]], [delta])
                     if text or lp or reason is not None:
                         yield chunk(completion.envelope([choice(b, text, openai_finish_reason(reason), lp)]))
+            if stream.result is not None:
+                self._finished(req, stream.result)
             if req.include_usage and stream.result is not None:
                 yield chunk({**completion.envelope([]), "usage": usage(prompt_tokens, stream.result),
                              "skipdecode": skipdecode_info(stream.result)})
@@ -319,12 +337,13 @@ def create_app(generator: Generator, config: ServeConfig | None = None) -> Starl
 
     routes = [
         Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.prometheus, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
     ]
-    middleware = []
+    middleware = [Middleware(CountRequests, metrics=server.metrics)]  # outermost: counts the 401s too
     if config.allowed_origins:  # CORS only when asked for: a browser page elsewhere may not call us otherwise
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,
                                      allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"]))

@@ -273,6 +273,11 @@ def test_disconnect_while_waiting_for_a_whole_response(slow):
     assert backend.heads - start < 30
 
 
+def _gauge(client, name) -> float:
+    line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
 def test_queue_full_answers_503_with_retry_after(slow):
     client, backend, _ = slow
     backend.gate.clear()  # prefills wait: the first request holds the one slot, the next waits
@@ -282,6 +287,7 @@ def test_queue_full_answers_503_with_retry_after(slow):
             wait_for(lambda: client.get("/health").json()["running"] == 1, what="the first request to run")
             second = pool.submit(complete_streaming, client, prompt="Paris", max_tokens=3, temperature=0)
             wait_for(lambda: client.get("/health").json()["waiting"] == 1, what="the second to wait")
+            assert _gauge(client, "skipdecode_queue_depth") == 1 and _gauge(client, "skipdecode_running_rows") == 1
             r = client.post("/v1/completions", json=dict(prompt="third", max_tokens=3))
             assert r.status_code == 503
             assert int(r.headers["Retry-After"]) >= 1
@@ -386,6 +392,39 @@ def test_api_key_and_cors_only_when_asked(generator, server):
     # the shared server was started without --allowed-origins: no CORS headers
     r = server.get("/v1/models", headers={"Origin": "https://app.example"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_metrics_count_what_was_served(generator):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prompt = PROMPTS[1]
+    expected = generator.generate(prompt, 5, speedup=2, ignore_eos=True)
+    with LiveServer(create_app(generator, ServeConfig(close_generator=False))) as live, \
+            httpx.Client(base_url=live.url, timeout=TIMEOUT) as c:
+        body = dict(prompt=prompt, max_tokens=5, temperature=0, speedup=2, ignore_eos=True)
+        assert complete(c, **body)["choices"][0]["text"] == expected.texts[0]
+        assert stream_texts(complete_streaming(c, **body))[0] == {0: expected.texts[0]}
+        assert c.post("/v1/completions", json=dict(prompt="a", top_k=-1)).status_code == 400
+        assert c.get("/nowhere").status_code == 404
+        r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(r.text) for s in family.samples}
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("skipdecode_requests_total", endpoint="/v1/completions", status="200") == 2
+    assert value("skipdecode_requests_total", endpoint="/v1/completions", status="400") == 1
+    assert value("skipdecode_requests_total", endpoint="other", status="404") == 1
+    assert value("skipdecode_prompt_tokens_total") == 2 * len(generator.tokenizer(prompt)["input_ids"])
+    assert value("skipdecode_generation_tokens_total") == 10
+    assert value("skipdecode_time_to_first_token_seconds_count") == 2
+    assert value("skipdecode_inter_token_latency_seconds_count") == 8
+    layers = expected.stats.layers_per_step
+    assert value("skipdecode_layers_per_token_count", speedup="2") == 2 * len(layers)
+    assert value("skipdecode_layers_per_token_sum", speedup="2") == 2 * sum(layers)
+    assert value("skipdecode_queue_depth") == 0 and value("skipdecode_running_rows") == 0
 
 
 # -- the command line ----------------------------------------------------------------------------------
