@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import hmac
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -28,9 +28,10 @@ from ..engine import EngineClosedError, QueueFullError
 from ..errors import InputTooLongError, PolicyError
 from ..generator import GenerationStream, Generator
 from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
-from .protocol import (Completion, CompletionLogprobs, CompletionRequest, RequestError, StopHoldback, choice,
-                       completion_response, error_body, openai_finish_reason, parse_completion,
-                       policy_error_param, skipdecode_info, usage)
+from .chat import ChatTemplate
+from .protocol import (CHAT, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
+                       error_body, openai_finish_reason, parse_chat, parse_completion, policy_error_param,
+                       skipdecode_info, usage)
 
 log = logging.getLogger("runtime.serve")
 
@@ -121,6 +122,7 @@ class CompletionServer:
         # when the artifact was written (its manifest is written last), as OpenAI's Unix seconds
         self.created = int((Path(generator.directory) / "manifest.json").stat().st_mtime)
         self.metrics = Metrics(generator.engine, generator.num_layers)
+        self.template = ChatTemplate.from_dir(Path(generator.directory) / generator.manifest.tokenizer_dir)
 
     async def _wait(self, fn, *args):
         return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self.limiter)
@@ -157,12 +159,35 @@ class CompletionServer:
             return _error_response(err)
         return JSONResponse(self._model_card())
 
-    async def chat(self, request: Request) -> JSONResponse:
-        return _error_response(RequestError(
-            "no chat endpoint: OPT has no chat template; use /v1/completions with a text prompt",
-            None, 404, "not_found"))
-
     async def completions(self, request: Request) -> Response:
+        return await self._serve(request, TEXT, lambda body: parse_completion(
+            body, self.model_id, self.gen.max_batch, self.config.default_max_tokens, self.config.speedup))
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, CHAT, self._chat_request)
+
+    def _chat_request(self, body) -> CompletionRequest:
+        """The messages rendered by the tokenizer's chat template into one token-id prompt."""
+        if self.template is None:
+            raise RequestError(
+                f"{self.model_id!r} has no chat template (its tokenizer ships none, as OPT's; a chat model's "
+                f"tokenizer_config.json or chat_template.jinja carries one), so messages cannot become a "
+                f"prompt: use /v1/completions with a text prompt in the format the model was trained on",
+                "messages", code="no_chat_template")
+        req, messages = parse_chat(body, self.model_id, self.gen.max_batch, self.config.speedup)
+        text = self.template.render(messages)
+        ids = self.gen.tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds the BOS
+        room = self.gen.max_length - len(ids)
+        max_tokens = req.max_tokens or room  # none given: the rest of the context, as OpenAI
+        if room < 1 or max_tokens > room:
+            raise RequestError(f"the messages take {len(ids)} tokens and max_tokens {max_tokens} more, beyond "
+                               f"this server's {self.gen.max_length} positions per row (--max-length); shorten "
+                               f"the conversation or ask for fewer tokens", "messages",
+                               code="context_length_exceeded")
+        return replace(req, prompts=[ids], max_tokens=max_tokens)
+
+    async def _serve(self, request: Request, fmt, parse) -> Response:
+        """A completion or chat request: parse the body, submit it, answer it whole or streamed."""
         timer = RequestTimer(self.metrics)
         try:
             raw = await request.body()
@@ -171,15 +196,14 @@ class CompletionServer:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object "
                                    f"with Content-Type: application/json", None, code="invalid_json")
-            req = parse_completion(body, self.model_id, self.gen.max_batch, self.config.default_max_tokens,
-                                   self.config.speedup)
+            req = parse(body)
             stream = self._submit(req)
         except RequestError as exc:
             return _error_response(exc)
         prompt_tokens = sum(stream.prompt_lengths[:: req.n])  # each prompt once, whatever n
         self.metrics.prompt_tokens.inc(prompt_tokens)
         echoes = [self._text(p) if req.echo else "" for p in req.rows]
-        completion = Completion(self.model_id)
+        completion = Completion(self.model_id, fmt)
         if req.stream:
             return _EventStream(self._events(stream, timer, req, completion, prompt_tokens, echoes), stream.close)
         try:
@@ -258,16 +282,19 @@ class CompletionServer:
         """OpenAI's stream: the echoed prompts first (with echo), then one chunk per choice per step
         that adds text, a token's logprobs or ends the choice, then (with
         stream_options.include_usage) a chunk with no choices and the usage, then [DONE]."""
+        fmt = completion.format
         holds = [StopHoldback(req.stop) for _ in echoes]
-        logprobs = [CompletionLogprobs(self.gen.tokenizer, len(e)) for e in echoes]
+        logprobs = [fmt.logprobs(self.gen.tokenizer, len(e)) for e in echoes]
 
         def chunk(payload: dict) -> str:
             return f"data: {json.dumps(payload)}\n\n"
 
         try:
+            for opening in fmt.opening(len(echoes)):
+                yield chunk(completion.envelope([opening], chunk=True))
             for b, echo in enumerate(echoes):
                 if echo:
-                    yield chunk(completion.envelope([choice(b, echo, None)]))
+                    yield chunk(completion.envelope([fmt.chunk_choice(b, echo, None)], chunk=True))
             while (event := await self._wait(_next_event, stream, timer)) is not None:
                 for b, delta in enumerate(event.texts):
                     if event.token_ids[b] is None:  # this choice had already finished
@@ -276,11 +303,12 @@ class CompletionServer:
                     text = holds[b].push(delta) if reason is None else holds[b].finish(delta, reason)
                     lp = None if event.logprobs is None else logprobs[b].add([event.logprobs[b]], [delta])
                     if text or lp or reason is not None:
-                        yield chunk(completion.envelope([choice(b, text, openai_finish_reason(reason), lp)]))
+                        yield chunk(completion.envelope(
+                            [fmt.chunk_choice(b, text, openai_finish_reason(reason), lp)], chunk=True))
             if stream.result is not None:
                 self._finished(req, stream.result)
             if req.include_usage and stream.result is not None:
-                yield chunk({**completion.envelope([]), "usage": usage(prompt_tokens, stream.result),
+                yield chunk({**completion.envelope([], chunk=True), "usage": usage(prompt_tokens, stream.result),
                              "skipdecode": skipdecode_info(stream.result)})
         except EngineClosedError as exc:
             yield chunk(error_body(str(exc), "server_error", code="shutting_down"))

@@ -163,6 +163,55 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
     return _request(body, prompts, max_tokens, max_batch, default_speedup, echo=echo, logprobs=logprobs)
 
 
+_CHAT_KNOWN = {"messages", "max_completion_tokens", "top_logprobs", *_COMMON}
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def parse_chat(body, model_id: str, max_batch: int, default_speedup: float | None = None
+               ) -> tuple[CompletionRequest, list[dict]]:
+    """Check a /v1/chat/completions body: the request (its ``prompts`` still to be rendered from
+    the messages; ``max_tokens`` 0 when the body gives none: the rest of the context) and the
+    messages, their content as text."""
+    _check_fields(body, _CHAT_KNOWN, model_id)
+    messages = _messages(body.get("messages"))
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not logprobs:
+        raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    legacy, max_tokens = _int(body, "max_tokens", None, 1), _int(body, "max_completion_tokens", None, 1)
+    if legacy is not None and max_tokens is not None and legacy != max_tokens:
+        raise RequestError(f"max_tokens {legacy} and max_completion_tokens {max_tokens} disagree; send one "
+                           f"(max_completion_tokens: max_tokens is its deprecated name)", "max_tokens")
+    max_tokens = max_tokens or legacy or 0
+    req = _request(body, [None], max_tokens, max_batch, default_speedup, logprobs=(top or 0) if logprobs else None)
+    return req, messages
+
+
+def _messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(f"messages must be a non-empty list of {{\"role\", \"content\"}} objects, got "
+                           f"{messages!r}", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise RequestError(f"messages[{i}] must be an object whose role is one of {', '.join(ROLES)}, got "
+                               f"{m!r}", f"messages[{i}].role")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only (the model reads nothing else)
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": "
+                                   f"...}}) are supported by a text model", f"messages[{i}].content")
+            content = "".join(p["text"] for p in content)
+        elif content is None and m["role"] == "assistant":
+            content = ""
+        elif not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string or a list of text parts, got {content!r}",
+                               f"messages[{i}].content")
+        out.append({**m, "content": content})
+    return out
+
+
 def _check_fields(body, known: set, model_id: str) -> None:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -310,21 +359,64 @@ def openai_finish_reason(reason: str | None) -> str | None:
     return None if reason is None else "length" if reason == "length" else "stop"
 
 
+class TextFormat:
+    """The shapes of /v1/completions: ``text`` choices, OpenAI's legacy ``logprobs``."""
+
+    object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
+
+    def logprobs(self, tokenizer, offset: int = 0) -> "CompletionLogprobs":
+        return CompletionLogprobs(tokenizer, offset)
+
+    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    chunk_choice = choice
+
+    def opening(self, rows: int) -> list[dict]:
+        return []
+
+
+class ChatFormat:
+    """The shapes of /v1/chat/completions: an assistant ``message`` (``delta`` when streamed, the
+    role first), ``logprobs.content`` entries."""
+
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def logprobs(self, tokenizer, offset: int = 0) -> "ChatLogprobs":
+        return ChatLogprobs(tokenizer)
+
+    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def opening(self, rows: int) -> list[dict]:
+        """The first chunk of every choice: its role, as OpenAI streams it."""
+        return [{"index": b, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for b in range(rows)]
+
+
+TEXT, CHAT = TextFormat(), ChatFormat()
+
+
 @dataclass
 class Completion:
     """Identity shared by a response and all the chunks of its stream."""
 
     model: str
-    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    format: TextFormat | ChatFormat = TEXT
+    id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def envelope(self, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.model, "choices": choices}
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{self.format.id_prefix}{uuid.uuid4().hex}"
 
-
-def choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    def envelope(self, choices: list[dict], chunk: bool = False) -> dict:
+        return {"id": self.id, "object": self.format.chunk_object if chunk else self.format.object,
+                "created": self.created, "model": self.model, "choices": choices}
 
 
 def usage(prompt_tokens: int, result: GenerationResult) -> dict:
@@ -373,15 +465,30 @@ class CompletionLogprobs:
         return out
 
 
+class ChatLogprobs:
+    """A chat choice's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        token = token_text(self.tokenizer, token_id)
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    def add(self, lps: list[TokenLogprob], texts: list[str] | None = None) -> dict:
+        return {"content": [{**self._entry(lp.token_id, lp.logprob),
+                             "top_logprobs": [self._entry(i, v) for i, v in lp.top]} for lp in lps]}
+
+
 def completion_response(completion: Completion, result: GenerationResult, req: CompletionRequest,
                         prompt_tokens: int, echoes: list[str], tokenizer) -> dict:
     """The whole response; ``echoes``: each choice's prompt text with echo, else ""."""
-    choices = []
+    fmt, choices = completion.format, []
     for i, (text, reason) in enumerate(zip(result.texts, result.finish_reasons)):
         logprobs = None
         if result.logprobs is not None:
-            logprobs = CompletionLogprobs(tokenizer, len(echoes[i])).add(result.logprobs[i])
+            logprobs = fmt.logprobs(tokenizer, len(echoes[i])).add(result.logprobs[i])
         text = text if reason == "length" else cut_stop(text, req.stop)
-        choices.append(choice(i, echoes[i] + text, openai_finish_reason(reason), logprobs))
+        choices.append(fmt.choice(i, echoes[i] + text, openai_finish_reason(reason), logprobs))
     return {**completion.envelope(choices), "usage": usage(prompt_tokens, result),
             "skipdecode": skipdecode_info(result)}

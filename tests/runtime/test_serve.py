@@ -364,8 +364,10 @@ def test_models_health_and_no_chat(server, generator):
     assert server.get(f"/v1/models/{card['id']}").status_code == 200
     assert complete(server, prompt="Hi", max_tokens=1, model=card["id"])["model"] == card["id"]
     assert server.get("/health").json()["status"] == "ok"
-    r = server.post("/v1/chat/completions", json={"messages": []})
-    assert r.status_code == 404 and "chat template" in r.json()["error"]["message"]
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "no_chat_template" and err["param"] == "messages"
+    assert "has no chat template" in err["message"] and "use /v1/completions" in err["message"]
     assert server.get("/v1/nothing").json()["error"]["type"] == "invalid_request_error"
 
 
