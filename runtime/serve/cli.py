@@ -1,4 +1,4 @@
-"""``python -m runtime serve ARTIFACT [--port 8000] [--max-batch 8] [--speedup 2] ...``.
+"""``python -m runtime serve ARTIFACT [--port 8000] [--max-batch 8] [--speedup 2] [--replicas N] ...``.
 
 Every startup error (a bad option, a port in use, a host that does not resolve, a broken artifact)
 is one ``error:`` line and exit 2, before anything claims to be serving: the listening socket is
@@ -26,7 +26,8 @@ def parser() -> argparse.ArgumentParser:
         "python -m runtime serve",
         "Serve an exported artifact over an OpenAI-compatible HTTP API (/v1/completions, "
         "/v1/chat/completions when the tokenizer has a chat template, /v1/models, /health, /metrics). "
-        "Concurrent requests are batched by the engine, each with its own SkipDecode policy.")
+        "Concurrent requests are batched by the engine, each with its own SkipDecode policy; "
+        "--replicas N serves from N engines on Ray Serve.")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     http = p.add_argument_group("HTTP")
     http.add_argument("--host", default="127.0.0.1",
@@ -59,6 +60,14 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--device", help="cpu, cuda or cuda:N, as in `python -m runtime` (default: the backend's)")
     eng.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     eng.add_argument("--threads", type=int, help="intra-op threads (default: ONNX Runtime's)")
+    ray = p.add_argument_group("replicas (Ray Serve; needs the serve extra)")
+    ray.add_argument("--replicas", type=int,
+                     help="serve from N replicas, each with its own Generator on its own device (one GPU "
+                          "each where Ray sees GPUs, else --threads CPU threads each), behind Ray "
+                          "Serve's HTTP proxy; default: one Generator in this process, no Ray")
+    ray.add_argument("--ray-address",
+                     help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+                          "local one; implies --replicas 1 unless given")
     return p
 
 
@@ -66,7 +75,7 @@ def check_args(args) -> None:
     """Arguments argparse cannot check, before any work."""
     if not 0 <= args.port <= 65535:
         raise SkipDecodeError(f"--port must be in [0, 65535], got {args.port}")
-    for name in ("max_batch", "threads"):
+    for name in ("max_batch", "threads", "replicas"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SkipDecodeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -120,6 +129,10 @@ def main(argv=None, load=None) -> int:
     except ImportError as exc:
         print(MISSING_EXTRA.format(missing=exc.name or exc), file=sys.stderr)
         return 2
+    if args.replicas is not None or args.ray_address is not None:
+        from .replicas import main as replicas_main
+
+        return cli.run(lambda: replicas_main(args))
     return cli.run(lambda: _serve(args, load))
 
 

@@ -17,9 +17,9 @@ def test_bench_serve_prints_a_row_per_level(artifact_dir, tmp_path, capsys):
                  "--requests-per-client", "1", "--min-requests", "2", "--warmup", "1",
                  "--prompts", str(prompts)]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("| speedup |"):].strip().splitlines()
+    table = out[out.index("| replicas | speedup |"):].strip().splitlines()
     assert len(table) == 2 + 4
     for line, (speedup, clients) in zip(table[2:], [("1x", 1), ("1x", 2), ("2x", 1), ("2x", 2)]):
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[:3] == [speedup, str(clients), "2"]
-        assert 0 < float(cells[3]) <= 3  # tokens per request
+        assert cells[:4] == ["1 (no Ray)", speedup, str(clients), "2"]
+        assert 0 < float(cells[4]) <= 3  # tokens per request
