@@ -3,8 +3,12 @@
 Ray Serve's HTTP proxy accepts the requests and routes each to a replica (the one with the fewest
 requests in flight, among two it samples); each replica runs this package's Starlette app over its
 own Generator, so batching, streaming (the proxy streams the replica's ASGI messages through),
-errors and /metrics are one server's. Ray restarts a replica that dies; the requests that were in
-flight on it fail with a 5xx, the others go on.
+errors and /metrics are one server's (/metrics: the replica that answered the scrape). Ray
+restarts a replica that dies; the others go on. The requests in flight on it get a clear error
+from ``ReplicaLost``, a middleware this module installs in Ray's proxy (through Ray's
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``): a 503 in OpenAI's error shape, or, for a stream
+already under way, an error event and ``data: [DONE]`` (Ray alone answers a bare 500 or cuts the
+stream mid-chunk).
 
 Three ways in:
 
@@ -18,6 +22,7 @@ Three ways in:
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import threading
@@ -28,6 +33,68 @@ from ..errors import SkipDecodeError
 
 DEPLOYMENT = "SkipDecode"  # the deployment's name, in Ray's dashboards, logs and config files
 APP_NAME = "skipdecode"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # Ray's hook for proxy middlewares
+PROXY_CALLBACK = "runtime.serve.replicas.proxy_middlewares"
+REPLICA_LOST = ("the replica serving this request stopped before it finished (Ray restarts it; the other "
+                "replicas are serving): retry the request")
+
+
+class ReplicaLost:
+    """ASGI middleware in Ray's HTTP proxy: a response that ends without finishing (its replica
+    died) is finished clearly instead: a 503 in OpenAI's error shape when nothing was sent yet, an
+    error event and ``data: [DONE]`` when a stream was under way."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        state = {"started": False, "finished": False, "sse": False}
+
+        async def watch(message) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+                headers = {k.lower(): v for k, v in message.get("headers", [])}
+                state["sse"] = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["finished"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if not state["finished"]:
+                await self._finish(send, state)
+
+    @staticmethod
+    async def _finish(send, state) -> None:
+        import json
+
+        from .protocol import error_body
+
+        error = error_body(REPLICA_LOST, "server_error", code="replica_lost")
+        try:
+            if not state["started"]:
+                body = json.dumps(error).encode()
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+            elif state["sse"]:
+                await send({"type": "http.response.body",
+                            "body": f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()})
+            else:
+                await send({"type": "http.response.body", "body": b""})
+        except Exception:  # noqa: BLE001 - the client is gone too: nobody to tell
+            pass
+
+
+def proxy_middlewares() -> list:
+    """Called by Ray in its HTTP proxy (PROXY_CALLBACK_ENV names it)."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ReplicaLost)]
 
 
 @dataclass
@@ -138,6 +205,9 @@ def main(args) -> int:
     except ImportError as exc:
         raise SkipDecodeError(f"--replicas needs Ray Serve ({exc.name}): pip install -e \".[serve]\"") from None
 
+    # the proxy this process starts inherits the environment (a cluster joined with --ray-address
+    # needs it set where its proxies start: docs/serving.md)
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
     ray.init(address=args.ray_address, include_dashboard=False, logging_level="warning",
              log_to_driver=args.log_level == "debug")
     stop = threading.Event()

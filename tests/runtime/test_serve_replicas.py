@@ -112,6 +112,8 @@ def test_a_dead_replica_fails_only_its_requests_and_comes_back(replicas):
     assert out.get(("after", "failed"), 0) == 0, result  # the others are unaffected
     assert out.get(("before", "failed"), 0) <= result.in_flight, result  # only requests in flight can fail
     assert out.get(("after", "completed"), 0) > 0, result
+    # what a request in flight on the dead replica gets: an OpenAI error (503, or in its stream)
+    assert all("the replica serving this request stopped" in e for e in result.errors), result.errors
     deadline = time.monotonic() + 90
     while len(replica_pids()) < 2:  # Ray restarts it
         assert time.monotonic() < deadline, "Ray did not restart the replica"

@@ -81,6 +81,13 @@ async def one_request(client, body: dict) -> Sample:
     return Sample((first or end) - start, end - start, tokens or 0)
 
 
+async def whole_request(client, body: dict) -> None:
+    """A non-streamed request; RequestFailed unless it is answered 200 with its choices."""
+    r = await client.post("/v1/completions", json={**body, "stream": False})
+    if r.status_code != 200:
+        raise RequestFailed(f"HTTP {r.status_code}: {r.text[:300]}")
+
+
 async def run_level(url: str, prompts: list[str], clients: int, requests: int, body: dict) -> tuple[list[Sample], float]:
     import httpx
 
@@ -173,9 +180,9 @@ class Fault:
 
 async def fault_run(url: str, prompts: list[str], clients: int, duration: float, kill_after: float,
                     timeout: float, body: dict, kill=None, headers: dict | None = None) -> Fault:
-    """Clients send streaming requests for ``duration`` s; ``kill_after`` s in, ``kill()`` (default:
-    SIGKILL to the first replica process) takes one replica down. Each request is counted as
-    completed, failed or lost, by whether it started before the kill."""
+    """Clients send requests for ``duration`` s (every other client streams); ``kill_after`` s in,
+    ``kill()`` (default: SIGKILL to the first replica process) takes one replica down. Each request
+    is counted as completed, failed or lost, by whether it started before the kill."""
     import httpx
 
     outcomes: dict = {}
@@ -200,7 +207,8 @@ async def fault_run(url: str, prompts: list[str], clients: int, duration: float,
                 began = time.monotonic()
                 in_flight += 1
                 try:
-                    await one_request(client, {**body, "prompt": prompts[i % len(prompts)]})
+                    send = one_request if w % 2 == 0 else whole_request
+                    await send(client, {**body, "prompt": prompts[i % len(prompts)]})
                     outcome = "completed"
                 except httpx.TimeoutException:
                     outcome = "lost"
