@@ -1,14 +1,18 @@
-"""Helpers of test_serve.py: a backend wrapper that slows, holds or fails steps on purpose, a live
-uvicorn server in a thread, an SSE reader, and (``python -m tests.runtime.serve_helpers``) the
-server CLI on a slowed backend, so requests are still in flight when the test sends SIGTERM."""
+"""Helpers of test_serve*.py: a backend wrapper that slows, holds or fails steps on purpose, a live
+uvicorn server in a thread, an SSE reader, a tiny artifact with a chat template, and (``python -m
+tests.runtime.serve_helpers``) the server CLI on a slowed backend, so requests are still in flight
+when the test sends SIGTERM."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import threading
 import time
+
+import pytest
 
 from runtime.backends import Backend
 
@@ -102,6 +106,33 @@ def stream_texts(chunks: list[dict]) -> tuple[dict[int, str], dict[int, str]]:
                 assert ch["index"] not in reasons, "a choice finished twice"
                 reasons[ch["index"]] = ch["finish_reason"]
     return texts, reasons
+
+
+# A ChatML-like template with what real ones use: the BOS variable, a loop, raise_exception, a
+# generation prompt
+TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'assistant' %}"
+    "{{ raise_exception('Conversations start with a system or user message') }}{% endif %}"
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The Eagle?"}]
+
+
+@pytest.fixture(scope="session")
+def chat_artifact(checkpoint_dir, tmp_path_factory):
+    """A tiny artifact whose tokenizer carries TEMPLATE, and that tokenizer (transformers')."""
+    from transformers import AutoTokenizer
+
+    from export.build import BuildOptions, build
+
+    checkpoint = tmp_path_factory.mktemp("chat-checkpoint")
+    shutil.copytree(checkpoint_dir, checkpoint, dirs_exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(checkpoint)
+    out = tmp_path_factory.mktemp("chat-artifact") / "model"
+    build(BuildOptions(model=str(checkpoint), out=str(out), progress=False), log=lambda *_: None)
+    return out, tok
 
 
 def main(argv: list[str]) -> int:

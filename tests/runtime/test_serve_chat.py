@@ -3,8 +3,6 @@ the one transformers' apply_chat_template builds, the answer the runtime's for t
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 httpx = pytest.importorskip("httpx")
@@ -12,35 +10,11 @@ pytest.importorskip("jinja2")
 
 import runtime  # noqa: E402
 from runtime.serve import ServeConfig, create_app  # noqa: E402
-from tests.runtime.serve_helpers import LiveServer, read_sse  # noqa: E402
+from tests.runtime.serve_helpers import MESSAGES, LiveServer, chat_artifact, read_sse  # noqa: E402, F401
 
 pytestmark = pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True, scope="session")
 
-# A ChatML-like template with what real ones use: the BOS variable, a loop, raise_exception, a
-# generation prompt
-TEMPLATE = (
-    "{{ bos_token }}{% if messages[0]['role'] == 'assistant' %}"
-    "{{ raise_exception('Conversations start with a system or user message') }}{% endif %}"
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The Eagle?"}]
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def chat_artifact(checkpoint_dir, tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from export.build import BuildOptions, build
-
-    checkpoint = tmp_path_factory.mktemp("chat-checkpoint")
-    shutil.copytree(checkpoint_dir, checkpoint, dirs_exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(checkpoint)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(checkpoint)
-    out = tmp_path_factory.mktemp("chat-artifact") / "model"
-    build(BuildOptions(model=str(checkpoint), out=str(out), progress=False), log=lambda *_: None)
-    return out, tok
 
 
 @pytest.fixture(scope="module")
