@@ -142,3 +142,23 @@ def test_replica_cli_errors_come_before_ray(artifact_dir, capsys, args, words):
     assert main([str(artifact_dir), *args]) == 2
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and words in err and "serving" not in out
+
+
+def test_the_documented_config_file_builds_the_application(artifact_dir):
+    """docs/serving.md's YAML: its args are build_app's (its directory here: the test artifact), its
+    deployment name is ours."""
+    import re
+
+    import yaml
+
+    from runtime.serve.replicas import DEPLOYMENT, build_app
+
+    text = (REPO / "docs" / "serving.md").read_text()
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
+    (app,) = config["applications"]
+    assert app["import_path"] == "runtime.serve.replicas:build_app"
+    assert app["deployments"][0]["name"] == DEPLOYMENT
+    built = build_app({**app["args"], "directory": str(artifact_dir)})
+    deployment = built._bound_deployment
+    assert deployment.name == DEPLOYMENT and deployment.num_replicas == 2
+    assert deployment.ray_actor_options == {"num_cpus": 1, "num_gpus": 0}
