@@ -9,9 +9,9 @@ is closed then, so the request's KV slots go to the next request at the engine's
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import logging
-import hmac
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,8 +27,8 @@ from starlette.routing import Route
 from ..engine import EngineClosedError, QueueFullError
 from ..errors import InputTooLongError, PolicyError
 from ..generator import GenerationStream, Generator
-from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
 from .chat import ChatTemplate
+from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
 from .protocol import (CHAT, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
                        error_body, openai_finish_reason, parse_chat, parse_completion, policy_error_param,
                        skipdecode_info, usage)

@@ -20,7 +20,7 @@ pytest.importorskip("ray.serve")
 
 from tests.conftest import PROMPTS  # noqa: E402
 from tests.runtime.serve_helpers import read_sse, stream_texts  # noqa: E402
-from tools.bench.server_load import fault_run, free_port, replica_pids  # noqa: E402
+from tools.bench.server_load import fault_run, free_port, replica_pids, stop_server, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True, scope="session")
 
@@ -41,21 +41,14 @@ def replicas(artifact_dir):
         env={**os.environ, "PYTHONUNBUFFERED": "1", "SKIPDECODE_API_KEY": KEY})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the replicas did not come up in 240 s"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        try:
+            wait_healthy(url, proc, timeout=240)
+        except RuntimeError as exc:
+            pytest.fail(f"{exc}: {proc.stdout.read() if proc.poll() is not None else ''}")
         yield url, proc
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            stop_server(proc)  # SIGTERM first: the CLI then stops the Ray instance it started
 
 
 def _complete(client, **body):
