@@ -33,9 +33,9 @@ def parser() -> argparse.ArgumentParser:
     http.add_argument("--host", default="127.0.0.1",
                       help="address to bind (127.0.0.1: this machine only; 0.0.0.0 for every interface)")
     http.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
-    http.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                      help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; "
-                           f"unset: no key); /health and /metrics stay open")
+    # no default here: --help would print the key of the environment
+    http.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; "
+                                        f"unset: no key); /health and /metrics stay open")
     http.add_argument("--allowed-origins", nargs="+", metavar="ORIGIN",
                       help="answer CORS for these browser origins ('*' for any); default: no CORS headers")
     http.add_argument("--model-name", help="model id in /v1/models and responses (default: the directory's name)")
@@ -72,7 +72,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def check_args(args) -> None:
-    """Arguments argparse cannot check, before any work."""
+    """Arguments argparse cannot check, before any work (and --api-key's default, the environment's)."""
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV)
     if not 0 <= args.port <= 65535:
         raise SkipDecodeError(f"--port must be in [0, 65535], got {args.port}")
     for name in ("max_batch", "threads", "replicas"):

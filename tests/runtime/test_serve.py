@@ -535,3 +535,10 @@ def test_cli_port_in_use_is_one_line_and_never_claims_to_serve(artifact_dir):
     assert proc.stderr.splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use; "
                                         f"another process listens there: pick another --port, or stop that process"]
 
+
+
+def test_help_never_shows_the_api_key(monkeypatch, checkpoint_dir):
+    from runtime.serve.cli import parser
+
+    monkeypatch.setenv("SKIPDECODE_API_KEY", API_KEY)
+    assert API_KEY not in parser().format_help()
