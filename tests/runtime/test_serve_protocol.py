@@ -54,3 +54,14 @@ def test_policy_object_takes_the_decay_shape_and_generates_as_generate_does(gene
         parse_completion({"prompt": "hi", "policy": {"max_layers": 5, "min_layers": 2, "shape": 1}}, "m",
                          max_batch=8)
     assert info.value.param == "policy.shape"
+
+
+def test_the_stop_string_and_what_follows_it_in_its_token_are_cut():
+    """The runtime's text runs to the end of the token that completed the stop string; OpenAI's is
+    the text before it."""
+    from runtime.serve.protocol import cut_stop
+
+    assert cut_stop("The Eagle.\n\nname", ["\n\n", "zz"]) == "The Eagle."
+    assert cut_stop("no stop here", ["zz"]) == "no stop here"
+    h = StopHoldback(["END"])
+    assert h.push("ab") == "ab" and h.finish("c END. more", "stop") == "c "
