@@ -163,10 +163,9 @@ def log(*args) -> None:
 
 def parser(prog: str, doc: str):
     """The argument parser of a before/after benchmark, with the --arch/--artifact it always takes."""
-    import argparse
+    from runtime import cli
 
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser(prog, doc.split("\n\n")[0])
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
     return p

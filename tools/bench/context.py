@@ -12,13 +12,14 @@ over the weights' bytes. The other cases check that nothing got slower at batch 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from runtime import cli
 
 from .prompts import make_prompt
 from .runner import REPO, child_env
@@ -65,8 +66,7 @@ def measure(tree: Path, prepared: dict, prompts: list[str], new_tokens: int, spe
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.context", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("python -m tools.bench.context", __doc__.splitlines()[0])
     p.add_argument("--arch", default="opt-125m")
     p.add_argument("--before", default=BEFORE, help="git revision to compare with ('' for none)")
     p.add_argument("--cases", nargs="+", default=["1:32:128:1", "1:512:512:1", "8:32:128:1", "1:32:128:2",

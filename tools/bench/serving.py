@@ -27,7 +27,6 @@ its longest output.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import threading
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from runtime import cli
 
 MODES = ("engine", "static", "serial")
 LENGTHS = ("e2e", "wide")
@@ -164,8 +165,7 @@ def render(med: dict[str, dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.serving", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("python -m tools.bench.serving", __doc__.splitlines()[0])
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="an exported artifact instead of --arch (e.g. the demo model)")
     p.add_argument("--data", default=DEFAULT_DATA,
@@ -178,8 +178,8 @@ def main(argv=None) -> int:
                         f"[{WIDE_RANGE[0]}, {WIDE_RANGE[1]}]); both: two streams, interleaved")
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 5], help="drawn per request")
     p.add_argument("--max-batch", type=int, default=8, help="slots of the engine and the static batcher")
-    p.add_argument("--max-new", type=int, default=None,
-                   help=f"cap on a request's output length; None: 64 for e2e, {WIDE_RANGE[1]} for wide")
+    cli.add_max_new_tokens(p, None, f"cap on a request's output length (default: 64 for e2e, "
+                                    f"{WIDE_RANGE[1]} for wide)", aliases=("--max-new",))
     p.add_argument("--max-length", type=int, default=None,
                    help="positions per slot (runtime.load's max_length); None: the streams' longest "
                         "prompt + longest output")
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     tokenizer = load_tokenizer(artifact / manifest.tokenizer_dir, manifest.model.pad_token_id)
     streams = {}
     for lengths in args.lengths:
-        cap = args.max_new if args.max_new is not None else (WIDE_RANGE[1] if lengths == "wide" else 64)
+        cap = args.max_new_tokens if args.max_new_tokens is not None else (WIDE_RANGE[1] if lengths == "wide" else 64)
         streams[lengths] = make_stream(data, tokenizer, args.requests, args.rate, args.speedups, cap,
                                        args.seed, lengths)
     max_length = args.max_length or max(needed_length(tokenizer, s) for s in streams.values())
