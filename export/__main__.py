@@ -65,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                         "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
-    pol.add_argument("--max-layers", type=int)
-    pol.add_argument("--min-layers", type=int)
-    pol.add_argument("--warmup-layers", type=int, default=1)
+    pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
+    pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
+    pol.add_argument("--warmup-layers", type=int, default=1, help="bottom layers every step runs (default: 1)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     v = sub.add_parser("verify", help="recheck an artifact against PyTorch and transformers")

@@ -67,13 +67,13 @@ def measure(tree: Path, prepared: dict, prompts: list[str], new_tokens: int, spe
 
 def main(argv=None) -> int:
     p = cli.parser("python -m tools.bench.context", __doc__.splitlines()[0])
-    p.add_argument("--arch", default="opt-125m")
+    p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--before", default=BEFORE, help="git revision to compare with ('' for none)")
     p.add_argument("--cases", nargs="+", default=["1:32:128:1", "1:512:512:1", "8:32:128:1", "1:32:128:2",
                                                   "8:32:128:2"], help="BATCH:PROMPT:NEW:SPEEDUP each")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--work-dir", default=".bench")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
+    p.add_argument("--work-dir", default=".bench", help="the exports of both revisions")
     args = p.parse_args(argv)
 
     work = Path(args.work_dir)

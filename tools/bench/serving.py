@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                         "prompt + longest output")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians across them")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the request stream's draws")
     p.add_argument("--work-dir", default=".bench", help="where --arch weights are built")
     args = p.parse_args(argv)
     data = data_path(args.data)
