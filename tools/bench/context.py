@@ -73,7 +73,7 @@ def main(argv=None) -> int:
                                                   "8:32:128:2"], help="BATCH:PROMPT:NEW:SPEEDUP each")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
-    p.add_argument("--work-dir", default=".bench", help="the exports of both revisions")
+    p.add_argument("--work-dir", default=".bench", help="the checked-out revision and the exported weights")
     args = p.parse_args(argv)
 
     work = Path(args.work_dir)
