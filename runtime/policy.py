@@ -1,4 +1,4 @@
-"""The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in DESIGN.md section 1.
+"""The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in docs/design.md section 1.
 
 One layer budget per generation step, shared by the whole batch, decaying from ``max_layers`` to
 ``min_layers`` over ``horizon`` steps: linearly (the paper), or along a power curve
