@@ -40,7 +40,8 @@ def test_user_error_is_one_line_and_exit_2(module, argv, message, capsys):
 @pytest.mark.parametrize("module, argv, message", [
     # the arguments before the toolchain: a wrong path is not reported as TensorRT missing
     ("engines.__main__", ["build", "/nonexistent/artifact"], "error: artifact directory /nonexistent/artifact does not exist"),
-    ("tools.bench.memory", ["/nonexistent/artifact"], "error: artifact directory /nonexistent/artifact does not exist")])
+    ("tools.bench.memory", ["/nonexistent/artifact"], "error: artifact directory /nonexistent/artifact does not exist"),
+    ("tools.bench.startup", ["/nonexistent/artifact"], "error: artifact directory /nonexistent/artifact does not exist")])
 def test_arguments_are_checked_first(module, argv, message, capsys):
     assert importlib.import_module(module).main(argv) == 2
     err = capsys.readouterr().err
@@ -134,3 +135,23 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     import os
 
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # transformers' bars (children too)
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("tools.bench.serving", ["--artifact", "/nonexistent"], "error: --artifact /nonexistent: no manifest.json there"),
+    ("tools.bench.gap", ["--artifact", "/nonexistent"], "error: --artifact /nonexistent: no manifest.json there"),
+    ("tools.bench.slots", ["--artifact", "/nonexistent"], "error: --artifact /nonexistent: no manifest.json there")])
+def test_bench_tools_refuse_a_missing_artifact_before_any_work(module, argv, message, capsys):
+    with pytest.raises(SystemExit) as info:  # argparse's usage error: exit 2, no traceback
+        importlib.import_module(module).main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_bench_without_cuda_is_a_user_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here")
+    assert importlib.import_module("tools.bench.gpu").main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: no CUDA device is visible") and err.count("\n") == 1

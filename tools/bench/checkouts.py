@@ -207,6 +207,9 @@ def setup(parser, args) -> tuple[dict, list[Path], Path]:
     for c in checkouts:
         if not (c / "runtime").is_dir():
             parser.error(f"--checkout {c}: no runtime/ there; pass a copy of this repository")
+    if args.artifact and not (Path(args.artifact) / "manifest.json").is_file():
+        parser.error(f"--artifact {args.artifact}: no manifest.json there; pass a directory written by "
+                     f"`python -m export build`")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     (work / ".gitignore").write_text("*\n")

@@ -79,7 +79,10 @@ def main(argv=None) -> int:
     work = Path(args.work_dir)
     trees = {"after": REPO}
     if args.before:
-        trees["before"] = checkout(args.before, work)
+        try:
+            trees["before"] = checkout(args.before, work)
+        except subprocess.CalledProcessError as exc:
+            p.error(f"--before {args.before}: `git worktree add` failed: {exc.stderr.decode().strip()}")
     artifacts = {name: prepare(tree, args.arch, work / f"context-{name}", args.threads)
                  for name, tree in trees.items()}
     from transformers import AutoTokenizer

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime import cli
+from runtime.errors import InvalidArgumentError
 
 PAGE = 32  # the KV width's step, as export's default page_size
 
@@ -162,7 +163,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
 
     device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {options.device}: no CUDA device is visible to PyTorch "
+        raise InvalidArgumentError(f"--device {options.device}: no CUDA device is visible to PyTorch "
                          f"{torch.__version__}; run on a GPU, or --device cpu --arch tiny-random for the dry run")
     dtype = getattr(torch, options.dtype)
     bandwidth, how = device_bandwidth(device, options.bandwidth_mib)
@@ -271,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
     options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
                       args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed)
+    return cli.run(lambda: _measure_and_print(args, argv, options))
+
+
+def _measure_and_print(args, argv, options: Options) -> int:
     rows, info = measure(options, log=lambda line: print(line, file=sys.stderr, flush=True))
     command = "python -m tools.bench.gpu " + " ".join(sys.argv[1:] if argv is None else argv)
     text = table(rows, info, options, command.strip())

@@ -191,6 +191,9 @@ def main(argv=None) -> int:
     data = data_path(args.data)
     if not data.is_file():
         p.error(f"--data {data}: no such file")
+    if args.artifact and not (Path(args.artifact) / "manifest.json").is_file():
+        p.error(f"--artifact {args.artifact}: no manifest.json there; pass a directory written by "
+                f"`python -m export build`")
 
     import runtime
     from runtime.tokenizer import load_tokenizer
