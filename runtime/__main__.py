@@ -112,6 +112,10 @@ def _sampling(args) -> dict:
             **{name: given.get(name, getattr(d, name)) for name in SAMPLING}}
 
 
+def _print_text(event) -> None:
+    print(event.texts[0], end="", flush=True)  # the one prompt's new text, as it comes
+
+
 def _run(args) -> int:
     policy = _policy(args)
     if args.stream and len(args.prompts) > 1:
@@ -122,14 +126,10 @@ def _run(args) -> int:
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:
-        streamer = None
-        if args.stream:
-            def streamer(event):
-                print(event.texts[0], end="", flush=True)
         result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup, policy=policy,
                               decay=args.decay, exponent=args.exponent, prefill=args.prefill,
-                              ignore_eos=args.ignore_eos, stop_strings=args.stop, streamer=streamer,
-                              **sampling)
+                              ignore_eos=args.ignore_eos, stop_strings=args.stop,
+                              streamer=_print_text if args.stream else None, **sampling)
     finally:
         gen.close()
     if args.json:

@@ -48,17 +48,6 @@ def test_arguments_are_checked_first(module, argv, message, capsys):
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
-def test_export_build_engine_trt_fails_before_exporting(tmp_path, capsys):
-    from export.__main__ import main
-
-    out = tmp_path / "art"
-    assert main(["build", "--model", "tiny-random", "--out", str(out), "--engine", "trt", "-q"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: TensorRT is not installed") and err.count("\n") == 1, err
-    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing exported
-
-
 HELPS = [("runtime.__main__", []), ("export.__main__", ["build"]), ("export.__main__", ["verify"]),
          ("export.__main__", ["plan"]), ("engines.__main__", ["build"]), ("tools.bench.cli", []),
          ("tools.evaluate.cli", []), ("tools.finetune.cli", []), ("tools.trtexec.cli", []),
