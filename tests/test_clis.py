@@ -144,3 +144,17 @@ def test_gpu_bench_without_cuda_is_a_user_error(capsys):
     assert importlib.import_module("tools.bench.gpu").main(["--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --device cuda: no CUDA device is visible") and err.count("\n") == 1
+
+
+def test_one_name_per_concept_with_the_old_spellings_kept():
+    """--quant-format (was --weights-format, one letter from optimum's --weight-format, which means
+    --weights); --max-new-tokens everywhere, the old spellings hidden but working."""
+    from export.__main__ import _parser as export_parser
+    from tools.bench.cli import _parser as bench_parser
+
+    build = export_parser().parse_args(["build", "--weights-format", "qdq", "--weight-format", "int4"])
+    assert (build.quant_format, build.weights) == ("qdq", "int4")
+    assert export_parser().parse_args(["build"]).quant_format == "matmulnbits"
+    assert export_parser().parse_args(["plan", "--weight-format", "int8"]).weights == "int8"
+    assert bench_parser().parse_args(["--new-tokens", "7"]).max_new_tokens == 7
+    assert bench_parser().parse_args([]).max_new_tokens == 128

@@ -4,7 +4,7 @@
     python -m tools.bench.gap --checkout /work/before . --rounds 2          # before/after, interleaved
     python -m tools.bench.gap --load-option prefill_chunk=64                # a runtime.load option
 
-One request decodes alone (a ``--short-prompt``-token prompt, ``--new-tokens`` tokens, greedy, EOS
+One request decodes alone (a ``--short-prompt``-token prompt, ``--max-new-tokens`` tokens, greedy, EOS
 ignored) on a Generator with ``--max-batch`` slots, ONNX Runtime, ``--threads`` threads. When its
 ``--join-after``-th token has arrived, a second request with a ``--long-prompt``-token prompt
 (``--join-new-tokens`` tokens) is submitted. The first request's stream is read in its own thread,

@@ -5,7 +5,7 @@ representations, by default from the shipped development split ``data/e2e/devset
 output lengths drawn from the E2E data, and a speedup drawn per request from ``--speedups``. EOS is
 ignored, so every mode generates exactly the same tokens. Output lengths (``--lengths``):
 
-- e2e: the token count of one of the MR's references (+1, EOS), capped at ``--max-new`` (64):
+- e2e: the token count of one of the MR's references (+1, EOS), capped at ``--max-new-tokens`` (64):
   a narrow spread, most 20-40 tokens;
 - wide: log-uniform in [16, 256] (seeded; the same arrivals, prompts and speedups as e2e), where
   a static batch's longest request is far above its mean.

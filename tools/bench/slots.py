@@ -3,7 +3,7 @@
     python -m tools.bench.slots [--arch opt-125m] [--max-batch 1 8 32] [--prompts 32 500] [--rounds 3]
     python -m tools.bench.slots --checkout /work/before . --rounds 2   # before/after, interleaved
 
-One request alone (greedy, EOS ignored, ``--new-tokens`` tokens, full depth) on a Generator loaded
+One request alone (greedy, EOS ignored, ``--max-new-tokens`` tokens, full depth) on a Generator loaded
 with ``max_batch`` KV slots, ONNX Runtime backend with ``--threads`` threads, for each max_batch and
 each prompt length (exact token counts, from repeated text: tools.bench.prompts). The figure is the
 per-token decode time, ``stats.decode_seconds / len(stats.steps)`` of the GenerationResult (the
