@@ -184,6 +184,14 @@ def _argv(command: str) -> tuple[str, list[str]]:
     return words[2], words[3:]
 
 
+def _forget(monkeypatch, module: str) -> None:
+    """runpy runs a module afresh, as `python -m` does; a copy imported by an earlier test is set
+    aside for the test (packages stay: their classes must stay the ones every test imported)."""
+    for name in (module, f"{module}.__main__"):
+        if name in sys.modules and not hasattr(sys.modules[name], "__path__"):
+            monkeypatch.delitem(sys.modules, name)
+
+
 @pytest.mark.parametrize("command", [c for c in COMMANDS if rule(c) and rule(c)[1] == "parse"])
 def test_parse(command, monkeypatch, capsys):
     """The command's own parser accepts it as written; it stops there (no work is done)."""
@@ -196,7 +204,7 @@ def test_parse(command, monkeypatch, capsys):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
     monkeypatch.setattr(sys, "argv", [module, *argv])
-    monkeypatch.delitem(sys.modules, module, raising=False)  # runpy runs it afresh, as `python -m` does
+    _forget(monkeypatch, module)
     with pytest.raises(_Parsed):
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -205,15 +213,12 @@ def test_parse(command, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if rule(c) and rule(c)[1] == "mention"])
-def test_mention(command, capsys):
+def test_mention(command, monkeypatch, capsys):
     module, argv = _argv(command)
-    monkey_argv = sys.argv
-    sys.argv = [module, "--help"]
-    try:
-        with pytest.raises(SystemExit):
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-    finally:
-        sys.argv = monkey_argv
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    _forget(monkeypatch, module)
+    with pytest.raises(SystemExit):
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     help_text = capsys.readouterr().out
     assert argv and all(word in help_text for word in argv), command  # its options, or subcommand
 
