@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
                         "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
-    pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
+    pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
     pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
     pol.add_argument("--warmup-layers", type=int, default=1, help="bottom layers every step runs (default: 1)")

@@ -48,9 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", nargs="+", default=["hf", "torch", "ort", "optimum"],
                    help="rows to run (default hf torch ort optimum); see below")
     p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5],
-                   help="theoretical speedups for the ONNX Runtime rows (default 2 3 5)")
+                   help="horizon speedups for the ONNX Runtime rows (default 2 3 5)")
     p.add_argument("--torch-speedups", type=float, nargs="+", default=[2],
-                   help="theoretical speedups for the torch backend rows (default 2)")
+                   help="horizon speedups for the torch backend rows (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads for every row (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them (default 3)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per run (default 8)")

@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                         "name: the directory's basename); repeat for several. The first is the "
                         "reference: ΔBLEU is against its full depth and the targets are about it")
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 4, 5], metavar="S",
-                   help="theoretical speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
+                   help="horizon speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
                         "is always run: it is the baseline)")
     p.add_argument("--decay", choices=DECAYS,
                    help="budget curve of the skipping policies (default: the artifact's, else linear)")
