@@ -75,8 +75,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def progress(quiet: bool) -> bool:
     """Whether a command draws progress bars: not with -q, and only on a terminal (a bar's \\r
     redraws fill a log file with lines). Without them, transformers' and huggingface_hub's bars
-    (e.g. "Loading weights") go too, here and in the child processes a command starts."""
-    show = not quiet and sys.stderr.isatty()
+    (e.g. "Loading weights") go too, here and in the child processes a command starts: their
+    switch, HF_HUB_DISABLE_PROGRESS_BARS, is also this function's in a child."""
+    show = not quiet and sys.stderr.isatty() and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1"
     if not show:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when those libraries are imported
         if "transformers" in sys.modules:  # already imported: its switch was read

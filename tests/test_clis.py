@@ -124,6 +124,7 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     import os
 
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # transformers' bars (children too)
+    assert cli.progress(quiet=False) is False  # a child of a quiet command stays quiet
 
 
 @pytest.mark.parametrize("module, argv, message", [
