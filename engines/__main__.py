@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from runtime import cli
+from runtime.manifest import load_manifest
 
 from .config import EngineBuildConfig, parse_size
 from .manifest import DEFAULT_ENGINE_DIR
@@ -31,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-prompt", type=int, default=None,
                    help="longest padded prompt of the prefill profile (default: --max-seq)")
     b.add_argument("--workspace", default="2GiB",
-                   help="builder memory-pool limit, e.g. 2GiB, 512MiB (default: 2GiB; 1GiB on 8 GB boards)")
+                   help="builder memory-pool limit, e.g. 2GiB, 512MiB (default: 2GiB; pass 1GiB on 8 GB boards)")
     b.add_argument("--fp16", action="store_true",
                    help="fp16 engines from an fp32 export (an fp16 export always builds fp16)")
     b.add_argument("--engine-dir", default=None,
@@ -53,10 +54,13 @@ def _build(args) -> int:
                                max_prompt=args.max_prompt, workspace=parse_size(args.workspace),
                                precision="fp16" if args.fp16 else "fp32",
                                timing_cache=args.timing_cache)
+    # The arguments first (the artifact, the limits against its model), then the toolchain:
+    # a typo is reported as a typo, not as TensorRT missing. Sizes only: build_engines hashes.
+    config.validate(load_manifest(args.artifact_dir, check_hashes=False).model)
     from .build import build_engines
 
     report = build_engines(args.artifact_dir, config, engine_dir=args.engine_dir,
-                           force=args.force, progress=not args.quiet)
+                           force=args.force, progress=cli.progress(args.quiet))
     print(f"{report.engine_dir}: built {len(report.built)}, up to date {len(report.skipped)}")
     engine_dir = "" if args.engine_dir is None else f", engine_dir={str(Path(args.engine_dir))!r}"
     print(f"next: runtime.generate({args.artifact_dir!r}, prompts, backend='tensorrt'{engine_dir})")

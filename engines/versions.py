@@ -103,7 +103,7 @@ def keep_fp32(layer_type: str, layer_name: str) -> bool:
     """Whether a weakly typed fp16 build must pin this layer to fp32.
 
     LayerNorm in fp16 overflows in TensorRT and OPT's softmax overflows in fp16 from 1.3B up
-    (DESIGN.md section 2). ``layer_type`` is ``trt.LayerType`` member's name.
+    (docs/design.md section 2). ``layer_type`` is ``trt.LayerType`` member's name.
     """
     if layer_type in _FP32_TYPES:
         return True

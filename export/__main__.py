@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from runtime import cli
-from runtime.errors import PolicyError, SkipDecodeError
+from runtime.errors import PolicyError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 from .plan import BLOCK_SIZE
@@ -50,24 +50,30 @@ def _parser() -> argparse.ArgumentParser:
     q = b.add_argument_group("weight-only quantization (ONNX Runtime's block-wise quantizer; export.quantize)")
     q.add_argument("--weights", choices=WEIGHTS, default="float",
                    help="the layers' and head's MatMul weights (default: float, the --dtype)")
+    q.add_argument("--weight-format", dest="weights", choices=WEIGHTS, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # optimum-cli's name for the same choice
     q.add_argument("--head-weights", choices=WEIGHTS,
                    help="the head's alone, e.g. --head-weights int4 with float layers (default: --weights)")
     q.add_argument("--block-size", type=int, default=BLOCK_SIZE,
                    help="weights per scale along each weight's input dimension (default %(default)s)")
-    q.add_argument("--weights-format", choices=FORMATS, default="matmulnbits",
+    # ONNX Runtime's quantizer calls this quant_format (QOperator = MatMulNBits, or QDQ);
+    # --weights-format was its first name here, one letter from optimum's --weight-format (= --weights)
+    q.add_argument("--weights-format", dest="quant_format", choices=FORMATS, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+    q.add_argument("--quant-format", choices=FORMATS, default="matmulnbits",
                    help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
                         "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
-    pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
-    pol.add_argument("--max-layers", type=int)
-    pol.add_argument("--min-layers", type=int)
-    pol.add_argument("--warmup-layers", type=int, default=1)
+    pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
+    pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
+    pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
+    pol.add_argument("--warmup-layers", type=int, default=1, help="bottom layers every step runs (default: 1)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     v = sub.add_parser("verify", help="recheck an artifact against PyTorch and transformers")
     v.add_argument("directory")
     v.add_argument("--model", help="checkpoint to compare with (default: the one the manifest names)")
-    v.add_argument("--max-new-tokens", type=int, default=16)
+    cli.add_max_new_tokens(v, 16, "tokens generated per prompt by both sides (default: 16)", aliases=())
     v.add_argument("--speedup", type=float, default=2.0, help="skip policy to check (default: 2)")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -81,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                                               f"default: every alias")
     pl.add_argument("--weights", help="comma-separated formats among fp32,fp16,int8,int4 (default: "
                                       "fp16,int8,int4 for aliases, the artifact's dtype for a directory)")
+    pl.add_argument("--weight-format", dest="weights", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     pl.add_argument("--tokens", type=int, default=w.tokens, help=f"KV positions per row (default {w.tokens})")
     pl.add_argument("--batch", type=int, default=w.batch, help=f"rows (KV slots) (default {w.batch})")
     pl.add_argument("--prompt", type=int, help=f"longest prompt prefilled at once (default: "
@@ -113,40 +120,46 @@ def _policy_fields(args) -> dict | None:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "build":
-            from .build import BuildOptions, build
+    return cli.run(lambda: {"build": _build, "plan": _plan, "verify": _verify}[args.command](args))
 
-            out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
-            manifest = build(BuildOptions(
-                model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
-                random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
-                page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
-                block_size=args.block_size, weights_format=args.weights_format,
-                check=not args.no_check, policy=_policy_fields(args), progress=not args.quiet))
-            if args.engine == "trt":
-                from engines.__main__ import main as engines_main
 
-                max_seq = min(1024, manifest.model.max_position_embeddings)
-                argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
-                print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
-                return engines_main(argv)
-            print(f"next: python -m export verify {out}")
-            return 0
-        if args.command == "plan":
-            return _plan(args)
-        from .verify import verify
+def _build(args) -> int:
+    from .build import BuildOptions, build
 
-        report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
-                        speedup=args.speedup, progress=not args.quiet)
-        print(f"verify {args.directory}")
-        for line in report.lines:
-            print("  " + line)
-        print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
-        return 0 if report.passed else 1
-    except SkipDecodeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    policy = _policy_fields(args)
+    if args.engine == "trt":
+        # before the export, not after it: TensorRT and a CUDA GPU must be here to build engines
+        from engines.builder import TensorRTToolchain
+
+        TensorRTToolchain()
+    out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
+    manifest = build(BuildOptions(
+        model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
+        random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
+        page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
+        block_size=args.block_size, weights_format=args.quant_format,
+        check=not args.no_check, policy=policy, progress=cli.progress(args.quiet)))
+    if args.engine == "trt":
+        from engines.__main__ import main as engines_main
+
+        max_seq = min(1024, manifest.model.max_position_embeddings)
+        argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
+        print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
+        return engines_main(argv)
+    print(f"next: python -m export verify {out}")
+    return 0
+
+
+def _verify(args) -> int:
+    from .verify import verify
+
+    report = verify(args.directory, model=args.model, max_new_tokens=args.max_new_tokens,
+                    speedup=args.speedup, progress=cli.progress(args.quiet))
+    print(f"verify {args.directory}")
+    for line in report.lines:
+        print("  " + line)
+    print("PASSED" if report.passed else f"FAILED: {', '.join(report.failures)}")
+    return 0 if report.passed else 1
 
 
 def _plan(args) -> int:

@@ -123,7 +123,7 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     layers_ok = [s.layers for s in skipped.stats.steps] == refs.skip_layers[:len(skipped.stats.steps)]
     report.add(f"skip policy {policy.max_layers}->{policy.min_layers} layers",
                (same or dtype == "float16" or not exact) and layers_ok,
-               f"theoretical speedup {skipped.stats.theoretical_speedup:.2f}x, layers per step "
+               f"run speedup {skipped.stats.theoretical_speedup:.2f}x, layers per step "
                f"{_compact(skipped.stats.layers_per_step)}; "
                + ("identical tokens to the PyTorch reference" if same else
                   f"tokens differ from the PyTorch reference ({_agreement(ours, expected)})")

@@ -12,9 +12,12 @@ import sys
 
 from . import cli
 from .backends import BACKENDS
-from .errors import PolicyError
+from .errors import InvalidArgumentError, PolicyError
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
+from .sampling import SamplingConfig
+
+SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
 
 
 def _parser():
@@ -22,9 +25,11 @@ def _parser():
                    epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt")
+    cli.add_max_new_tokens(p, 32, "tokens to generate per prompt", aliases=("--new-tokens", "--max-new", "--max-tokens"))
     pol = p.add_argument_group("skip policy (default: the artifact's, full depth unless set at export)")
-    pol.add_argument("--speedup", type=float, help="theoretical speedup target; picks min/max layers")
+    pol.add_argument("--speedup", type=float,
+                     help="horizon speedup target (layers / mean budget over the policy's horizon); "
+                          "picks min/max layers")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
     pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
     pol.add_argument("--warmup-layers", type=int, help="bottom layers every step runs (default: the artifact's)")
@@ -35,7 +40,7 @@ def _parser():
     pol.add_argument("--prefill", choices=PREFILLS,
                      help="the prompt's layers: full depth, or the first step's active set (default: full)")
     be = p.add_argument_group("backend")
-    be.add_argument("--backend", default="onnxruntime", choices=BACKENDS)
+    be.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="what runs the graphs")
     be.add_argument("--device", help="cpu, cuda or cuda:N (onnxruntime: cuda keeps the KV cache and "
                                      "hidden states on the GPU through IOBinding); default: the "
                                      "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
@@ -47,19 +52,24 @@ def _parser():
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
                     help="skip the sha256 of files changed since they were last verified (sizes are still checked)")
-    s = p.add_argument_group("sampling (greedy unless --do-sample)")
-    s.add_argument("--do-sample", action="store_true")
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=50, help="0 disables it")
-    s.add_argument("--top-p", type=float, default=1.0, help="1 disables it")
+    d = SamplingConfig()
+    s = p.add_argument_group("sampling (greedy unless --do-sample; the other options apply only with it)")
+    s.add_argument("--do-sample", action="store_true", help="sample each token instead of taking the most likely")
+    # None in the parser: a value the user gave is told apart from the default (a warning without --do-sample)
+    s.add_argument("--temperature", type=float, help=f"divides the logits; < 1 sharpens (default: {d.temperature:g})")
+    s.add_argument("--top-k", type=int, help=f"keep the k most likely tokens; 0 disables it (default: {d.top_k})")
+    s.add_argument("--top-p", type=float, help=f"keep the smallest set of tokens whose probability reaches p; "
+                                               f"1 disables it (default: {d.top_p:g})")
     s.add_argument("--seed", type=int, help="seed of the sampling RNG (default: drawn from the OS)")
     e = p.add_argument_group("when a row ends")
     e.add_argument("--stop", action="append", metavar="TEXT", help="stop string, kept in the output; repeatable")
     e.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens tokens even after EOS")
-    out = p.add_argument_group("output")
-    out.add_argument("--stream", action="store_true", help="print the first prompt's tokens as they come")
-    out.add_argument("--json", action="store_true",
-                     help="one JSON object per prompt and line: prompt, text, token_ids, stats, policy")
+    out = p.add_argument_group("output (stdout: the texts; stderr: the policy and the run's figures)")
+    mode = out.add_mutually_exclusive_group()
+    mode.add_argument("--stream", action="store_true",
+                      help="print the text as it comes (one prompt, as transformers' TextStreamer)")
+    mode.add_argument("--json", action="store_true",
+                      help="one JSON object per prompt and line: prompt, text, token_ids, stats, policy")
     return p
 
 
@@ -89,37 +99,56 @@ def _backend_options(args) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
+def _sampling(args) -> dict:
+    """The sampling options, defaults filled in; those given without --do-sample are warned about
+    (they change nothing then), as transformers' generate does."""
+    given = {name: getattr(args, name) for name in SAMPLING if getattr(args, name) is not None}
+    if given and not args.do_sample:
+        flags = ", ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in given.items())
+        print(f"warning: {flags} only apply with --do-sample; decoding greedily (pass --do-sample, "
+              f"or leave them out)", file=sys.stderr)
+    d = SamplingConfig()
+    return {"do_sample": args.do_sample, "seed": args.seed,
+            **{name: given.get(name, getattr(d, name)) for name in SAMPLING}}
+
+
+def _print_text(event) -> None:
+    print(event.texts[0], end="", flush=True)  # the one prompt's new text, as it comes
+
+
 def _run(args) -> int:
     policy = _policy(args)
+    if args.stream and len(args.prompts) > 1:
+        raise InvalidArgumentError(f"--stream prints one prompt's text as it comes, got {len(args.prompts)} "
+                                   f"prompts; pass one, or leave out --stream (or use --json) for several")
+    sampling = _sampling(args)
     max_batch = args.max_batch or min(len(args.prompts), DEFAULT_MAX_BATCH)
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:
-        streamer = None
-        if args.stream and not args.json:
-            def streamer(event):
-                print(event.texts[0], end="", flush=True)
         result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup, policy=policy,
                               decay=args.decay, exponent=args.exponent, prefill=args.prefill,
-                              do_sample=args.do_sample, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                              ignore_eos=args.ignore_eos, stop_strings=args.stop, streamer=streamer)
+                              ignore_eos=args.ignore_eos, stop_strings=args.stop,
+                              streamer=_print_text if args.stream else None, **sampling)
     finally:
         gen.close()
     if args.json:
         _print_json(args.prompts, result, gen.manifest.weights_label)
         return 0
     if args.stream:
-        print()
-    for prompt, text in zip(args.prompts, result.texts):
-        print(f"{prompt!r} -> {text!r}")
+        print()  # the text itself came as it was generated
+    else:
+        for prompt, text in zip(args.prompts, result.texts):
+            print(f"{prompt!r} -> {text!r}")
     s = result.stats
-    print(f"weights: {gen.manifest.weights_label}")
-    print(f"policy: {result.policy}")
-    print(f"layers per step: {s.layers_per_step}")
-    print(f"theoretical speedup {s.theoretical_speedup:.2f}x, achieved layer ratio "
+    # The figures go to stderr: stdout holds the texts alone (`| head -1`, a file, another tool)
+    print(f"weights: {gen.manifest.weights_label}", file=sys.stderr)
+    print(f"policy: {result.policy}", file=sys.stderr)
+    print(f"layers per step: {s.layers_per_step}", file=sys.stderr)
+    print(f"run speedup {s.theoretical_speedup:.2f}x (layers / mean budget over the {len(s.steps)} steps "
+          f"decoded; the horizon speedup spans the policy's {result.policy.horizon}), layers run "
           f"{s.achieved_layer_ratio:.2f}x, prefill {s.prefill_seconds * 1e3:.1f} ms, decode "
-          f"{s.decode_tokens_per_second:.1f} tokens/s")
+          f"{s.decode_tokens_per_second:.1f} tokens/s", file=sys.stderr)
     return 0
 
 

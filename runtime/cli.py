@@ -8,13 +8,16 @@ own usage errors also exit 2. A traceback therefore always means a bug.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from typing import Callable
 
 from .errors import SkipDecodeError
 from .version import __version__
 
 USER_ERROR = 2  # exit code of every user error, the same as argparse's usage errors
+BROKEN_PIPE = 128 + 13  # stdout's reader left (`| head`): what a shell reports for a tool killed by SIGPIPE
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -23,7 +26,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     "default: the artifact's" said it twice, and wrongly)."""
 
     def _get_help_string(self, action):
-        if action.default is None:
+        if action.default is None or action.nargs == 0:  # a flag's default is its absence
             return action.help
         return super()._get_help_string(action)
 
@@ -40,12 +43,56 @@ def add_version(p: argparse.ArgumentParser) -> None:
 
 
 def run(body: Callable[[], int | None]) -> int:
-    """Run a command's body; a SkipDecodeError becomes one line on stderr and exit code 2."""
+    """Run a command's body; a SkipDecodeError becomes one line on stderr and exit code 2.
+
+    A reader of stdout that leaves early (``python -m runtime ART p | head -1``) ends the command
+    quietly, as it ends any Unix tool, instead of with a BrokenPipeError traceback."""
+    shown, warnings.showwarning = warnings.showwarning, _show_warning
     try:
-        return body() or 0
+        code = body() or 0
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could no longer be caught
+        return code
     except SkipDecodeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null so the interpreter's last flush stays silent
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """The toolkit's warnings name the first caller outside it; under a command that caller is the
+    `python -m` launcher (``<frozen runpy>:88: UserWarning: ...``), so the command says it itself."""
+    if filename.startswith("<frozen"):
+        print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def progress(quiet: bool) -> bool:
+    """Whether a command draws progress bars: not with -q, and only on a terminal (a bar's \\r
+    redraws fill a log file with lines). Without them, transformers' and huggingface_hub's bars
+    (e.g. "Loading weights") go too, here and in the child processes a command starts: their
+    switch, HF_HUB_DISABLE_PROGRESS_BARS, is also this function's in a child."""
+    show = not quiet and sys.stderr.isatty() and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "1"
+    if not show:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when those libraries are imported
+        if "transformers" in sys.modules:  # already imported: its switch was read
+            from transformers.utils import logging
+
+            logging.disable_progress_bar()
+    return show
+
+
+def add_max_new_tokens(p, default: int | None, help: str, aliases=("--new-tokens",), type=int) -> None:
+    """--max-new-tokens (transformers' and the API's name for the new-token limit), with the old
+    spellings of a tool kept working but out of --help."""
+    p.add_argument("--max-new-tokens", type=type, default=default, help=help)
+    for alias in aliases:
+        p.add_argument(alias, dest="max_new_tokens", type=type, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_prefill_chunk(group, default) -> None:

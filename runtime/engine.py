@@ -13,7 +13,7 @@ step g, token and random stream, so a call of more prompts than rows runs its ro
 up, and each row's tokens are those of its prompt run alone. The rows of one call that are
 admitted together prefill together.
 
-Per-row budgets (DESIGN.md section 1, "continuous/dynamic batching"): each row keeps its own policy
+Per-row budgets (docs/design.md section 1, "Per-row budgets"): each row keeps its own policy
 and its own step g, so its active set is ``policy.active_layers(g)``, whatever the other rows do.
 The sets are nested (warm-up layers plus a top block), so a step runs the union of the rows' sets,
 layer by layer, and each layer updates exactly the rows whose set holds it; the others pass their

@@ -9,7 +9,7 @@ strings them together under a ``SkipPolicy`` and is the reference every backend 
 It lives in ``runtime`` (imported only by the torch backend, so only with torch) because the
 runtime's torch backend runs these layers; ``export`` traces them.
 
-Numerics that matter for fp16 (DESIGN.md section 2): softmax and layer norm run in fp32, and masked
+Numerics that matter for fp16 (docs/design.md section 2): softmax and layer norm run in fp32, and masked
 attention scores get ``MASK_VALUE``, which is finite in fp16, so fully masked (padding) rows give a
 uniform softmax instead of NaN.
 """

@@ -1,4 +1,4 @@
-"""The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in DESIGN.md section 1.
+"""The SkipDecode layer policy (Del Corro et al., arXiv 2307.02628), as in docs/design.md section 1.
 
 One layer budget per generation step, shared by the whole batch, decaying from ``max_layers`` to
 ``min_layers`` over ``horizon`` steps: linearly (the paper), or along a power curve
@@ -154,7 +154,7 @@ class SkipPolicy:
         prompt = ", prompt at step 0's layers" if self.prefill == "policy" else ""
         return (f"SkipPolicy(L={self.num_layers}, layers {self.max_layers}->{self.min_layers} over "
                 f"{self.horizon} steps{shape}, warm-up {self.warmup_layers}{prompt}, "
-                f"theoretical speedup {self.theoretical_speedup():.2f}x)")
+                f"horizon speedup {self.theoretical_speedup():.2f}x)")
 
 
 DECAYS = ("linear", "power")

@@ -228,11 +228,12 @@ def test_post_ln_checkpoint_exports(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed")
-def test_cli_engine_trt_without_tensorrt_keeps_the_export(checkpoint_dir, tmp_path, capsys):
+def test_cli_engine_trt_without_tensorrt_fails_before_exporting(checkpoint_dir, tmp_path, capsys):
     out = tmp_path / "trt"
     assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "-q", "--engine", "trt"]) == 2
-    assert "error: TensorRT is not installed" in capsys.readouterr().err
-    load_manifest(out)  # the ONNX artifact is complete and intact
+    err = capsys.readouterr().err
+    assert err.startswith("error: TensorRT is not installed") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []  # nothing exported: the check comes before the work
 
 
 KILLED_BUILD = """

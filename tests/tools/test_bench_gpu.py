@@ -1,5 +1,7 @@
 """``python -m tools.bench.gpu``: its CPU dry run end to end, the floor's byte count, its refusals."""
 
+import re
+
 import pytest
 import torch
 
@@ -36,6 +38,6 @@ def test_step_bytes_counts_active_weights_head_and_kv():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
-def test_cuda_without_a_gpu_says_so():
-    with pytest.raises(SystemExit, match="no CUDA device is visible to PyTorch .* --device cpu --arch tiny-random"):
-        gpu.main(["--device", "cuda", "--arch", "tiny-random"])
+def test_cuda_without_a_gpu_says_so(capsys):
+    assert gpu.main(["--device", "cuda", "--arch", "tiny-random"]) == 2
+    assert re.search("^error: .*no CUDA device is visible to PyTorch .* --device cpu --arch tiny-random", capsys.readouterr().err)

@@ -28,6 +28,7 @@ def test_runs_alternate_between_checkouts_and_print_json(artifact_dir, capsys):
     assert len(records) == 2 and {r["checkout"] for r in records} == {root}
 
 
-def test_a_failing_run_is_a_user_error(tmp_path, capsys):
+def test_a_directory_that_is_no_artifact_is_refused_before_any_run(tmp_path, capsys):
     assert startup.main([str(tmp_path), "--runs", "1", "--warmup", "0"]) == 2
-    assert "the measured process failed (exit 1)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "manifest.json" in err and err.count("\n") == 1, err

@@ -163,10 +163,9 @@ def log(*args) -> None:
 
 def parser(prog: str, doc: str):
     """The argument parser of a before/after benchmark, with the --arch/--artifact it always takes."""
-    import argparse
+    from runtime import cli
 
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser(prog, doc.split("\n\n")[0])
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="run this artifact in every checkout instead of their own --arch exports")
     return p
@@ -208,6 +207,9 @@ def setup(parser, args) -> tuple[dict, list[Path], Path]:
     for c in checkouts:
         if not (c / "runtime").is_dir():
             parser.error(f"--checkout {c}: no runtime/ there; pass a copy of this repository")
+    if args.artifact and not (Path(args.artifact) / "manifest.json").is_file():
+        parser.error(f"--artifact {args.artifact}: no manifest.json there; pass a directory written by "
+                     f"`python -m export build`")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     (work / ".gitignore").write_text("*\n")

@@ -44,25 +44,26 @@ def _parser() -> argparse.ArgumentParser:
                    f"{', '.join(ARCHS)}; repeat for several (default opt-125m)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
     p.add_argument("--prompt", type=int, nargs="+", default=[32, 128], help="prompt tokens (default 32 128)")
-    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per row (default 128)")
+    cli.add_max_new_tokens(p, 128, "tokens generated per row (default 128)")
     p.add_argument("--backends", nargs="+", default=["hf", "torch", "ort", "optimum"],
                    help="rows to run (default hf torch ort optimum); see below")
     p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5],
-                   help="theoretical speedups for the ONNX Runtime rows (default 2 3 5)")
+                   help="horizon speedups for the ONNX Runtime rows (default 2 3 5)")
     p.add_argument("--torch-speedups", type=float, nargs="+", default=[2],
-                   help="theoretical speedups for the torch backend rows (default 2)")
+                   help="horizon speedups for the torch backend rows (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads for every row (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them (default 3)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per run (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random weights and round order (default 0)")
-    p.add_argument("--out", default="docs/benchmarks.md", help="Markdown page (default docs/benchmarks.md)")
-    p.add_argument("--plot", default="docs/benchmark_speedup.png",
-                   help="PNG plot, '' for none (default docs/benchmark_speedup.png)")
+    # Not docs/ by default: a trial run must not overwrite the tracked page; pass --out docs/benchmarks.md
+    p.add_argument("--out", help="Markdown page (default WORK_DIR/benchmarks.md; the published page: "
+                                 "--out docs/benchmarks.md --plot docs/benchmark_speedup.png)")
+    p.add_argument("--plot", help="PNG plot, '' for none (default WORK_DIR/benchmark_speedup.png)")
     p.add_argument("--work-dir", default=".bench", help="weights, exports, venv, raw results (default .bench)")
     p.add_argument("--optimum-python", help="python of an environment with optimum-onnx (default: "
                                             "create WORK_DIR/optimum-venv)")
     p.add_argument("--no-optimum-venv", action="store_true", help="never create the Optimum venv")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed (default 900)")
     p.add_argument("--render", metavar="RESULTS_JSON",
                    help="re-render the page and plot from a saved run's raw results; measures nothing")
     p.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
@@ -133,7 +134,7 @@ def measure(args, argv: list[str], log) -> dict:
     (work / ".gitignore").write_text("*\n")  # weights, exports and the venv stay out of git
     data = {"argv": argv, "machine": machine.describe(), "models": {}, "policies": {}, "jobs": [],
             "outcomes": [], "settings": {"threads": args.threads, "rounds": args.rounds, "seed": args.seed,
-                                         "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens}}
+                                         "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens}}
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
     bw = bandwidth_mod.measure(args.threads)
     data["bandwidth"] = {"one_thread": bw.one_thread, "all_threads": bw.all_threads,
@@ -170,15 +171,15 @@ def measure(args, argv: list[str], log) -> dict:
         for a, shape, row in planned:
             if a != arch:
                 continue
-            policy = rows_mod.policy_for(row, L, args.new_tokens)
-            theoretical = rows_mod.theoretical_speedup(policy, args.new_tokens)
+            policy = rows_mod.policy_for(row, L, args.max_new_tokens)
+            theoretical = rows_mod.theoretical_speedup(policy, args.max_new_tokens)
             if not row.is_full:
                 pols[f"{row.speedup:g}x"] = {**policy.to_dict(), "theoretical": theoretical}
             artifact = prepared.variants.get(row.backend, prepared.artifact_dir)
             spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(artifact),
                     "optimum_dir": str(optimum_dir) if optimum_dir else None,
                     "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
-                    "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens,
+                    "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens,
                     "threads": args.threads, "pad_token_id": info["pad_token_id"],
                     "policy": policy.to_dict() if row.backend in rows_mod.RUNTIME else None}
             unavailable = optimum_reason if row.backend == "optimum" and not optimum_dir else ""
@@ -201,7 +202,7 @@ def measure(args, argv: list[str], log) -> dict:
         data["elapsed_s"] = time.perf_counter() - started
         raw_path.write_text(json.dumps(data))
 
-    run_all(order, args.threads, args.timeout, progress=not args.quiet, on_outcome=save)
+    run_all(order, args.threads, args.timeout, progress=cli.progress(args.quiet), on_outcome=save)
     data["elapsed_s"] = time.perf_counter() - started
     raw_path.write_text(json.dumps(data))
     log(f"raw results: {raw_path}")
@@ -243,6 +244,9 @@ def _main(args, argv: list[str]) -> int:
         data = json.loads(Path(args.render).read_text())
     else:
         data = measure(args, argv, log)
-    rows, targets = write_outputs(data, args.out, args.plot, log)
+    work = Path(args.work_dir)
+    out = args.out if args.out is not None else str(work / "benchmarks.md")
+    plot = args.plot if args.plot is not None else str(work / "benchmark_speedup.png")
+    rows, targets = write_outputs(data, out, plot, log)
     print(report.terminal_summary(rows, targets))
     return 0

@@ -12,13 +12,14 @@ over the weights' bytes. The other cases check that nothing got slower at batch 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from runtime import cli
 
 from .prompts import make_prompt
 from .runner import REPO, child_env
@@ -65,21 +66,23 @@ def measure(tree: Path, prepared: dict, prompts: list[str], new_tokens: int, spe
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.context", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--arch", default="opt-125m")
+    p = cli.parser("python -m tools.bench.context", __doc__.splitlines()[0])
+    p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--before", default=BEFORE, help="git revision to compare with ('' for none)")
     p.add_argument("--cases", nargs="+", default=["1:32:128:1", "1:512:512:1", "8:32:128:1", "1:32:128:2",
                                                   "8:32:128:2"], help="BATCH:PROMPT:NEW:SPEEDUP each")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--work-dir", default=".bench")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them")
+    p.add_argument("--work-dir", default=".bench", help="the checked-out revision and the exported weights")
     args = p.parse_args(argv)
 
     work = Path(args.work_dir)
     trees = {"after": REPO}
     if args.before:
-        trees["before"] = checkout(args.before, work)
+        try:
+            trees["before"] = checkout(args.before, work)
+        except subprocess.CalledProcessError as exc:
+            p.error(f"--before {args.before}: `git worktree add` failed: {exc.stderr.decode().strip()}")
     artifacts = {name: prepare(tree, args.arch, work / f"context-{name}", args.threads)
                  for name, tree in trees.items()}
     from transformers import AutoTokenizer

@@ -4,7 +4,7 @@
     python -m tools.bench.gap --checkout /work/before . --rounds 2          # before/after, interleaved
     python -m tools.bench.gap --load-option prefill_chunk=64                # a runtime.load option
 
-One request decodes alone (a ``--short-prompt``-token prompt, ``--new-tokens`` tokens, greedy, EOS
+One request decodes alone (a ``--short-prompt``-token prompt, ``--max-new-tokens`` tokens, greedy, EOS
 ignored) on a Generator with ``--max-batch`` slots, ONNX Runtime, ``--threads`` threads. When its
 ``--join-after``-th token has arrived, a second request with a ``--long-prompt``-token prompt
 (``--join-new-tokens`` tokens) is submitted. The first request's stream is read in its own thread,
@@ -30,6 +30,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from runtime import cli
 
 from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, header, label, log,
                         parser, prepare, run_child, setup, tokenizer_of)
@@ -134,13 +136,13 @@ def main(argv=None) -> int:
     p = parser("python -m tools.bench.gap", __doc__)
     p.add_argument("--max-batch", type=int, default=8, help="KV rows of the Generator")
     p.add_argument("--short-prompt", type=int, default=32, help="the running request's prompt, in tokens")
-    p.add_argument("--new-tokens", type=int, default=200, help="the running request's tokens")
+    cli.add_max_new_tokens(p, 200, "the running request's tokens")
     p.add_argument("--join-after", type=int, default=20, help="submit the second request after this many tokens")
     p.add_argument("--long-prompt", type=int, default=512, help="the joining request's prompt, in tokens")
     p.add_argument("--join-new-tokens", type=int, default=16, help="the joining request's tokens")
     add_common_arguments(p, "gap")
     args = p.parse_args(argv)
-    if not 1 <= args.join_after < args.new_tokens - 1:
+    if not 1 <= args.join_after < args.max_new_tokens - 1:
         p.error("--join-after must be >= 1 and leave the running request at least two more tokens")
     if args.rounds < 1 or args.max_batch < 2:
         p.error("--rounds must be >= 1 and --max-batch >= 2 (two requests run together)")
@@ -160,7 +162,7 @@ def _run(args, argv, options, checkouts, work) -> int:
     runtimes = {}
     for round_, c in schedule(checkouts, args.rounds, args.seed):
         spec = {"artifact": str(artifacts[c]), "max_batch": args.max_batch, "threads": args.threads,
-                "short_prompt": short, "long_prompt": long_, "new_tokens": args.new_tokens,
+                "short_prompt": short, "long_prompt": long_, "new_tokens": args.max_new_tokens,
                 "join_after": args.join_after, "join_new_tokens": args.join_new_tokens, "load_options": options}
         record = run_child(CHILD, spec, c, args.threads, args.timeout)
         if record["prompt_tokens"] != [args.short_prompt, args.long_prompt]:
@@ -178,7 +180,7 @@ def _run(args, argv, options, checkouts, work) -> int:
     print(header("python -m tools.bench.gap", argv, started))
     print(f"{args.arch if not args.artifact else args.artifact}, ONNX Runtime, {args.threads} threads, max_batch "
           f"{args.max_batch}, full depth, greedy, EOS ignored: a {args.short_prompt}-token prompt decoding "
-          f"{args.new_tokens} tokens; after its token {args.join_after}, a {args.long_prompt}-token prompt joins "
+          f"{args.max_new_tokens} tokens; after its token {args.join_after}, a {args.long_prompt}-token prompt joins "
           f"({args.join_new_tokens} tokens); medians of {args.rounds} rounds"
           + (f"; runtime.load options {options}" if options else ""))
     for c in checkouts:

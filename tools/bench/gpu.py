@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime import cli
+from runtime.errors import InvalidArgumentError
+
 PAGE = 32  # the KV width's step, as export's default page_size
 
 ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
@@ -160,7 +163,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
 
     device = torch.device(options.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {options.device}: no CUDA device is visible to PyTorch "
+        raise InvalidArgumentError(f"--device {options.device}: no CUDA device is visible to PyTorch "
                          f"{torch.__version__}; run on a GPU, or --device cpu --arch tiny-random for the dry run")
     dtype = getattr(torch, options.dtype)
     bandwidth, how = device_bandwidth(device, options.bandwidth_mib)
@@ -246,6 +249,7 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     d = Options()
     p = argparse.ArgumentParser(prog="python -m tools.bench.gpu", description=__doc__.split("\n\n")[0])
+    cli.add_version(p)
     p.add_argument("--device", default=d.device, help=f"cuda or cpu (default {d.device})")
     p.add_argument("--arch", nargs="+", default=d.archs, choices=ARCHS, help="shapes (default opt-125m opt-1.3b)")
     p.add_argument("--batch", type=int, nargs="+", default=d.batches, help="batch sizes (default 1 8)")
@@ -253,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="policies by theoretical speedup, 1 = full depth (default 1 2 3 5)")
     p.add_argument("--dtype", choices=DTYPES, default=d.dtype, help=f"default {d.dtype}")
     p.add_argument("--prompt", type=int, default=d.prompt, help=f"prompt tokens (default {d.prompt})")
-    p.add_argument("--new-tokens", type=int, default=d.new_tokens, help=f"decode steps (default {d.new_tokens})")
+    cli.add_max_new_tokens(p, d.new_tokens, f"decode steps (default {d.new_tokens})")
     p.add_argument("--rounds", type=int, default=d.rounds, help=f"timed rounds (default {d.rounds})")
     p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_mib,
                    help=f"bandwidth buffer in MiB (default {d.bandwidth_mib})")
@@ -267,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in args.speedups:
         args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
     options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
-                      args.new_tokens, args.rounds, args.bandwidth_mib, args.seed)
+                      args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed)
+    return cli.run(lambda: _measure_and_print(args, argv, options))
+
+
+def _measure_and_print(args, argv, options: Options) -> int:
     rows, info = measure(options, log=lambda line: print(line, file=sys.stderr, flush=True))
     command = "python -m tools.bench.gpu " + " ".join(sys.argv[1:] if argv is None else argv)
     text = table(rows, info, options, command.strip())

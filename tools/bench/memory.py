@@ -14,7 +14,6 @@ memory (packed weights, KV cache, heap), mapped pages of ``weights.bin`` and oth
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from export.measure import run_probe
+from runtime import cli
 
 from .runner import REPO
 
@@ -78,13 +78,21 @@ def _child(code: str, *args: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.memory", description=__doc__.split("\n\n")[0])
+    p = cli.parser("python -m tools.bench.memory", __doc__.split("\n\n")[0])
     p.add_argument("artifacts", nargs="+", type=Path, help="artifact directories (python -m export build)")
-    p.add_argument("--batch", type=int, default=1, help="rows generated together (default 1)")
-    p.add_argument("--tokens", type=int, default=256, help="positions per row, prompt included (default 256)")
-    p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row (default 64)")
+    p.add_argument("--batch", type=int, default=1, help="rows generated together")
+    p.add_argument("--tokens", type=int, default=256, help="positions per row, prompt included")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
     p.add_argument("--verify", action="store_true", help="also measure `python -m export verify`")
     args = p.parse_args(argv)
+    return cli.run(lambda: _main(args))
+
+
+def _main(args) -> int:
+    from runtime.manifest import load_manifest
+
+    for art in args.artifacts:  # every argument before the first measurement (sizes, not hashes)
+        load_manifest(art, check_hashes=False)
     mb = lambda n: f"{n / 2**20:,.0f}"  # noqa: E731
     print("| artifact | dtype | weights MiB | load + generate peak RSS MiB | ratio | RSS after load MiB | "
           "after generate: anonymous / weights.bin mapped / other files MiB |"

@@ -20,6 +20,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime import cli
+
 STAMP = "bench-stamp.json"
 
 
@@ -60,7 +62,8 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
         _stamp(hf_dir, stamp)
     if not _stamped(artifact_dir, stamp):
         log(f"exporting {hf_dir} to {artifact_dir}")
-        build(BuildOptions(model=str(hf_dir), out=str(artifact_dir), progress=True), log=log)
+        build(BuildOptions(model=str(hf_dir), out=str(artifact_dir), progress=cli.progress(quiet=False)),
+              log=log)
         _stamp(artifact_dir, stamp)  # the manifest names its files: this one it ignores
         gc.collect()
     built = {}
@@ -73,7 +76,7 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
-                               progress=True), log=log)
+                               progress=cli.progress(quiet=False)), log=log)
             _stamp(out, vstamp)
             gc.collect()
         built[name] = out.resolve()

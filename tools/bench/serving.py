@@ -5,7 +5,7 @@ representations, by default from the shipped development split ``data/e2e/devset
 output lengths drawn from the E2E data, and a speedup drawn per request from ``--speedups``. EOS is
 ignored, so every mode generates exactly the same tokens. Output lengths (``--lengths``):
 
-- e2e: the token count of one of the MR's references (+1, EOS), capped at ``--max-new`` (64):
+- e2e: the token count of one of the MR's references (+1, EOS), capped at ``--max-new-tokens`` (64):
   a narrow spread, most 20-40 tokens;
 - wide: log-uniform in [16, 256] (seeded; the same arrivals, prompts and speedups as e2e), where
   a static batch's longest request is far above its mean.
@@ -27,7 +27,6 @@ its longest output.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import threading
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from runtime import cli
 
 MODES = ("engine", "static", "serial")
 LENGTHS = ("e2e", "wide")
@@ -164,8 +165,7 @@ def render(med: dict[str, dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.serving", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("python -m tools.bench.serving", __doc__.splitlines()[0])
     p.add_argument("--arch", default="opt-125m", help="random weights at this architecture's shapes")
     p.add_argument("--artifact", help="an exported artifact instead of --arch (e.g. the demo model)")
     p.add_argument("--data", default=DEFAULT_DATA,
@@ -178,19 +178,22 @@ def main(argv=None) -> int:
                         f"[{WIDE_RANGE[0]}, {WIDE_RANGE[1]}]); both: two streams, interleaved")
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 5], help="drawn per request")
     p.add_argument("--max-batch", type=int, default=8, help="slots of the engine and the static batcher")
-    p.add_argument("--max-new", type=int, default=None,
-                   help=f"cap on a request's output length; None: 64 for e2e, {WIDE_RANGE[1]} for wide")
+    cli.add_max_new_tokens(p, None, f"cap on a request's output length (default: 64 for e2e, "
+                                    f"{WIDE_RANGE[1]} for wide)", aliases=("--max-new",))
     p.add_argument("--max-length", type=int, default=None,
                    help="positions per slot (runtime.load's max_length); None: the streams' longest "
                         "prompt + longest output")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; medians across them")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the request stream's draws")
     p.add_argument("--work-dir", default=".bench", help="where --arch weights are built")
     args = p.parse_args(argv)
     data = data_path(args.data)
     if not data.is_file():
         p.error(f"--data {data}: no such file")
+    if args.artifact and not (Path(args.artifact) / "manifest.json").is_file():
+        p.error(f"--artifact {args.artifact}: no manifest.json there; pass a directory written by "
+                f"`python -m export build`")
 
     import runtime
     from runtime.tokenizer import load_tokenizer
@@ -206,7 +209,7 @@ def main(argv=None) -> int:
     tokenizer = load_tokenizer(artifact / manifest.tokenizer_dir, manifest.model.pad_token_id)
     streams = {}
     for lengths in args.lengths:
-        cap = args.max_new if args.max_new is not None else (WIDE_RANGE[1] if lengths == "wide" else 64)
+        cap = args.max_new_tokens if args.max_new_tokens is not None else (WIDE_RANGE[1] if lengths == "wide" else 64)
         streams[lengths] = make_stream(data, tokenizer, args.requests, args.rate, args.speedups, cap,
                                        args.seed, lengths)
     max_length = args.max_length or max(needed_length(tokenizer, s) for s in streams.values())

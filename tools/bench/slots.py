@@ -3,7 +3,7 @@
     python -m tools.bench.slots [--arch opt-125m] [--max-batch 1 8 32] [--prompts 32 500] [--rounds 3]
     python -m tools.bench.slots --checkout /work/before . --rounds 2   # before/after, interleaved
 
-One request alone (greedy, EOS ignored, ``--new-tokens`` tokens, full depth) on a Generator loaded
+One request alone (greedy, EOS ignored, ``--max-new-tokens`` tokens, full depth) on a Generator loaded
 with ``max_batch`` KV slots, ONNX Runtime backend with ``--threads`` threads, for each max_batch and
 each prompt length (exact token counts, from repeated text: tools.bench.prompts). The figure is the
 per-token decode time, ``stats.decode_seconds / len(stats.steps)`` of the GenerationResult (the
@@ -25,6 +25,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from runtime import cli
 
 from .checkouts import (CheckoutError, add_common_arguments, describe_checkout, exit_code, header, label, log,
                         parser, prepare, run_child, setup, tokenizer_of)
@@ -96,13 +98,13 @@ def main(argv=None) -> int:
     p = parser("python -m tools.bench.slots", __doc__)
     p.add_argument("--max-batch", type=int, nargs="+", default=[1, 8, 32], help="KV rows of the Generator")
     p.add_argument("--prompts", type=int, nargs="+", default=[32, 500], help="prompt lengths in tokens (BOS included)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens of the timed request")
+    cli.add_max_new_tokens(p, 64, "tokens of the timed request")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed generation first, same prompt")
     p.add_argument("--max-length", type=int, help="runtime.load's max_length (default: the runtime's)")
     add_common_arguments(p, "slots")
     args = p.parse_args(argv)
-    if args.rounds < 1 or min(args.max_batch) < 1 or min(args.prompts) < 2 or args.new_tokens < 2:
-        p.error("--rounds and --max-batch must be >= 1, --prompts and --new-tokens >= 2")
+    if args.rounds < 1 or min(args.max_batch) < 1 or min(args.prompts) < 2 or args.max_new_tokens < 2:
+        p.error("--rounds and --max-batch must be >= 1, --prompts and --max-new-tokens >= 2")
     options, checkouts, work = setup(p, args)
     if args.max_length:
         options["max_length"] = args.max_length
@@ -121,7 +123,7 @@ def _run(args, argv, options, checkouts, work) -> int:
     raw_path = Path(args.json) if args.json else work / "slots.json"
     for round_, (c, mb, n) in schedule(configs, args.rounds, args.seed):
         spec = {"artifact": str(artifacts[c]), "max_batch": mb, "threads": args.threads, "prompt": prompts[n],
-                "new_tokens": args.new_tokens, "warmup_tokens": args.warmup_tokens, "load_options": options}
+                "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens, "load_options": options}
         record = run_child(CHILD, spec, c, args.threads, args.timeout)
         if record["prompt_tokens"] != n:
             raise CheckoutError(f"{c}: the prompt of {n} tokens is {record['prompt_tokens']} tokens to that "
@@ -135,7 +137,7 @@ def _run(args, argv, options, checkouts, work) -> int:
             f"peak RSS {record['peak_rss_mib']:.0f} MiB)")
     print(header("python -m tools.bench.slots", argv, started))
     print(f"{args.arch if not args.artifact else args.artifact}, ONNX Runtime, {args.threads} threads, one request "
-          f"alone, full depth, {args.new_tokens} new tokens, greedy, EOS ignored; decode ms/token = "
+          f"alone, full depth, {args.max_new_tokens} new tokens, greedy, EOS ignored; decode ms/token = "
           f"decode_seconds / decode steps (prefill excluded), median of {args.rounds} rounds"
           + (f"; runtime.load options {options}" if options else ""))
     ms = {}

@@ -3,7 +3,7 @@ its SkipDecode fine-tuning (and a by-MR data split)."""
 
 from __future__ import annotations
 
-import argparse
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,28 +103,35 @@ def distill(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.e2e", description=__doc__)
-    cli.add_version(p)
+    p = cli.parser("python -m tools.e2e", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("split", help="split E2E pairs by meaning representation into train/val CSVs")
-    s.add_argument("--data", required=True)
-    s.add_argument("--out", default="data/e2e")
-    s.add_argument("--val-fraction", type=float, default=0.1)
-    i = sub.add_parser("init", help="train the BPE tokenizer and write a randomly initialised OPT")
-    i.add_argument("--train", default="data/e2e/trainset.csv.gz")
-    i.add_argument("--out", required=True)
-    d = sub.add_parser("distill", help="greedy full-depth descriptions of the training MRs without "
-                                        "slot errors, as a pairs CSV (the SkipDecode fine-tuning targets)")
+    s = sub.add_parser("split", formatter_class=cli.HelpFormatter,
+                       help="split E2E pairs by meaning representation into train/val CSVs",
+                       description="Split pairs by meaning representation (every reference of an MR on\n"
+                                   "one side) into OUT/train.csv and OUT/val.csv.")
+    s.add_argument("--data", required=True, help="CSV or JSONL of pairs, gzipped or not (e.g. data/e2e/trainset.csv.gz)")
+    s.add_argument("--out", default="data/e2e", help="directory of train.csv and val.csv")
+    s.add_argument("--val-fraction", type=float, default=0.1, help="share of the MRs that go to val.csv")
+    i = sub.add_parser("init", formatter_class=cli.HelpFormatter,
+                       help="train the BPE tokenizer and write a randomly initialised OPT",
+                       description="Train the demo's BPE tokenizer on --train and write a randomly\n"
+                                   "initialised OPT of the demo's shape (tools/e2e/__main__.py DemoArch).")
+    i.add_argument("--train", default="data/e2e/trainset.csv.gz", help="pairs the tokenizer is trained on")
+    i.add_argument("--out", required=True, help="Hugging Face checkpoint directory to write")
+    d = sub.add_parser("distill", formatter_class=cli.HelpFormatter,
+                       help="greedy full-depth descriptions of the training MRs without slot errors, as a "
+                            "pairs CSV (the SkipDecode fine-tuning targets)",
+                       description=inspect.cleandoc(distill.__doc__).split("\n\n")[0])
     d.add_argument("--model", required=True, help="artifact directory (python -m export build) of the full-depth model")
-    d.add_argument("--train", default="data/e2e/trainset.csv.gz")
+    d.add_argument("--train", default="data/e2e/trainset.csv.gz", help="pairs whose MRs are described")
     d.add_argument("--out", required=True, help="CSV to write")
-    d.add_argument("--max-new-tokens", type=int, default=96)  # longest reference: ~90 tokens
-    d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--threads", type=int, default=1)
+    cli.add_max_new_tokens(d, 96, "longest description kept (the longest reference: ~90 tokens)", aliases=())
+    d.add_argument("--batch-size", type=int, default=32, help="MRs generated together")
+    d.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     for q in (s, i, d):
-        q.add_argument("--prompt-column", default="mr")
-        q.add_argument("--target-column", default="ref")
-        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--prompt-column", default="mr", help="the MRs' column")
+        q.add_argument("--target-column", default="ref", help="the descriptions' column")
+        q.add_argument("--seed", type=int, default=0, help="the split's draw; init's weights")
     args = p.parse_args(argv)
     return cli.run(lambda: {"split": split, "init": init, "distill": distill}[args.command](args))
 

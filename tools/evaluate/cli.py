@@ -46,15 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     cli.add_version(p)
     p.add_argument("--data", help="CSV (header row) or JSONL of (prompt, target) pairs; a prompt's "
                                   "rows are its references")
-    p.add_argument("--prompt-column", default="prompt", help="(default prompt)")
-    p.add_argument("--target-column", default="target", help="(default target)")
+    # the shipped E2E data's names (data/e2e); the column names say which a file has
+    p.add_argument("--prompt-column", default="mr", help="(default mr, as data/e2e)")
+    p.add_argument("--target-column", default="ref", help="(default ref, as data/e2e)")
     p.add_argument("--limit", type=_positive, help="evaluate only the first N unique prompts")
     p.add_argument("--model", action="append", metavar="[NAME=]DIR",
                    help="artifact directory from `python -m export build`, optionally named (default "
                         "name: the directory's basename); repeat for several. The first is the "
                         "reference: ΔBLEU is against its full depth and the targets are about it")
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2, 3, 4, 5], metavar="S",
-                   help="theoretical speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
+                   help="horizon speedup targets, 1 = full depth (default 1 2 3 4 5; full depth "
                         "is always run: it is the baseline)")
     p.add_argument("--decay", choices=DECAYS,
                    help="budget curve of the skipping policies (default: the artifact's, else linear)")
@@ -62,14 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=PREFILLS,
                    help="the prompt's layers under a skipping policy: full depth or the first step's "
                         "active set (default: the artifact's, else full)")
-    p.add_argument("--max-new-tokens", type=_positive, default=64, help="(default 64)")
+    cli.add_max_new_tokens(p, 64, "(default 64)", type=_positive)
     p.add_argument("--batch-size", type=_positive, default=16, help="prompts per batch (default 16)")
-    p.add_argument("--backend", choices=BACKENDS, default="onnxruntime", help="(default onnxruntime)")
+    p.add_argument("--backend", choices=BACKENDS, default="onnxruntime", help="what runs the graphs (default onnxruntime)")
     p.add_argument("--threads", type=_positive, help="intra-op threads (default: the backend's)")
     p.add_argument("--timing-rounds", type=_positive, default=1,
                    help="generation rounds for the timings; rounds after the first only time (default 1)")
     p.add_argument("--seed", type=int, default=0, help="order of the speedups within a batch (default 0)")
-    p.add_argument("--out", default="docs/quality.md", help="Markdown page (default docs/quality.md)")
+    # not docs/ by default: a trial run must not overwrite the tracked page
+    p.add_argument("--out", default=".work/quality.md",
+                   help="Markdown page (default .work/quality.md; the published page: --out docs/quality.md)")
     p.add_argument("--json", metavar="PATH", help="write the raw results (every hypothesis, every timing) here")
     p.add_argument("--render", metavar="RESULTS_JSON", nargs="+",
                    help="re-render the page from --json file(s); generates nothing. Several files of runs "
@@ -140,7 +143,7 @@ def measure(args, argv: list[str], log) -> dict:
         f"{len(specs)} model(s) x speedups {', '.join(f'{s:g}' for s in speedups)}")
     settings = RunSettings(speedups=speedups, max_new_tokens=args.max_new_tokens,
                            batch_size=args.batch_size, backend=args.backend, threads=args.threads,
-                           timing_rounds=args.timing_rounds, seed=args.seed, progress=not args.quiet,
+                           timing_rounds=args.timing_rounds, seed=args.seed, progress=cli.progress(args.quiet),
                            policy_options={k: v for k, v in (("decay", args.decay), ("exponent", args.exponent),
                                                              ("prefill", args.prefill)) if v is not None})
     data = {"tool": "tools.evaluate", "argv": argv, "machine": machine_info(),

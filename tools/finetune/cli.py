@@ -11,40 +11,39 @@ from .train import TrainConfig, train
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m tools.finetune",
-        description="Fine-tune an OPT checkpoint with the SkipDecode policy applied as at inference "
-                    "(prompt at full depth, one decaying budget per generated position). Writes a "
-                    "Hugging Face directory that `python -m export build --model DIR` accepts.")
-    cli.add_version(p)
+    p = cli.parser(
+        "python -m tools.finetune",
+        "Fine-tune an OPT checkpoint with the SkipDecode policy applied as at inference\n"
+        "(prompt at full depth, one decaying budget per generated position). Writes a\n"
+        "Hugging Face directory that `python -m export build --model DIR` accepts.")
     p.add_argument("--model", required=True, help="Hugging Face OPT checkpoint directory to start from")
     p.add_argument("--train", required=True, help="CSV or JSONL of (prompt, target) pairs")
     p.add_argument("--val", help="held-out pairs: validation loss per policy after each epoch")
     p.add_argument("--out", required=True, help="output directory (checkpoint-N/ folders go inside)")
-    p.add_argument("--prompt-column", default="prompt")
-    p.add_argument("--target-column", default="target")
-    p.add_argument("--separator", default=" ", help="text between prompt and target (default: a space)")
+    # the shipped E2E data's names (data/e2e)
+    p.add_argument("--prompt-column", default="mr", help="the prompts' column (as data/e2e)")
+    p.add_argument("--target-column", default="ref", help="the targets' column (as data/e2e)")
+    p.add_argument("--separator", default=" ", help="text between prompt and target (default: %(default)r)")
     p.add_argument("--speedups", type=float, nargs="+", default=[1.0], metavar="S",
-                   help="theoretical speedups whose policies each row samples from; 1 = full depth "
-                        "(default: 1, plain fine-tuning). E.g. --speedups 1 2 3 4 5 serves all five")
+                   help="horizon speedups whose policies each row samples from; 1 = full depth "
+                        "(1 alone: plain fine-tuning). E.g. --speedups 1 2 3 4 5 serves all five")
     p.add_argument("--horizon", type=int,
                    help="decode steps the budget decay spans (default: the model's skipdecode.json, else 64)")
-    p.add_argument("--warmup-layers", type=int, default=1)
+    p.add_argument("--warmup-layers", type=int, default=1, help="bottom layers every step runs")
     p.add_argument("--decay", choices=DECAYS, default="linear",
-                   help="budget curve of the policies over the horizon (default: linear, the paper's)")
+                   help="budget curve of the policies over the horizon (linear: the paper's)")
     p.add_argument("--exponent", type=float, default=2.0,
-                   help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
+                   help="power decay: budget = min + (max - min) * (1 - t) ** exponent")
     p.add_argument("--prefill", choices=PREFILLS, default="full",
-                   help="the prompt's layers under a policy: full depth (default) or the first "
-                        "step's active set")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
+                   help="the prompt's layers under a policy: full depth or the first step's active set")
+    p.add_argument("--epochs", type=int, default=10, help="passes over --train")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per optimizer step")
+    p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
+    p.add_argument("--seed", type=int, default=0, help="batch order, policy draws and dropout")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (and at each epoch's end)")
     p.add_argument("--val-every", type=int,
                    help="steps between validations (default: at each epoch's end; always at the last step)")
     p.add_argument("--no-select-best", dest="select_best", action="store_false",
@@ -67,5 +66,5 @@ def main(argv=None) -> int:
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,
-        progress=not args.quiet)
+        progress=cli.progress(args.quiet))
     return cli.run(lambda: print(f"saved {train(cfg)}"))

@@ -1,4 +1,4 @@
-"""``python -m tools.trtexec ARTIFACT_DIR --graph layer_03 --batch 4 --past 256 [--run] [--all]``."""
+"""``python -m tools.trtexec ARTIFACT_DIR (--graph layer_03 | --all) --batch 4 --past 256 [--run]``."""
 
 from __future__ import annotations
 
