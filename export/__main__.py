@@ -55,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--block-size", type=int, default=BLOCK_SIZE,
                    help="weights per scale along each weight's input dimension (default %(default)s)")
     q.add_argument("--weights-format", choices=FORMATS, default="matmulnbits",
-                   help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
-                        "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
+                   help="matmulnbits: ONNX Runtime's MatMulNBits, which no TensorRT parses (default); "
+                        "qdq: int4 as opset 21 blocked DequantizeLinear + MatMul, for TensorRT 10+ "
+                        "(build says which versions read it)")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this theoretical speedup")
     pol.add_argument("--max-layers", type=int)

@@ -30,8 +30,10 @@ class Report:
     lines: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
-    def add(self, name: str, ok: bool, detail: str) -> None:
-        self.lines.append(f"[{'ok' if ok else 'FAIL':>4}] {name}: {detail}")
+    def add(self, name: str, ok: bool, detail: str, status: str | None = None) -> None:
+        """``status``: the word shown instead of ok/FAIL for a check that passes with a caveat
+        ("warn") or does not apply to this artifact ("skip"); only ``ok`` False fails the report."""
+        self.lines.append(f"[{status or ('ok' if ok else 'FAIL'):>4}] {name}: {detail}")
         if not ok:
             self.failures.append(name)
 
@@ -78,12 +80,17 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
 
     from .trt_compat import check_artifact
 
-    # MatMulNBits artifacts are for ONNX Runtime by choice: report the parsers, do not fail on them.
+    # MatMulNBits artifacts are for ONNX Runtime by choice: say that no TensorRT reads them, do not fail.
     ort_only = manifest.quantized and manifest.weights.get("format") == "matmulnbits"
     for r in check_artifact(directory).results:  # TensorRT 8.6, 10.3 and the current parser
         details = "".join("\n         " + line.strip() for line in r.lines()[1:])
-        note = " (not required: MatMulNBits weights are ONNX Runtime's format)" if ort_only and not r.passed else ""
-        report.add(f"TensorRT {r.version} parser", r.passed or ort_only, r.summary + note + details)
+        if ort_only and not r.passed:
+            report.add(f"TensorRT {r.version} parser", True, "cannot parse this artifact (not required: its "
+                       "MatMulNBits weights are ONNX Runtime's format; for TensorRT re-export int4 with "
+                       "--weights-format qdq, or --weights float): " + r.summary + details, status="skip")
+        else:
+            report.add(f"TensorRT {r.version} parser", r.passed, r.summary + details,
+                       status="warn" if r.passed and any(f.kind == "opset" for f in r.warnings) else None)
 
     gen = load(directory, check_hashes=False)
     try:
