@@ -1,7 +1,8 @@
 """``python -m export verify DIR``: recheck an artifact against PyTorch and transformers.
 
 1. the manifest and the sha256 of every file it names;
-2. every graph against the PyTorch module it came from (export.parity, stated tolerances), and
+2. every graph against the PyTorch module it came from (export.parity: Polygraphy's Comparator with
+   its ONNX Runtime runner, at the export's stated tolerances), and
    every operator and opset against the TensorRT ONNX parser's supported lists (export.trt_compat);
 3. end to end, batched with left padding: greedy tokens of the ONNX Runtime backend at full depth
    against transformers' ``generate``, with the logits of every step; and under a skip policy,
@@ -64,7 +65,8 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
-    detail = f"{len(results)} graphs vs PyTorch"
+    detail = (f"{len(results)} graphs vs PyTorch through Polygraphy {parity.polygraphy_version()} (its ONNX "
+              f"Runtime runner, Comparator.run and compare_accuracy)")
     if floats:
         worst = max(floats, key=lambda r: r.max_abs_diff)
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "
