@@ -19,6 +19,8 @@ the output as a whole, ||onnx - torch||_2 <= rel * ||torch||_2 (``QUANT_TOLERANC
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,15 +156,31 @@ def run_and_compare(runner, feeds: list[dict], reference, func):
     from polygraphy.comparator import Comparator, RunResults
     from polygraphy.logger import G_LOGGER
 
-    # Polygraphy logs every output's statistics at INFO. With torch installed, its runners import it
-    # to tell tensors from arrays (no weights are loaded).
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+    # Polygraphy logs every output's statistics at INFO.
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL), _torch_stays_out():
         ours = Comparator.run([runner], data_loader=feeds)
         if not isinstance(reference, RunResults):
             reference = Comparator.run([reference], data_loader=feeds)
         # one RunResults of both runners, ours first: Polygraphy's relative error is against the second
         accuracy = Comparator.compare_accuracy(RunResults([*ours, *reference]), compare_func=func)
     return ours, bool(accuracy)
+
+
+@contextlib.contextmanager
+def _torch_stays_out():
+    """Polygraphy asks of every array whether it is a torch tensor, importing torch (when installed)
+    to find out. A numpy array never is one, and export verify's ONNX Runtime side must not import
+    torch (export.reference): while torch is not imported yet, ``import torch`` fails here, which
+    Polygraphy reads as "not importable" (sys.modules[name] = None is Python's way to block an import)."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
 
 
 def reference_results(spec: GraphSpec, cases: list[Case]):
@@ -183,8 +201,9 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
     atol, rtol = TOLERANCES[dtype]
     rel_tol = QUANT_TOLERANCES.get(weights)
     runner = OnnxrtRunner(lambda: ort_session(Path(directory) / spec.file), name="onnxruntime")
-    ours, passed = run_and_compare(runner, [case.inputs for case in cases], reference_results(spec, cases),
-                                   compare_func(atol, rtol, rel_tol))
+    with _torch_stays_out():
+        ours, passed = run_and_compare(runner, [case.inputs for case in cases], reference_results(spec, cases),
+                                       compare_func(atol, rtol, rel_tol))
     worst_rel, max_diff, worst_excess, worst = 0.0, 0.0, -np.inf, ""
     for case, got in zip(cases, ours[0][1]):
         for out_spec, e in zip(spec.outputs, case.expected):
