@@ -106,3 +106,16 @@ def test_without_tensorrt_the_cli_says_how_to_get_it(artifact_dir, tmp_path, cap
     assert main(["verify", str(artifact_dir), "--engine-dir", str(tmp_path), "-q"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: TensorRT is not installed in this Python environment")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is None,
+                    reason="TensorRT is not installed here (it cannot be on these machines)")
+def test_real_tensorrt_engines_match_onnxruntime(artifact_dir, tmp_path):
+    """On a device: real engines through Polygraphy's TrtRunner, within the tolerance of ONNX Runtime."""
+    from engines.build import build_engines
+    from engines.config import EngineBuildConfig
+
+    build_engines(artifact_dir, EngineBuildConfig(max_batch=4, max_seq=32, max_prompt=16), engine_dir=tmp_path,
+                  progress=False, log=lambda *_: None)
+    checks = verify_engines(artifact_dir, tmp_path, progress=False)
+    assert checks and all(c.passed for c in checks), [c.line() for c in checks]
