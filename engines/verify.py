@@ -22,6 +22,7 @@ from pathlib import Path
 
 from runtime.manifest import GraphSpec, load_manifest
 
+from .errors import EngineConfigError
 from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest
 from .profiles import Profile
 
@@ -101,7 +102,7 @@ def check_engine(spec: GraphSpec, profile: Profile, index: int, plan: Path, onnx
     return EngineCheck(spec.name, profile.name, shapes, passed and bool(np.isfinite(diff)), diff)
 
 
-def verify_engines(artifact_dir, engine_dir=None, graphs=None, runner=trt_runner, log=print,
+def verify_engines(artifact_dir, engine_dir=None, graphs=None, runner=trt_runner,
                    progress: bool = True) -> list[EngineCheck]:
     """Check every engine (or those of ``graphs``) at each of its profiles; ``runner(plan, profile
     index, name)`` makes the engine's Polygraphy runner (default: TrtRunner on the plan)."""
@@ -109,8 +110,6 @@ def verify_engines(artifact_dir, engine_dir=None, graphs=None, runner=trt_runner
     engine_dir = Path(engine_dir) if engine_dir is not None else artifact_dir / DEFAULT_ENGINE_DIR
     artifact = load_manifest(artifact_dir, check_hashes=False)
     em = read_engine_manifest(engine_dir, artifact_dir)
-    from .errors import EngineConfigError
-
     names = [g.name for g in artifact.graphs if g.name in em.engines]
     if graphs:
         unknown = [g for g in graphs if g not in em.engines]

@@ -128,9 +128,8 @@ def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
     parses, confirm, cannot = [], [], {}
     for version, findings in check_model(probe, "probe", versions="all", support=support).items():
         # the most basic reason first: a type the parser lacks, a foreign operator, then the opset
-        errors = sorted((f for f in findings if f.severity == "error"),
-                        key=lambda f: ["type", "domain", "operator"].index(f.kind) if f.kind in
-                        ("type", "domain", "operator") else 3)
+        order = {"type": 0, "domain": 1, "operator": 2}
+        errors = sorted((f for f in findings if f.severity == "error"), key=lambda f: order.get(f.kind, 3))
         name = version + "".join(f" ({p.split(' (')[0]})"
                                  for p in support.versions[version].data.get("platforms", [])[:1])
         if errors:

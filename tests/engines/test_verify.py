@@ -55,7 +55,7 @@ def test_every_engine_and_profile_matches_onnxruntime(artifact_dir, tmp_path, ve
         runners.append(fake_trt_runner(FakeTensorRT(version, int_dtype))(plan, profile, name))
         return runners[-1]
 
-    checks = verify_engines(artifact_dir, tmp_path, runner=runner, log=lambda *_: None, progress=False)
+    checks = verify_engines(artifact_dir, tmp_path, runner=runner, progress=False)
     graphs = [g.name for g in load_manifest(artifact_dir).graphs]
     assert [(c.graph, c.profile) for c in checks] == [(g, p) for g in graphs for p in ("prefill", "decode")]
     assert all(c.passed for c in checks), [c.line() for c in checks if not c.passed]
