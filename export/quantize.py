@@ -108,13 +108,14 @@ class QuantConfig:
                 "accuracy_level": self.accuracy_level}
 
 
-def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
-    """Which TensorRT versions' ONNX parsers read the weights ``config`` writes, in one line for
-    ``export build`` to say before any work: export.trt_compat's verdict on a one-MatMul graph
-    quantized exactly as the export quantizes (same quantizer, format and bits)."""
+def tensorrt_verdicts(config: QuantConfig) -> dict[str, tuple[str, str]]:
+    """Per TensorRT version of export/trt_ops/supported_ops.json, whether its ONNX parser reads the
+    weights ``config`` writes: ("parses" | "confirm" | "cannot", reason). export.trt_compat's
+    verdict on a one-MatMul graph quantized exactly as the export quantizes (same quantizer, format
+    and bits); "confirm": only past the opset range its documents state."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from .trt_compat import check_model, load_support
+    from .trt_compat import check_model
 
     bits = config.weights if config.weights != "float" else config.head_weights
     k = config.block_size * 2
@@ -124,36 +125,50 @@ def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
     probe = quantize_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), bits,
                            config.block_size, config.format, config.accuracy_level)
-    support = load_support()
-    parses, confirm, cannot = [], [], {}
-    for version, findings in check_model(probe, "probe", versions="all", support=support).items():
-        # the most basic reason first: a type the parser lacks, a foreign operator, then the opset
-        order = {"type": 0, "domain": 1, "operator": 2}
+    opset = next(o.version for o in probe.opset_import if o.domain in ("", "ai.onnx"))
+    order = {"type": 0, "domain": 1, "operator": 2}  # the most basic reason first; the opset last
+    verdicts = {}
+    for version, findings in check_model(probe, "probe", versions="all").items():
         errors = sorted((f for f in findings if f.severity == "error"), key=lambda f: order.get(f.kind, 3))
-        name = version + "".join(f" ({p.split(' (')[0]})"
-                                 for p in support.versions[version].data.get("platforms", [])[:1])
         if errors:
-            cannot.setdefault(errors[0].detail.split(" (")[0].split(";")[0], []).append(version)
+            verdicts[version] = ("cannot", errors[0].detail.split(" (")[0].split(";")[0])
         elif any(f.kind == "opset" for f in findings):
-            confirm.append(name)
+            verdicts[version] = ("confirm", f"opset {opset} is past the range its documents state")
         else:
-            parses.append(name)
+            verdicts[version] = ("parses", "")
+    return verdicts
+
+
+def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
+    """``tensorrt_verdicts`` in one line, for ``export build`` to say before any work."""
+    from .trt_compat import load_support
+
+    platforms = load_support().versions
+    verdicts = tensorrt_verdicts(config)
+    named = {v: v + "".join(f" ({p.split(' (')[0]})" for p in platforms[v].data.get("platforms", [])[:1])
+             for v in verdicts}
+    group = lambda kind: [named[v] for v, (k, _) in verdicts.items() if k == kind]  # noqa: E731
+    cannot: dict[str, list[str]] = {}
+    for v, (kind, why) in verdicts.items():
+        if kind == "cannot":
+            cannot.setdefault(why, []).append(v)
+    bits = config.weights if config.weights != "float" else config.head_weights
     what = f"{bits} weights as {config.format}"
-    if not parses and not confirm:
+    if not group("parses") and not group("confirm"):
         reasons = "; ".join(f"{', '.join(vs)}: {why}" for why, vs in cannot.items())
         return (f"TensorRT: no version's parser reads {what} ({reasons}): this artifact is for ONNX Runtime; "
                 f"for TensorRT 10+ export int4 with --weights-format qdq, or --weights float")
-    opset = next(o.version for o in probe.opset_import if o.domain in ("", "ai.onnx"))
     parts = []
-    if parses:
-        parts.append(f"TensorRT {', '.join(parses)} parses them")
+    if group("parses"):
+        parts.append(f"TensorRT {', '.join(group('parses'))} parses them")
+    confirm = [(named[v], why) for v, (k, why) in verdicts.items() if k == "confirm"]
     if confirm:
-        parts.append(f"{', '.join(confirm)} should, by its parser's source, though opset {opset} is past the "
-                     f"range its documents state: confirm on the device with `python -m tools.trtexec "
-                     f"{artifact} --graph layer_00 --run`")
+        parts.append(f"{', '.join(n for n, _ in confirm)} should, by its parser's source, though "
+                     f"{confirm[0][1]}: confirm on the device with `python -m tools.trtexec {artifact} "
+                     f"--graph layer_00 --run`")
     for why, vs in cannot.items():
         parts.append(f"{', '.join(vs)} cannot ({why})")
-    return f"TensorRT and {what} (opset {opset}): " + "; ".join(parts)
+    return f"TensorRT and {what}: " + "; ".join(parts)
 
 
 def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: str = "matmulnbits",

@@ -82,14 +82,25 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
 
     from .trt_compat import check_artifact
 
-    # MatMulNBits artifacts are for ONNX Runtime by choice: say that no TensorRT reads them, do not fail.
-    ort_only = manifest.quantized and manifest.weights.get("format") == "matmulnbits"
+    # A weight format is chosen for its runtimes (MatMulNBits: ONNX Runtime; qdq: TensorRT 10+): a
+    # parser that cannot read the format is reported as such, not failed.
+    unreadable, w = {}, manifest.weights
+    if manifest.quantized:
+        from .quantize import QuantConfig, tensorrt_verdicts
+
+        verdicts = tensorrt_verdicts(QuantConfig(weights=w["layers"], head_weights=w["head"],
+                                                 block_size=w["block_size"], format=w["format"],
+                                                 accuracy_level=w.get("accuracy_level", 0)))
+        unreadable = {v: why for v, (kind, why) in verdicts.items() if kind == "cannot"}
     for r in check_artifact(directory).results:  # TensorRT 8.6, 10.3 and the current parser
         details = "".join("\n         " + line.strip() for line in r.lines()[1:])
-        if ort_only and not r.passed:
-            report.add(f"TensorRT {r.version} parser", True, "cannot parse this artifact (not required: its "
-                       "MatMulNBits weights are ONNX Runtime's format; for TensorRT re-export int4 with "
-                       "--weights-format qdq, or --weights float): " + r.summary + details, status="skip")
+        if r.version in unreadable and not r.passed:
+            readers = [v for v in verdicts if v not in unreadable]
+            fix = (f"the format is for TensorRT {', '.join(readers)}" if readers else
+                   "the format is for ONNX Runtime; for TensorRT re-export int4 with --weights-format qdq")
+            report.add(f"TensorRT {r.version} parser", True,
+                       f"cannot parse this artifact's {w['format']} weights ({unreadable[r.version]}; not required: "
+                       f"{fix}; for this TensorRT, --weights float): " + r.summary + details, status="skip")
         else:
             report.add(f"TensorRT {r.version} parser", r.passed, r.summary + details,
                        status="warn" if r.passed and any(f.kind == "opset" for f in r.warnings) else None)

@@ -212,8 +212,9 @@ def test_build_says_which_tensorrt_reads_the_weights_before_any_work(ckpt, tmp_p
         build(BuildOptions(model=str(tmp_path / "missing"), out=str(out), weights="int4", weights_format="qdq",
                            progress=False, block_size=BLOCK))
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("TensorRT and int4 weights as qdq (opset 21): TensorRT 11.0 (current release line) "
-                            "parses them; 10.3 (JetPack 6.1 and 6.2) should, by its parser's source")
+    assert first.startswith("TensorRT and int4 weights as qdq: TensorRT 11.0 (current release line) "
+                            "parses them; 10.3 (JetPack 6.1 and 6.2) should, by its parser's source, though "
+                            "opset 21 is past the range its documents state")
     assert f"python -m tools.trtexec {out} --graph layer_00 --run" in first
     assert first.endswith("8.5, 8.6 cannot (DequantizeLinear on INT4: this parser has no INT4)")
     with pytest.raises(Exception):
@@ -228,7 +229,24 @@ def test_verify_passes_a_quantized_artifact_reporting_what_it_does_not_require(i
     assert export_main(["verify", str(int4_dir), "-q"]) == 0
     report = capsys.readouterr().out
     assert "int4: relative error" in report and "tolerance 0.3" in report
-    assert "[skip] TensorRT 10.3 parser: cannot parse this artifact (not required: its MatMulNBits weights " \
-           "are ONNX Runtime's format; for TensorRT re-export int4 with --weights-format qdq" in report
+    assert "[skip] TensorRT 10.3 parser: cannot parse this artifact's matmulnbits weights (com.microsoft::" \
+           "MatMulNBits is not an ONNX operator; not required: the format is for ONNX Runtime; for TensorRT " \
+           "re-export int4 with --weights-format qdq" in report
     assert "[  ok] TensorRT" not in report
     assert report.strip().endswith("PASSED")
+
+
+def test_verify_of_a_qdq_artifact_skips_8x_and_warns_on_10_3(ckpt, tmp_path, capsys):
+    """The qdq format is for TensorRT 10+: 8.x cannot read INT4 (skipped, with why), 10.3 reads it
+    past its documented opsets (a warning to confirm on the device), 11.0 parses it."""
+    out = tmp_path / "qdq"
+    _build(ckpt, out, weights="int4", weights_format="qdq")
+    capsys.readouterr()
+    assert export_main(["verify", str(out), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    parsers = {line.split(" parser:")[0].strip(): line for line in lines if " parser:" in line}
+    assert parsers["[skip] TensorRT 8.6"].startswith(
+        "  [skip] TensorRT 8.6 parser: cannot parse this artifact's qdq weights (DequantizeLinear on INT4: this "
+        "parser has no INT4; not required: the format is for TensorRT 10.3, 11.0;")
+    assert "[warn] TensorRT 10.3" in parsers and "[  ok] TensorRT 11.0" in parsers
+    assert lines[-1] == "PASSED"
