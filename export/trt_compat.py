@@ -8,11 +8,15 @@ version could be read). Graphs are read without their weights, so OPT-66B costs 
 
 Per version, a graph gets:
 
-  errors    an operator the parser does not import, or one outside the ai.onnx domain; an opset outside
-            the stated range; a restriction the graph breaks (an input that must be an initializer but
+  errors    an operator the parser does not import, or one outside the ai.onnx domain; an opset below
+            the stated range, or past it with an operator whose signature changed since the stated
+            maximum in a way this version's importer does not read; a quantized type (INT4, FP8, FP4)
+            the parser lacks; a restriction the graph breaks (an input that must be an initializer but
             is computed, outputs the importer drops); local functions before TensorRT 9
-  warnings  a tensor type outside the operator's documented "Supported Types"; INT64 graph inputs and
-            outputs, which TensorRT 8.x casts to INT32; an IR version newer than the parser's ONNX
+  warnings  an opset past the stated range whose operators the parser still reads (no parser refuses
+            an opset: confirm on the device); another tensor type outside the operator's documented
+            "Supported Types"; INT64 graph inputs and outputs, which TensorRT 8.x casts to INT32; an
+            IR version newer than the parser's ONNX
 
     report = check_artifact("artifacts/opt-1.3b")          # default versions: 8.6, 10.3, 11.0
     print("\\n".join(report.lines()))
