@@ -5,8 +5,8 @@ them (a past as wide as the valid past and the new positions rounded up to whole
 artifact's page size, masked past the valid positions): a prompt with left padding and a past, a
 prompt with no past (the prefill, over an all-masked past), and one decode token over a longer past.
 The comparing is Polygraphy's (``Comparator.run`` with its ONNX Runtime runner, then
-``compare_accuracy`` against PyTorch's outputs as the reference run), so the same code that checks a
-TensorRT engine on the device (``python -m engines verify``) checks the export here. A float graph
+``compare_accuracy`` against PyTorch's outputs as the reference run), the comparator that
+``python -m engines verify`` runs on the device between TensorRT and ONNX Runtime. A float graph
 passes Polygraphy's ``CompareFunc.simple``: no element off by more than atol and by more than
 rtol * |torch| (Polygraphy's elementwise rule: an element fails only when it breaks both).
 
@@ -150,22 +150,6 @@ def _relative_l2(got, expected) -> float:
     return float(np.linalg.norm(got - expected) / max(float(np.linalg.norm(expected)), 1e-12))
 
 
-def run_and_compare(runner, feeds: list[dict], reference, func):
-    """Polygraphy's ``Comparator.run`` of ``runner`` on ``feeds``, then ``compare_accuracy`` against
-    ``reference`` (a RunResults, or a runner run on the same feeds): (our RunResults, passed)."""
-    from polygraphy.comparator import Comparator, RunResults
-    from polygraphy.logger import G_LOGGER
-
-    # Polygraphy logs every output's statistics at INFO.
-    with G_LOGGER.verbosity(G_LOGGER.CRITICAL), _torch_stays_out():
-        ours = Comparator.run([runner], data_loader=feeds)
-        if not isinstance(reference, RunResults):
-            reference = Comparator.run([reference], data_loader=feeds)
-        # one RunResults of both runners, ours first: Polygraphy's relative error is against the second
-        accuracy = Comparator.compare_accuracy(RunResults([*ours, *reference]), compare_func=func)
-    return ours, bool(accuracy)
-
-
 @contextlib.contextmanager
 def _torch_stays_out():
     """Polygraphy asks of every array whether it is a torch tensor, importing torch (when installed)
@@ -197,13 +181,18 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
     """Run the exported graph on each case's inputs through Polygraphy's ONNX Runtime runner and
     judge it against PyTorch's outputs with Polygraphy's ``compare_accuracy``."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, RunResults
+    from polygraphy.logger import G_LOGGER
 
     atol, rtol = TOLERANCES[dtype]
     rel_tol = QUANT_TOLERANCES.get(weights)
     runner = OnnxrtRunner(lambda: ort_session(Path(directory) / spec.file), name="onnxruntime")
-    with _torch_stays_out():
-        ours, passed = run_and_compare(runner, [case.inputs for case in cases], reference_results(spec, cases),
-                                       compare_func(atol, rtol, rel_tol))
+    # Polygraphy logs every output's statistics at INFO
+    with _torch_stays_out(), G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        ours = Comparator.run([runner], data_loader=[case.inputs for case in cases])
+        # one RunResults of both runners, ours first: Polygraphy's relative error is against the second
+        both = RunResults([*ours, *reference_results(spec, cases)])
+        passed = bool(Comparator.compare_accuracy(both, compare_func=compare_func(atol, rtol, rel_tol)))
     worst_rel, max_diff, worst_excess, worst = 0.0, 0.0, -np.inf, ""
     for case, got in zip(cases, ours[0][1]):
         for out_spec, e in zip(spec.outputs, case.expected):
@@ -219,7 +208,7 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
                 rel = _relative_l2(g, e)
                 worst_rel = max(worst_rel, rel)
                 excess = rel - rel_tol
-            else:  # how far past Polygraphy's bound (the smaller of the two) the worst element is
+            else:  # how far past Polygraphy's bound (the larger of the two) the worst element is
                 excess = float((diff - np.maximum(atol, rtol * np.abs(e))).max(initial=-np.inf))
             if excess > worst_excess:
                 worst_excess, worst = excess, f"{out_spec.name} ({where})"
