@@ -80,9 +80,9 @@ def _loader(spec: GraphSpec, profile: Profile, vocab_size: int):
     return DataLoader(seed=SEED, iterations=1, input_metadata=meta, val_range=value_ranges(spec, vocab_size))
 
 
-def check_engine(spec: GraphSpec, profile: Profile, index: int, plan: Path, onnx: Path, vocab_size: int,
-                 runner=trt_runner) -> EngineCheck:
-    """One engine at one profile's opt shapes, against ONNX Runtime on the graph it was built from."""
+def check_engine(spec: GraphSpec, profile: Profile, engine, onnx: Path, vocab_size: int) -> EngineCheck:
+    """One engine (its Polygraphy runner, on ``profile``) at the profile's opt shapes, against ONNX
+    Runtime on the graph it was built from."""
     import numpy as np
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator
@@ -90,7 +90,6 @@ def check_engine(spec: GraphSpec, profile: Profile, index: int, plan: Path, onnx
 
     from export.parity import compare_func, ort_session
 
-    engine = runner(plan, index, f"tensorrt:{spec.name}:{profile.name}")
     reference = OnnxrtRunner(lambda: ort_session(onnx), name=f"onnxruntime:{spec.name}")
     with G_LOGGER.verbosity(G_LOGGER.CRITICAL):  # Polygraphy logs every output's statistics at INFO
         results = Comparator.run([engine, reference], data_loader=_loader(spec, profile, vocab_size))
@@ -122,10 +121,10 @@ def verify_engines(artifact_dir, engine_dir=None, graphs=None, runner=trt_runner
                                 f"`python -m engines build {artifact_dir}`")
     from tqdm.auto import tqdm
 
-    checks = []
-    for name in tqdm(names, desc="engines vs onnxruntime", unit="engine", disable=not progress):
-        spec, entry = artifact.graph(name), em.engines[name]
-        for index, data in enumerate(entry.profiles):
-            checks.append(check_engine(spec, Profile.from_dict(data), index, engine_dir / entry.plan,
-                                       artifact_dir / spec.file, artifact.model.vocab_size, runner))
-    return checks
+    # every runner first: a missing TensorRT fails here, before any engine runs
+    jobs = [(artifact.graph(name), Profile.from_dict(data),
+             runner(engine_dir / em.engines[name].plan, index, f"tensorrt:{name}:{data['name']}"))
+            for name in names for index, data in enumerate(em.engines[name].profiles)]
+    return [check_engine(spec, profile, engine, artifact_dir / spec.file, artifact.model.vocab_size)
+            for spec, profile, engine in tqdm(jobs, desc="engines vs onnxruntime", unit="check",
+                                              disable=not progress)]

@@ -169,10 +169,11 @@ def _plan(args) -> int:
             page = page or manifest.page_size
             own, fixed = pm.artifact_format(manifest)
             formats = [own] if args.weights is None else None
-            if fixed and (args.block_size or args.symmetric):
+            if fixed and (args.block_size is not None or args.symmetric):
                 notes.append(f"{Path(spec).name}: its manifest fixes block {fixed['block_size']} and "
                              f"{'no ' if fixed['symmetric'] else ''}zero points; --block-size/--symmetric ignored")
-        quant = {"block_size": args.block_size or pm.BLOCK_SIZE, "symmetric": args.symmetric, **fixed}
+        block = pm.BLOCK_SIZE if args.block_size is None else args.block_size
+        quant = {"block_size": block, "symmetric": args.symmetric, **fixed}
         workload = pm.engine_workload(arch, args.tokens, args.batch, args.prompt,
                                       page_size=page or pm.Workload.page_size, **quant)
         if args.tokens is None and workload.tokens < pm.ENGINE_DEFAULTS.max_seq:
