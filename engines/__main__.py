@@ -1,4 +1,5 @@
-"""Command line: ``python -m engines build ARTIFACT_DIR --max-batch 8 --max-seq 1024 --workspace 2GiB``.
+"""Command line: ``python -m engines build ARTIFACT_DIR --max-batch 8 --max-seq 1024 --workspace 2GiB``
+and ``python -m engines verify ARTIFACT_DIR`` (engines.verify).
 
 Exit codes: 0 built (or already up to date); 2 a user error, one line on stderr that says how to fix
 it (TensorRT or a CUDA GPU missing here, bad arguments, a broken artifact); anything else is a bug.
@@ -41,12 +42,39 @@ def _parser() -> argparse.ArgumentParser:
                    help="shared timing cache file (default: ENGINE_DIR/timing.cache)")
     b.add_argument("--force", action="store_true", help="rebuild every engine, even up-to-date ones")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    v = sub.add_parser("verify", help="compare each built engine with ONNX Runtime through Polygraphy",
+                       description="Run every engine (each optimization profile at its opt shapes) and "
+                                   "the ONNX graph it was built from on the same inputs through "
+                                   "Polygraphy's TensorRT and ONNX Runtime runners, and compare them "
+                                   "(exit 1 when one differs beyond the tolerance).")
+    v.add_argument("artifact_dir", help="directory written by `python -m export build`")
+    v.add_argument("--engine-dir", default=None,
+                   help=f"where the plans are (default: ARTIFACT_DIR/{DEFAULT_ENGINE_DIR})")
+    v.add_argument("--graph", action="append", help="only this graph (repeatable; default: every engine)")
+    v.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    return cli.run(lambda: _build(args))
+    return cli.run(lambda: _verify(args) if args.command == "verify" else _build(args))
+
+
+def _verify(args) -> int:
+    from export.parity import polygraphy_version
+
+    from .verify import TOLERANCE, trt_runner, verify_engines
+
+    checks = verify_engines(args.artifact_dir, args.engine_dir, args.graph, trt_runner,
+                            progress=not args.quiet)
+    print(f"verify engines of {args.artifact_dir} against ONNX Runtime through Polygraphy "
+          f"{polygraphy_version()} (TrtRunner vs OnnxrtRunner, compare_accuracy, atol {TOLERANCE[0]:g} "
+          f"rtol {TOLERANCE[1]:g})")
+    for c in checks:
+        print("  " + c.line())
+    failed = [f"{c.graph} {c.profile}" for c in checks if not c.passed]
+    print(f"FAILED: {', '.join(failed)}" if failed else "PASSED")
+    return 1 if failed else 0
 
 
 def _build(args) -> int:

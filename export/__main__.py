@@ -61,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--weights-format", dest="quant_format", choices=FORMATS, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)
     q.add_argument("--quant-format", choices=FORMATS, default="matmulnbits",
-                   help="matmulnbits: ONNX Runtime's MatMulNBits (default); qdq: int4 as opset 21 "
-                        "blocked DequantizeLinear + MatMul, which TensorRT 10+ parses")
+                   help="matmulnbits: ONNX Runtime's MatMulNBits, which no TensorRT parses (default); "
+                        "qdq: int4 as opset 21 blocked DequantizeLinear + MatMul, for TensorRT 10+ "
+                        "(build says which versions read it)")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
@@ -86,17 +87,20 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("models", nargs="*", help=f"artifact directories or aliases ({', '.join(ALIASES)}); "
                                               f"default: every alias")
     pl.add_argument("--weights", help="comma-separated formats among fp32,fp16,int8,int4 (default: "
-                                      "fp16,int8,int4 for aliases, the artifact's dtype for a directory)")
+                                      "fp16,int8,int4 for aliases; for a directory, the artifact's own: "
+                                      "its dtype and quantized weights)")
     pl.add_argument("--weight-format", dest="weights", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    pl.add_argument("--tokens", type=int, default=w.tokens, help=f"KV positions per row (default {w.tokens})")
-    pl.add_argument("--batch", type=int, default=w.batch, help=f"rows (KV slots) (default {w.batch})")
-    pl.add_argument("--prompt", type=int, help=f"longest prompt prefilled at once (default: "
-                                               f"{w.prompt}, at most --tokens)")
+    pl.add_argument("--tokens", type=int, help=f"KV positions per row (default: engines build's --max-seq, "
+                                               f"{w.tokens}, capped at the model's max_position_embeddings)")
+    pl.add_argument("--batch", type=int, help=f"rows (KV slots) (default: engines build's --max-batch, {w.batch})")
+    pl.add_argument("--prompt", type=int, help="longest prompt prefilled at once (default: --tokens, as "
+                                               "engines build's --max-prompt defaults to --max-seq)")
     pl.add_argument("--page-size", type=int, help=f"KV page: the cache's width grows in steps of it "
                                                   f"(default: the manifest's, else {w.page_size})")
-    pl.add_argument("--block-size", type=int, default=w.block_size,
-                    help=f"int8/int4 quantization block (default {w.block_size})")
-    pl.add_argument("--symmetric", action="store_true", help="int8/int4 without zero points")
+    pl.add_argument("--block-size", type=int,
+                    help=f"int8/int4 quantization block (default: the artifact's, else {w.block_size})")
+    pl.add_argument("--symmetric", action="store_true",
+                    help="int8/int4 without zero points (default: an artifact's own, else with)")
     pl.add_argument("--reserve", default=str(DEVICE_RESERVE_BYTES / GiB),
                     help="GiB each device keeps for the OS and CUDA (default %(default)s)")
     pl.add_argument("--measure", action="store_true",
@@ -167,30 +171,38 @@ def _plan(args) -> int:
 
     specs = args.models or pm.all_aliases()
     reserve = pm.parse_gib(args.reserve)
-    plans, measures = [], []
+    plans, measures, notes = [], [], []
     for spec in specs:
         arch = pm.resolve_arch(spec)
-        page = args.page_size
+        page, formats, fixed = args.page_size, None, {}
         if Path(spec).is_dir():
             from runtime.manifest import load_manifest
 
             manifest = load_manifest(spec, check_hashes=False)
             page = page or manifest.page_size
-            default_formats = "fp16" if manifest.dtype == "float16" else "fp32"
-        else:
-            default_formats = "fp16,int8,int4"
-        workload = pm.Workload(tokens=args.tokens, batch=args.batch,
-                               prompt=args.prompt or min(pm.Workload.prompt, args.tokens),
-                               page_size=page or pm.Workload.page_size, block_size=args.block_size,
-                               symmetric=args.symmetric)
-        for weights in pm.check_formats(args.weights or default_formats):
+            own, fixed = pm.artifact_format(manifest)
+            formats = [own] if args.weights is None else None
+            if fixed and (args.block_size is not None or args.symmetric):
+                notes.append(f"{Path(spec).name}: its manifest fixes block {fixed['block_size']} and "
+                             f"{'no ' if fixed['symmetric'] else ''}zero points; --block-size/--symmetric ignored")
+        block = pm.BLOCK_SIZE if args.block_size is None else args.block_size
+        quant = {"block_size": block, "symmetric": args.symmetric, **fixed}
+        workload = pm.engine_workload(arch, args.tokens, args.batch, args.prompt,
+                                      page_size=page or pm.Workload.page_size, **quant)
+        if args.tokens is None and workload.tokens < pm.ENGINE_DEFAULTS.max_seq:
+            notes.append(f"{Path(arch.name).name}: {workload.tokens} tokens, its max_position_embeddings (engines "
+                         f"build needs --max-seq {workload.tokens} or less for it)")
+        for weights in formats or pm.check_formats(args.weights or "fp16,int8,int4"):
             plans.append(pm.plan(arch, weights, workload))
         if args.measure:
             if not Path(spec).is_dir():
                 raise pm.PlanError(f"--measure loads an artifact: {spec!r} is not a directory; build one with "
                                    f"`python -m export build --model {spec} --random-weights --out DIR`")
             measures.append((plans[-1], workload))
-    print(f"# {pm.describe(plans[0].workload, reserve)}")
+    defaults = args.tokens is None and args.batch is None and args.prompt is None
+    print(f"# {pm.describe(plans[0].workload, reserve, engine_defaults=defaults)}")
+    for note in notes:
+        print(f"# {note}")
     print(pm.fit_table(plans, reserve), end="")
     if measures:
         from .measure import run_probe

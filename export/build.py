@@ -29,7 +29,7 @@ from runtime.modeling import SkipOPT
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
 from .plan import BLOCK_SIZE
-from .quantize import QuantConfig
+from .quantize import QuantConfig, tensorrt_readers
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -109,6 +109,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
                         block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
                           page_size=options.page_size, quant=quant)
+    if quant.quantized:  # before any work: whether the TensorRT meant to run it can read it
+        log(tensorrt_readers(quant, str(out)))
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "

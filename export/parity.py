@@ -4,7 +4,11 @@ Each graph runs in ONNX Runtime (CPU) on random inputs of several shapes, bound 
 them (a past as wide as the valid past and the new positions rounded up to whole pages of the
 artifact's page size, masked past the valid positions): a prompt with left padding and a past, a
 prompt with no past (the prefill, over an all-masked past), and one decode token over a longer past.
-A float graph passes when every output satisfies |onnx - torch| <= atol + rtol * |torch| elementwise.
+The comparing is Polygraphy's (``Comparator.run`` with its ONNX Runtime runner, then
+``compare_accuracy`` against PyTorch's outputs as the reference run), the comparator that
+``python -m engines verify`` runs on the device between TensorRT and ONNX Runtime. A float graph
+passes Polygraphy's ``CompareFunc.simple``: no element off by more than atol and by more than
+rtol * |torch| (Polygraphy's elementwise rule: an element fails only when it breaks both).
 
 A graph with quantized weights (export.quantize) is compared with the same fp32/fp16 PyTorch
 module, so the difference is the quantization error, not a bug. That error is spread over every
@@ -15,6 +19,8 @@ the output as a whole, ||onnx - torch||_2 <= rel * ||torch||_2 (``QUANT_TOLERANC
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,18 +116,87 @@ def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int) -> list[Case]:
     return cases
 
 
+REFERENCE = "pytorch"  # the runner name of the reference outputs in Polygraphy's results
+
+
+def polygraphy_version() -> str:
+    """Polygraphy's version, for reports: the comparisons below are its Comparator's."""
+    import polygraphy
+
+    return polygraphy.__version__
+
+
+def compare_func(atol: float, rtol: float, rel_tol: float | None = None):
+    """Polygraphy's comparison for an export's stated tolerances: ``CompareFunc.simple`` (an element
+    fails when it is off by more than ``atol`` and by more than ``rtol`` of the reference), or, for
+    quantized weights, each output's relative L2 error against ``rel_tol`` (Polygraphy's own L2
+    comparison is absolute)."""
+    from polygraphy import comparator
+
+    if rel_tol is None:  # SimpleCompareFunc from 0.53; CompareFunc.simple before (deprecated since)
+        simple = getattr(comparator, "SimpleCompareFunc", None) or comparator.CompareFunc.simple
+        return simple(atol=atol, rtol=rtol, check_shapes=True)
+
+    def relative_l2(ours, reference):
+        return {name: bool(_relative_l2(ours[name], reference[name]) <= rel_tol) for name in reference}
+
+    return relative_l2
+
+
+def _relative_l2(got, expected) -> float:
+    got, expected = np.asarray(got, dtype=np.float32), np.asarray(expected, dtype=np.float32)
+    if got.shape != expected.shape:
+        return float("inf")
+    return float(np.linalg.norm(got - expected) / max(float(np.linalg.norm(expected)), 1e-12))
+
+
+@contextlib.contextmanager
+def _torch_stays_out():
+    """Polygraphy asks of every array whether it is a torch tensor, importing torch (when installed)
+    to find out. A numpy array never is one, and export verify's ONNX Runtime side must not import
+    torch (export.reference): while torch is not imported yet, ``import torch`` fails here, which
+    Polygraphy reads as "not importable" (sys.modules[name] = None is Python's way to block an import)."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+
+
+def reference_results(spec: GraphSpec, cases: list[Case]):
+    """PyTorch's outputs of ``cases`` as Polygraphy RunResults (one iteration per case)."""
+    from polygraphy.comparator import IterationResult, RunResults
+
+    names = [o.name for o in spec.outputs]
+    iterations = [IterationResult(dict(zip(names, case.expected)), runner_name=REFERENCE) for case in cases]
+    return RunResults([(REFERENCE, iterations)])
+
+
 def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
             weights: str = "float") -> GraphCheck:
-    """Run the exported graph on each case's inputs in ONNX Runtime and judge it against PyTorch."""
+    """Run the exported graph on each case's inputs through Polygraphy's ONNX Runtime runner and
+    judge it against PyTorch's outputs with Polygraphy's ``compare_accuracy``."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, RunResults
+    from polygraphy.logger import G_LOGGER
+
     atol, rtol = TOLERANCES[dtype]
     rel_tol = QUANT_TOLERANCES.get(weights)
-    worst_rel = 0.0
-    session = ort_session(Path(directory) / spec.file)
-    max_diff, worst_excess, worst = 0.0, -np.inf, ""
-    for case in cases:
-        got = session.run(None, case.inputs)
-        for out_spec, g, e in zip(spec.outputs, got, case.expected):
-            g = g.astype(np.float32)
+    runner = OnnxrtRunner(lambda: ort_session(Path(directory) / spec.file), name="onnxruntime")
+    # Polygraphy logs every output's statistics at INFO
+    with _torch_stays_out(), G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        ours = Comparator.run([runner], data_loader=[case.inputs for case in cases])
+        # one RunResults of both runners, ours first: Polygraphy's relative error is against the second
+        both = RunResults([*ours, *reference_results(spec, cases)])
+        passed = bool(Comparator.compare_accuracy(both, compare_func=compare_func(atol, rtol, rel_tol)))
+    worst_rel, max_diff, worst_excess, worst = 0.0, 0.0, -np.inf, ""
+    for case, got in zip(cases, ours[0][1]):
+        for out_spec, e in zip(spec.outputs, case.expected):
+            g = np.asarray(got[out_spec.name]).astype(np.float32)
             where = f"batch {case.batch}, sequence {case.sequence}, past {case.past}"
             if g.shape != e.shape:
                 raise VerificationError(
@@ -130,14 +205,14 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
             diff = np.abs(g - e)
             max_diff = max(max_diff, float(diff.max(initial=0.0)))
             if rel_tol is not None:
-                rel = float(np.linalg.norm(g - e) / max(float(np.linalg.norm(e)), 1e-12))
+                rel = _relative_l2(g, e)
                 worst_rel = max(worst_rel, rel)
                 excess = rel - rel_tol
-            else:
-                excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
+            else:  # how far past Polygraphy's bound (the larger of the two) the worst element is
+                excess = float((diff - np.maximum(atol, rtol * np.abs(e))).max(initial=-np.inf))
             if excess > worst_excess:
                 worst_excess, worst = excess, f"{out_spec.name} ({where})"
-    passed = bool(worst_excess <= 0 and np.isfinite(max_diff))
+    passed = passed and bool(np.isfinite(max_diff))
     if rel_tol is None:
         return GraphCheck(spec.name, max_diff, atol, rtol, passed, worst)
     return GraphCheck(spec.name, max_diff, atol, rtol, passed, worst, weights, worst_rel, rel_tol)

@@ -1,22 +1,30 @@
 """Memory plan of an OPT model on a device: weights at fp32/fp16/int8/int4, the KV cache,
 activations and the runtime's own overhead; which OPT sizes fit 8, 16, 32 and 64 GB Jetsons.
 
-``python -m export plan [opt-1.3b | ARTIFACT_DIR ...] --tokens 1024 --batch 4``
+``python -m export plan [opt-1.3b | ARTIFACT_DIR ...] [--tokens 1024 --batch 8 --prompt 1024]``
 
 Every figure is arithmetic on the architecture (an alias's known shape, or an artifact's manifest
 and hf_config), so it runs anywhere without weights. ``--measure`` checks it against the peak RSS
 of a real load + generate on ONNX Runtime's CPU backend (export/measure.py).
 
-Weights, per tensor. In float the head reads the tied embedding itself (export.weights stores it
-once in weights.bin); quantized, the head holds its own quantized copy, because the embedding is
-gathered in float while the head is a MatMulNBits:
+The shape planned is, unless given, what ``python -m engines build`` builds by default
+(``engines.config.EngineBuildConfig``: --max-batch 8, --max-seq 1024, --max-prompt = --max-seq), the
+sequence capped at the model's max_position_embeddings (engines build refuses more): the KV buffers
+the TensorRT backend preallocates and the activation scratch of the engines' largest profile shape.
 
-* stay in float (the artifact's dtype, fp16 for int8/int4): token and position embeddings, layer
-  norms, biases;
-* quantized for int8/int4, as ONNX Runtime's MatMulNBits stores a K x N weight: ceil(K / block)
-  blocks per output column, each of ``block * bits / 8`` bytes, one float scale per block, and for
-  asymmetric quantization (ONNX Runtime's default) one zero point per block packed at ``bits``
-  bits: the q/k/v/out projections, fc1 and fc2 of every layer, project_in/out (OPT-350m) and the head.
+Weights, per tensor, in the format of the artifact planned (its manifest's ``weights``: the layers'
+and the head's, block size, zero points or not, its dtype) or of each ``--weights`` format for an
+alias. In float the head reads the tied embedding itself (export.weights stores it once in
+weights.bin); quantized, the head holds its own quantized copy, because the embedding is gathered
+in float while the head is a quantized MatMul:
+
+* stay in float (the artifact's dtype; fp16 for an alias's int8/int4): token and position
+  embeddings, layer norms, biases, the embedding graph's project_in (OPT-350m);
+* quantized for int8/int4, as ONNX Runtime's MatMulNBits (or the qdq form's DequantizeLinear, the
+  same bytes without zero points) stores a K x N weight: ceil(K / block) blocks per output column,
+  each of ``block * bits / 8`` bytes, one float scale per block, and for asymmetric quantization
+  (the matmulnbits format) one zero point per block packed at ``bits`` bits: the q/k/v/out
+  projections, fc1 and fc2 of every layer, and the head's project_out (OPT-350m) and lm_head.
 """
 
 from __future__ import annotations
@@ -26,8 +34,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.config import EngineBuildConfig
 from runtime.errors import ModelNotFoundError, SkipDecodeError
-from runtime.kvcache import bound_width, pages_width
+from runtime.kvcache import pages_width
 
 from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
 
@@ -72,14 +81,17 @@ class Arch:
     pre_layer_norm: bool  # False for OPT-350m: post-LayerNorm, no final layer norm
 
 
+ENGINE_DEFAULTS = EngineBuildConfig()  # what `python -m engines build` builds when given no limits
+
+
 @dataclass(frozen=True)
 class Workload:
-    tokens: int = 1024  # positions per row the KV cache holds (prompt + new tokens), the load's max_length
-    batch: int = 1  # rows decoded together, the load's max_batch
-    prompt: int = 256  # longest prompt prefilled at once: the prefill's attention scores grow with its square
+    tokens: int = ENGINE_DEFAULTS.max_seq  # positions per row the KV cache holds (prompt + new tokens): engines build's --max-seq
+    batch: int = ENGINE_DEFAULTS.max_batch  # rows decoded together: engines build's --max-batch
+    prompt: int = ENGINE_DEFAULTS.prompt_limit  # longest prompt prefilled at once (--max-prompt, default --max-seq): the prefill's attention scores grow with its square
     page_size: int = 32  # KV positions per page (the export's default): the width grows in whole pages
-    block_size: int = BLOCK_SIZE  # MatMulNBits quantization block along K
-    symmetric: bool = False  # True: no zero points (ONNX Runtime's MatMul4BitsQuantizer defaults to asymmetric)
+    block_size: int = BLOCK_SIZE  # quantization block along K
+    symmetric: bool = False  # True: no zero points (the qdq format; matmulnbits, ONNX Runtime's default, has them)
 
     def check(self, arch: Arch) -> None:
         for name in ("tokens", "batch", "prompt", "page_size", "block_size"):
@@ -95,10 +107,58 @@ class Workload:
                             f"KV cache; pass --prompt {self.tokens} or less")
 
 
+def engine_workload(arch: Arch, tokens: int | None = None, batch: int | None = None, prompt: int | None = None,
+                    **fields) -> Workload:
+    """The shape to plan: each limit not given is what `python -m engines build` builds by default,
+    its --max-seq capped at the model's max_position_embeddings (which engines build refuses to pass),
+    its --max-prompt the sequence."""
+    tokens = tokens if tokens is not None else min(ENGINE_DEFAULTS.max_seq, arch.max_positions)
+    return Workload(tokens=tokens, batch=batch if batch is not None else ENGINE_DEFAULTS.max_batch,
+                    prompt=prompt if prompt is not None else tokens, **fields)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """What a model's graphs hold: the layers' and the head's MatMul weights and the float parts."""
+
+    layers: str  # "float", "int8" or "int4" (export.quantize.QuantConfig.weights)
+    head: str  # the head's (QuantConfig.head_weights); the embedding graph is always float
+    float_bytes: int  # 4 or 2: embeddings, norms, biases and scales; the KV cache and activations too
+
+    @property
+    def label(self) -> str:
+        """fp32 / fp16 / int8 / int4 as ``--weights`` names them; the rest spelled out."""
+        dtype = "fp32" if self.float_bytes == 4 else "fp16"
+        if self.layers == self.head == "float":
+            return dtype
+        if self.layers == self.head and dtype == "fp16":
+            return self.layers
+        name = self.layers if self.layers == self.head else f"{self.layers} layers, {self.head} head"
+        return f"{name} ({dtype})"
+
+
+def parse_format(name: str) -> WeightFormat:
+    """A ``--weights`` format: fp32, fp16, or int8/int4 with fp16 float parts."""
+    if name not in WEIGHT_FORMATS:
+        raise PlanError(f"weights {name!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if name in QUANT_BITS:
+        return WeightFormat(name, name, 2)
+    return WeightFormat("float", "float", FLOAT_BYTES[name])
+
+
+def artifact_format(manifest) -> tuple[WeightFormat, dict]:
+    """An artifact's weights as its manifest records them, and the Workload fields they fix
+    (block_size, symmetric: the qdq format writes no zero points)."""
+    w = manifest.weights or {}
+    fmt = WeightFormat(w.get("layers", "float"), w.get("head", "float"), FLOAT_BYTES[manifest.dtype])
+    fields = {"block_size": w["block_size"], "symmetric": w.get("format") == "qdq"} if w else {}
+    return fmt, fields
+
+
 @dataclass(frozen=True)
 class Plan:
     arch: Arch
-    weights: str  # "fp32", "fp16", "int8" or "int4"
+    weights: str  # WeightFormat.label: "fp32", "fp16", "int8", "int4", or an artifact's own, "int4 (fp32)"
     workload: Workload
     weight_bytes: int
     float_weight_bytes: int  # of weight_bytes, the tensors kept in float
@@ -152,11 +212,12 @@ def resolve_arch(spec: str) -> Arch:
 
 
 def tensors(arch: Arch) -> list[tuple[str, tuple[int, int], bool]]:
-    """(name, shape, quantizable) of every weight the graphs hold; a matmul's shape is (K, N)."""
+    """(name, shape, quantizable) of every weight the graphs hold; a matmul's shape is (K, N).
+    project_in is in the embedding graph, which stays float (export.quantize)."""
     D, P, F, V = arch.hidden_size, arch.word_embed_proj_dim, arch.ffn_dim, arch.vocab_size
     out = [("embed_tokens", (V, P), False), ("embed_positions", (arch.max_positions + 2, D), False)]
     if P != D:
-        out.append(("project_in", (P, D), True))
+        out.append(("project_in", (P, D), False))
     for i in range(arch.num_layers):
         p = f"layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
@@ -181,17 +242,20 @@ def quantized_bytes(k: int, n: int, bits: int, block: int, scale_bytes: int, sym
     return data + scales + zero_points
 
 
-def weight_bytes(arch: Arch, weights: str, workload: Workload = Workload()) -> tuple[int, int]:
-    """(all weight bytes, of which float) at ``weights`` precision; int8/int4 keep floats in fp16."""
-    if weights not in WEIGHT_FORMATS:
-        raise PlanError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    float_bytes = FLOAT_BYTES.get(weights, 2)
+HEAD_TENSORS = ("lm_head", "project_out")  # in the head graph: the head's weight format
+
+
+def weight_bytes(arch: Arch, weights: str | WeightFormat, workload: Workload = Workload()) -> tuple[int, int]:
+    """(all weight bytes, of which float) for a ``--weights`` name or a WeightFormat."""
+    fmt = weights if isinstance(weights, WeightFormat) else parse_format(weights)
+    float_bytes = fmt.float_bytes
     total = floats = 0
     for name, (k, n), quantizable in tensors(arch):
-        if name == "lm_head" and weights not in QUANT_BITS:
+        bits = fmt.head if name in HEAD_TENSORS else fmt.layers
+        if name == "lm_head" and bits not in QUANT_BITS:
             continue  # the float head is the tied embedding, stored once
-        if quantizable and weights in QUANT_BITS:
-            total += quantized_bytes(k, n, QUANT_BITS[weights], workload.block_size, float_bytes,
+        if quantizable and bits in QUANT_BITS:
+            total += quantized_bytes(k, n, QUANT_BITS[bits], workload.block_size, float_bytes,
                                      workload.symmetric)
         else:
             total += k * n * float_bytes
@@ -207,30 +271,33 @@ def kv_cache_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
 
 
 def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
-    """The largest single graph run's intermediates, which the runtime's memory arena keeps: a layer's
-    prefill of the longest prompt, or the head's logits.
+    """The largest single graph run's intermediates: a layer's prefill of the longest prompt over
+    the widest past the engines' prefill profile admits, or the head's logits. TensorRT sizes each
+    engine's activation scratch for its profiles' largest shapes, whatever runs; on ONNX Runtime
+    (--measure) this is the largest a run can reach, a prompt's later chunk over a full cache.
 
     Layer prefill: attention scores and probabilities in fp32 (softmax is fp32 in every export) over
-    the bound past and the prompt, (B, heads, T, W + T) each, W the bound past width, one page for
-    a prompt into fresh rows (runtime.kvcache.bound_width);
+    the bound past and the prompt, (B, heads, T, W + T) each, W the cache's width in whole pages
+    (runtime.kvcache.pages_width of the sequence, the prefill profile's past_sequence max);
     fc1's output (B, T, ffn); and q, k, v, the attention output and the residuals, (B, T, D) each,
     six of them. Head: the last position's logits (B, V) in the artifact's dtype plus the float32
     copy the engine keeps.
     """
     B, T, D = workload.batch, workload.prompt, arch.hidden_size
-    W = bound_width(0, T, workload.page_size)
+    W = pages_width(workload.tokens, workload.page_size)
     scores = 2 * B * arch.num_heads * T * (W + T) * 4
     layer = scores + B * T * (arch.ffn_dim + 6 * D) * dtype_bytes
     head = B * arch.vocab_size * (dtype_bytes + 4)
     return max(layer, head)
 
 
-def plan(arch: Arch, weights: str, workload: Workload = Workload(),
+def plan(arch: Arch, weights: str | WeightFormat, workload: Workload = Workload(),
          overhead: int = RUNTIME_OVERHEAD_BYTES) -> Plan:
     workload.check(arch)
-    total, floats = weight_bytes(arch, weights, workload)
-    act = FLOAT_BYTES.get(weights, 2)  # int8/int4 weights run with fp16 activations and KV
-    return Plan(arch, weights, workload, total, floats, kv_cache_bytes(arch, workload, act),
+    fmt = weights if isinstance(weights, WeightFormat) else parse_format(weights)
+    total, floats = weight_bytes(arch, fmt, workload)
+    act = fmt.float_bytes  # the KV cache and activations are in the float parts' dtype
+    return Plan(arch, fmt.label, workload, total, floats, kv_cache_bytes(arch, workload, act),
                 activation_bytes(arch, workload, act), overhead)
 
 
@@ -254,12 +321,16 @@ def fit_table(plans: list[Plan], reserve: int = DEVICE_RESERVE_BYTES) -> str:
     return "\n".join(rows) + "\n"
 
 
-def describe(workload: Workload, reserve: int) -> str:
+def describe(workload: Workload, reserve: int, engine_defaults: bool = False) -> str:
     quant = ("symmetric" if workload.symmetric else "asymmetric, with zero points")
-    return (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (rounded up to pages of "
-            f"{workload.page_size}), "
-            f"prefill of a {workload.prompt}-token prompt; int8/int4: MatMulNBits blocks of "
-            f"{workload.block_size}, {quant}, fp16 scales, embeddings/layer norms/biases in fp16; "
+    shape = (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (rounded up to pages of "
+             f"{workload.page_size}), prefill of a {workload.prompt}-token prompt over that cache")
+    if engine_defaults:
+        shape += (f": what `python -m engines build` builds by default (--max-batch {ENGINE_DEFAULTS.max_batch} "
+                  f"--max-seq {ENGINE_DEFAULTS.max_seq}, --max-prompt = --max-seq; pass --batch/--tokens/--prompt "
+                  f"to plan another)")
+    return (f"{shape}; int8/int4: blocks of {workload.block_size}, {quant}, scales and "
+            f"embeddings/layer norms/biases in the float dtype (fp16 for an alias); "
             f"devices keep {reserve / GiB:g} GiB for the OS and CUDA (see export/plan.py)")
 
 

@@ -20,6 +20,15 @@ Two forms of the same quantization (onnxruntime.quantization.matmul_nbits_quanti
   form back into MatMulNBits, with int8 activations unless the session sets
   ``session.qdq_matmulnbits_accuracy_level`` (export.parity sets 0).
 
+  Which TensorRT reads it (onnx-tensorrt's source, export/trt_ops/supported_ops.json): 11.0 documents
+  opset 21. 10.0-10.5 document opsets 9-20, but no parser refuses a model for its opset, and the
+  10.x DequantizeLinear importer takes a scale of the input's rank with one blocked dimension as
+  block quantization, never reading ``block_size``: JetPack 6's 10.3 should parse it, to be
+  confirmed on the device. 8.x has no INT4 type. An opset <= 20 form is not possible: before 21,
+  ONNX's DequantizeLinear takes neither INT4 nor blocked scales, so ONNX Runtime (the export's
+  parity check, and the CPU runtime) would refuse the graph. ``build`` prints this verdict
+  (``tensorrt_readers``) before any work.
+
 The graphs are exported without constant folding, so a Linear's weight reaches its MatMul through
 a Transpose node; the quantizer only takes initializers, so those Transposes are folded first.
 """
@@ -97,6 +106,69 @@ class QuantConfig:
         return {"embed": "float", "layers": self.weights, "head": self.head_weights,
                 "block_size": self.block_size, "format": self.format,
                 "accuracy_level": self.accuracy_level}
+
+
+def tensorrt_verdicts(config: QuantConfig) -> dict[str, tuple[str, str]]:
+    """Per TensorRT version of export/trt_ops/supported_ops.json, whether its ONNX parser reads the
+    weights ``config`` writes: ("parses" | "confirm" | "cannot", reason). export.trt_compat's
+    verdict on a one-MatMul graph quantized exactly as the export quantizes (same quantizer, format
+    and bits); "confirm": only past the opset range its documents state."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from .trt_compat import check_model
+
+    bits = config.weights if config.weights != "float" else config.head_weights
+    k = config.block_size * 2
+    weight = numpy_helper.from_array(np.linspace(-1, 1, k * 8, dtype=np.float32).reshape(k, 8), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="probe")], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
+    probe = quantize_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), bits,
+                           config.block_size, config.format, config.accuracy_level)
+    opset = next(o.version for o in probe.opset_import if o.domain in ("", "ai.onnx"))
+    order = {"type": 0, "domain": 1, "operator": 2}  # the most basic reason first; the opset last
+    verdicts = {}
+    for version, findings in check_model(probe, "probe", versions="all").items():
+        errors = sorted((f for f in findings if f.severity == "error"), key=lambda f: order.get(f.kind, 3))
+        if errors:
+            verdicts[version] = ("cannot", errors[0].detail.split(" (")[0].split(";")[0])
+        elif any(f.kind == "opset" for f in findings):
+            verdicts[version] = ("confirm", f"opset {opset} is past the range its documents state")
+        else:
+            verdicts[version] = ("parses", "")
+    return verdicts
+
+
+def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
+    """``tensorrt_verdicts`` in one line, for ``export build`` to say before any work."""
+    from .trt_compat import load_support
+
+    platforms = load_support().versions
+    verdicts = tensorrt_verdicts(config)
+    named = {v: v + "".join(f" ({p.split(' (')[0]})" for p in platforms[v].data.get("platforms", [])[:1])
+             for v in verdicts}
+    group = lambda kind: [named[v] for v, (k, _) in verdicts.items() if k == kind]  # noqa: E731
+    cannot: dict[str, list[str]] = {}
+    for v, (kind, why) in verdicts.items():
+        if kind == "cannot":
+            cannot.setdefault(why, []).append(v)
+    bits = config.weights if config.weights != "float" else config.head_weights
+    what = f"{bits} weights as {config.format}"
+    if not group("parses") and not group("confirm"):
+        reasons = "; ".join(f"{', '.join(vs)}: {why}" for why, vs in cannot.items())
+        return (f"TensorRT: no version's parser reads {what} ({reasons}): this artifact is for ONNX Runtime; "
+                f"for TensorRT 10+ export int4 with --quant-format qdq, or --weights float")
+    parts = []
+    if group("parses"):
+        parts.append(f"TensorRT {', '.join(group('parses'))} parses them")
+    confirm = [(named[v], why) for v, (k, why) in verdicts.items() if k == "confirm"]
+    if confirm:
+        parts.append(f"{', '.join(n for n, _ in confirm)} should, by its parser's source, though "
+                     f"{confirm[0][1]}: confirm on the device with `python -m tools.trtexec {artifact} "
+                     f"--graph layer_00 --run`")
+    for why, vs in cannot.items():
+        parts.append(f"{', '.join(vs)} cannot ({why})")
+    return f"TensorRT and {what}: " + "; ".join(parts)
 
 
 def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: str = "matmulnbits",

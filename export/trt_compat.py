@@ -8,11 +8,15 @@ version could be read). Graphs are read without their weights, so OPT-66B costs 
 
 Per version, a graph gets:
 
-  errors    an operator the parser does not import, or one outside the ai.onnx domain; an opset outside
-            the stated range; a restriction the graph breaks (an input that must be an initializer but
+  errors    an operator the parser does not import, or one outside the ai.onnx domain; an opset below
+            the stated range, or past it with an operator whose signature changed since the stated
+            maximum in a way this version's importer does not read; a quantized type (INT4, FP8, FP4)
+            the parser lacks; a restriction the graph breaks (an input that must be an initializer but
             is computed, outputs the importer drops); local functions before TensorRT 9
-  warnings  a tensor type outside the operator's documented "Supported Types"; INT64 graph inputs and
-            outputs, which TensorRT 8.x casts to INT32; an IR version newer than the parser's ONNX
+  warnings  an opset past the stated range whose operators the parser still reads (no parser refuses
+            an opset: confirm on the device); another tensor type outside the operator's documented
+            "Supported Types"; INT64 graph inputs and outputs, which TensorRT 8.x casts to INT32; an
+            IR version newer than the parser's ONNX
 
     report = check_artifact("artifacts/opt-1.3b")          # default versions: 8.6, 10.3, 11.0
     print("\\n".join(report.lines()))
@@ -45,16 +49,18 @@ TYPED_OUTPUT = {"Constant": 0, "ConstantOfShape": 0, "Cast": 0}
 # no zero point, feeding a MatMul) is what TensorRT 10's explicit quantization takes for INT4
 # weight-only: its Dequantize layer accepts "a 2-D tensor for block quantization (supported for
 # DataType::kINT4 only)" and zero points that "must only contain zero-valued coefficients" (TensorRT
-# operator docs, Dequantize; "Explicit Quantization" in the developer guide). supported_ops.json
-# lists INT4 for DequantizeLinear from 10.x on; opset 21 is inside 11.0's stated range but outside
-# the 9-20 that 10.0 states (10.6 states 9-22), so by the documents JetPack 6's TensorRT 10.3 does
-# not parse them, and 8.x parses neither INT4 nor opset 21.
+# operator docs, Dequantize). 11.0 documents opset 21; 10.0-10.5 document 9-20, but no parser checks
+# the opset and the 10.x DequantizeLinear importer reads a blocked scale by its shape
+# (supported_ops.json "opset_enforcement" and 10.3's "read_beyond"), so 10.3 gets a warning to
+# confirm on the device, not an error; 8.x has no INT4 type at all.
 CONTRIB_HINTS = {
-    "MatMulNBits": "or re-export with `--weights-format qdq` (int4 as blocked DequantizeLinear + MatMul, "
-                   "parsed by TensorRT 10+ at opset 21) or `--weights float`",
+    "MatMulNBits": "or re-export with `--quant-format qdq` (int4 as blocked DequantizeLinear + MatMul, "
+                   "for TensorRT 10+) or `--weights float`",
 }
+# Element types the parser of a version without them cannot even hold: an error, not a warning.
+QUANTIZED_TYPES = ("INT4", "FP4", "FP8")
 HINTS = {
-    "LayerNormalization": "or export at opset 16 (ExportConfig.opset) so layer norm is decomposed into "
+    "LayerNormalization": "or export at opset 16 (`python -m export build --opset 16`) so layer norm is decomposed into "
                           "primitive operators (keep it in fp32: TensorRT's fp16 layer norm overflows)",
 }
 
@@ -138,6 +144,12 @@ class SupportData:
             raise InvalidArgumentError(f"no TensorRT operator data for {', '.join(unknown)}; "
                              f"known versions: {', '.join(self.versions)}")
         return [self.versions[v] for v in versions]
+
+    def nearest(self, major: int, minor: int) -> VersionSupport:
+        """The data for TensorRT ``major.minor``: its own, else the newest older version's (an
+        operator added since is then reported missing: the safe side), else the oldest."""
+        older = [vs for v, vs in self.versions.items() if _version_key(v) <= (major, minor)]
+        return older[-1] if older else next(iter(self.versions.values()))
 
 
 def load_support(path: str | Path | None = None) -> SupportData:
@@ -231,6 +243,14 @@ def _first_supporting(op: str, support: SupportData, after: str) -> str | None:
     return None
 
 
+def _first_supporting_type(op: str, type_name: str, support: SupportData, after: str) -> str | None:
+    """The first version newer than ``after`` whose operators.md lists ``type_name`` for ``op``."""
+    for v, vs in support.versions.items():
+        if _version_key(v) > _version_key(after) and type_name in (vs.operators.get(op, {}).get("types") or ()):
+            return v
+    return None
+
+
 def _lifted(check: dict, support: SupportData, after: str) -> str | None:
     """The first version newer than ``after`` whose parser no longer has this restriction."""
     for v, vs in support.versions.items():
@@ -261,12 +281,13 @@ def _check_facts(facts: _GraphFacts, graph: str, vs: VersionSupport, support: Su
     lo, hi = vs.opset_range
     if facts.opset is None:
         add("error", "opset", "the graph imports no ai.onnx opset",
-            "export with an ai.onnx opset_import (ExportConfig.opset)")
-    elif (lo is not None and facts.opset < lo) or (hi is not None and facts.opset > hi):
-        add("error", "opset", f"opset {facts.opset} is outside the parser's range "
-                              f"({lo or 'any'} to {hi}; '{vs.data['opset']['statement']}')",
-            f"re-export with an opset in that range (ExportConfig.opset), or target a TensorRT whose parser "
-            f"reads opset {facts.opset}")
+            "export with an ai.onnx opset_import (`python -m export build --opset`)")
+    elif lo is not None and facts.opset < lo:
+        add("error", "opset", f"opset {facts.opset} is below the parser's range ({lo} to {hi}; "
+                              f"'{vs.data['opset']['statement']}')",
+            f"re-export with `python -m export build --opset {lo}` or newer")
+    elif hi is not None and facts.opset > hi:
+        _check_opset_beyond(facts, vs, support, add)
     max_ir = vs.data.get("onnx", {}).get("max_ir_version")
     if max_ir is not None and facts.ir_version > max_ir:
         add("warning", "ir_version", f"IR version {facts.ir_version} is newer than the parser's ONNX "
@@ -334,7 +355,13 @@ def _check_facts(facts: _GraphFacts, graph: str, vs: VersionSupport, support: Su
                 shown = t
                 if t == "INT64" and not vs.int64_native:
                     t, shown = "INT32", "INT64 (cast to INT32 by this parser)"
-                if t not in allowed:
+                if t in QUANTIZED_TYPES and t not in allowed:
+                    later = _first_supporting_type(op, t, support, v)
+                    add("error", "type", f"{op} on {t}: this parser has no {t} (operators.md lists Supported "
+                                         f"Types {', '.join(allowed)})",
+                        (f"target TensorRT {later} or newer, or " if later else "")
+                        + f"re-export without {t} weights (`--weights float`)", op, node.name)
+                elif t not in allowed:
                     add("error" if strict_types else "warning", "type",
                         f"{op} on {shown}: operators.md lists Supported Types {', '.join(allowed)}",
                         f"cast to a listed type before {op}, or confirm on a device that TensorRT {v} builds it",
@@ -348,6 +375,64 @@ def _check_facts(facts: _GraphFacts, graph: str, vs: VersionSupport, support: Su
                 "bind INT32 buffers for them on TensorRT 8.x (token ids and masks fit)")
     order = {"error": 0, "warning": 1}
     return sorted(found.values(), key=lambda f: (order[f.severity], f.kind, f.op or ""))
+
+
+def _signature(schema) -> tuple:
+    return (sorted(schema.attributes), [i.name for i in schema.inputs], [o.name for o in schema.outputs])
+
+
+def changed_operators(ops, documented: int, opset: int) -> list[str]:
+    """The ai.onnx operators among ``ops`` whose signature (attributes, inputs, outputs) differs
+    between opset ``documented`` and ``opset``: those an importer written for ``documented`` may
+    misread. An operator whose later versions only widened its types is not listed."""
+    import onnx.defs
+
+    changed = []
+    for op in sorted(ops):
+        try:
+            before, after = onnx.defs.get_schema(op, documented), onnx.defs.get_schema(op, opset)
+        except onnx.defs.SchemaError:  # not an operator at ``documented``: the operator check names it
+            continue
+        if before.since_version != after.since_version and _signature(before) != _signature(after):
+            changed.append(op)
+    return changed
+
+
+def _first_documenting(opset: int, support: SupportData, after: str) -> str | None:
+    """The first version newer than ``after`` whose documented range holds ``opset``."""
+    for v, vs in support.versions.items():
+        lo, hi = vs.opset_range
+        if _version_key(v) > _version_key(after) and (lo or 0) <= opset <= (hi or 0):
+            return v
+    return None
+
+
+def _check_opset_beyond(facts: _GraphFacts, vs: VersionSupport, support: SupportData, add) -> None:
+    """A graph past the documented range: no parser refuses the opset itself (supported_ops.json
+    "opset_enforcement"), so what can break is an operator whose signature changed since the
+    documented maximum and whose importer this version does not read that way."""
+    lo, hi = vs.opset_range
+    ops = {op for domain, op in facts.op_types if domain in ONNX_DOMAINS}
+    read = vs.data["opset"].get("read_beyond", {})
+    changed = changed_operators(ops, hi, facts.opset)
+    unread = [op for op in changed if op not in read]
+    later = _first_documenting(facts.opset, support, vs.version)
+    where = f"opset {facts.opset} is past the parser's documented range ({lo or 'any'} to {hi}; " \
+            f"'{vs.data['opset']['statement']}')"
+    newer = f"target TensorRT {later} or newer, whose parser documents opset {facts.opset}" if later else \
+        f"target a TensorRT whose parser documents opset {facts.opset}"
+    if unread:
+        # Our exports write opset 21 only for the qdq weights format; everything else is --opset 14-17.
+        fix = (f"{newer}, or re-export with an opset up to {hi} (`python -m export build --opset`; the qdq "
+               f"weights format needs 21: export with --weights float or --quant-format matmulnbits "
+               f"for this version)")
+        add("error", "opset", f"{where}, and {', '.join(unread)} changed after opset {hi} in ways its "
+                              f"importer does not read", fix)
+        return
+    known = f", or ({', '.join(changed)}) as this version's importer reads them (supported_ops.json)"
+    add("warning", "opset", f"{where}; the parser does not refuse an opset, and this graph's operators "
+                            f"changed after opset {hi} only in the types they accept" + (known if changed else ""),
+        f"confirm the parse on the device (`python -m tools.trtexec ARTIFACT --graph NAME --run`), or {newer}")
 
 
 def check_model(model, name: str = "graph", versions=None, *, strict_types: bool = False,

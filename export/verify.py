@@ -1,7 +1,8 @@
 """``python -m export verify DIR``: recheck an artifact against PyTorch and transformers.
 
 1. the manifest and the sha256 of every file it names;
-2. every graph against the PyTorch module it came from (export.parity, stated tolerances), and
+2. every graph against the PyTorch module it came from (export.parity: Polygraphy's Comparator with
+   its ONNX Runtime runner, at the export's stated tolerances), and
    every operator and opset against the TensorRT ONNX parser's supported lists (export.trt_compat);
 3. end to end, batched with left padding: greedy tokens of the ONNX Runtime backend at full depth
    against transformers' ``generate``, with the logits of every step; and under a skip policy,
@@ -30,8 +31,10 @@ class Report:
     lines: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
-    def add(self, name: str, ok: bool, detail: str) -> None:
-        self.lines.append(f"[{'ok' if ok else 'FAIL':>4}] {name}: {detail}")
+    def add(self, name: str, ok: bool, detail: str, status: str | None = None) -> None:
+        """``status``: the word shown instead of ok/FAIL for a check that passes with a caveat
+        ("warn") or does not apply to this artifact ("skip"); only ``ok`` False fails the report."""
+        self.lines.append(f"[{status or ('ok' if ok else 'FAIL'):>4}] {name}: {detail}")
         if not ok:
             self.failures.append(name)
 
@@ -62,7 +65,8 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
-    detail = f"{len(results)} graphs vs PyTorch"
+    detail = (f"{len(results)} graphs vs PyTorch through Polygraphy {parity.polygraphy_version()} (its ONNX "
+              f"Runtime runner, Comparator.run and compare_accuracy)")
     if floats:
         worst = max(floats, key=lambda r: r.max_abs_diff)
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "
@@ -78,12 +82,28 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
 
     from .trt_compat import check_artifact
 
-    # MatMulNBits artifacts are for ONNX Runtime by choice: report the parsers, do not fail on them.
-    ort_only = manifest.quantized and manifest.weights.get("format") == "matmulnbits"
+    # A weight format is chosen for its runtimes (MatMulNBits: ONNX Runtime; qdq: TensorRT 10+): a
+    # parser that cannot read the format is reported as such, not failed.
+    unreadable, w = {}, manifest.weights
+    if manifest.quantized:
+        from .quantize import QuantConfig, tensorrt_verdicts
+
+        verdicts = tensorrt_verdicts(QuantConfig(weights=w["layers"], head_weights=w["head"],
+                                                 block_size=w["block_size"], format=w["format"],
+                                                 accuracy_level=w.get("accuracy_level", 0)))
+        unreadable = {v: why for v, (kind, why) in verdicts.items() if kind == "cannot"}
     for r in check_artifact(directory).results:  # TensorRT 8.6, 10.3 and the current parser
         details = "".join("\n         " + line.strip() for line in r.lines()[1:])
-        note = " (not required: MatMulNBits weights are ONNX Runtime's format)" if ort_only and not r.passed else ""
-        report.add(f"TensorRT {r.version} parser", r.passed or ort_only, r.summary + note + details)
+        if r.version in unreadable and not r.passed:
+            readers = [v for v in verdicts if v not in unreadable]
+            fix = (f"the format is for TensorRT {', '.join(readers)}" if readers else
+                   "the format is for ONNX Runtime; for TensorRT re-export int4 with --quant-format qdq")
+            report.add(f"TensorRT {r.version} parser", True,
+                       f"cannot parse this artifact's {w['format']} weights ({unreadable[r.version]}; not required: "
+                       f"{fix}; for this TensorRT, --weights float): " + r.summary + details, status="skip")
+        else:
+            report.add(f"TensorRT {r.version} parser", r.passed, r.summary + details,
+                       status="warn" if r.passed and any(f.kind == "opset" for f in r.warnings) else None)
 
     gen = load(directory, check_hashes=False)
     try:

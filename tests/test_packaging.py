@@ -26,7 +26,8 @@ def test_every_package_is_listed():
 def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,quant]"]
-    assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx"}
+    # polygraphy: export verify's and engines verify's comparisons (export/parity.py)
+    assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx", "polygraphy"}
     assert any(r.startswith("pytest") for r in extras["test"])
     assert any(r.startswith("sacrebleu") for r in extras["eval"])
     assert any(r.startswith("starlette") for r in extras["serve"])  # tests/runtime/test_serve.py

@@ -230,3 +230,56 @@ class FakeContext10(FakeContext):
     def set_device_memory(self, ptr, size):  # TensorRT 10.1+ (setDeviceMemoryV2)
         assert size >= self.engine.device_memory_size
         self.engine.trt.scratch.append((ptr, size))
+
+
+# -- Polygraphy side ------------------------------------------------------------------------------
+
+
+def fake_trt_runner(trt: FakeTensorRT):
+    """An ``engines.verify`` runner factory: Polygraphy's TrtRunner needs CUDA, so this BaseRunner
+    does what it does with a plan on the fake: deserialize it, report the engine's bindings (INT32
+    ids on a TensorRT 8.x flavour) with the selected profile's ranges, refuse shapes outside that
+    profile, and run the engine (the graph in ONNX Runtime)."""
+    import time
+    from collections import OrderedDict
+    from pathlib import Path
+
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+
+    class FakeTrtRunner(BaseRunner):
+        def __init__(self, plan, profile: int, name: str):
+            super().__init__(name=name, prefix="fake-trt-runner")
+            self.engine = trt.Runtime(None).deserialize_cuda_engine(Path(plan).read_bytes())
+            self.profile = self.engine.profiles[profile]
+            self.shapes = []  # the input shapes of every inference
+
+        def activate_impl(self):
+            pass
+
+        def deactivate_impl(self):
+            pass
+
+        def dtype(self, name):
+            return np.dtype(NUMPY[self.engine.get_tensor_dtype(name).name])
+
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for t in self.engine.spec.inputs:
+                r = self.profile.shapes[t.name]
+                shape = [lo if lo == hi else -1 for lo, hi in zip(r.min, r.max)]
+                meta.add(t.name, dtype=self.dtype(t.name), shape=shape, min_shape=r.min, max_shape=r.max)
+            return meta
+
+        def infer_impl(self, feed_dict):
+            for name, array in feed_dict.items():
+                assert self.profile.shapes[name].contains(array.shape), f"{name} {array.shape} outside the profile"
+                assert array.dtype == self.dtype(name), f"{name}: {array.dtype} bound to {self.dtype(name)}"
+            self.shapes.append({n: a.shape for n, a in feed_dict.items()})
+            feeds = {n: a.astype(np.int64) if a.dtype.kind == "i" else a for n, a in feed_dict.items()}
+            started = time.perf_counter()
+            outputs = self.engine.session.run(None, feeds)
+            self.inference_time = time.perf_counter() - started  # Comparator.run sums these
+            return OrderedDict(zip((o.name for o in self.engine.spec.outputs), outputs))
+
+    return FakeTrtRunner

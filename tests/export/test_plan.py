@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 import pytest
 from transformers import OPTConfig, OPTForCausalLM
 
@@ -55,17 +56,53 @@ def test_kv_cache_rounds_up_to_whole_pages_and_activations():
     w = pm.Workload(tokens=33, batch=3, prompt=8, page_size=32)
     # layers x K,V x batch x (heads x head_dim = D) x width 33 rounded up to 64 x fp16
     assert pm.kv_cache_bytes(arch, w, 2) == 2 * 2 * 3 * 64 * 64 * 2
-    # prefill scores and probabilities (B, heads, T, W + T) in fp32, W = one page: a prompt into fresh rows
-    layer = 2 * 3 * 4 * 8 * (32 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2
+    # prefill scores and probabilities (B, heads, T, W + T) in fp32, W = the cache's width in pages (64)
+    layer = 2 * 3 * 4 * 8 * (64 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2
     assert pm.activation_bytes(arch, w, 2) == max(layer, 3 * 40 * (2 + 4))
-    # a prompt of 33, longer than a page, still binds one page of zeros: W = 32
-    long = pm.Workload(tokens=48, batch=3, prompt=33, page_size=32)
-    layer = 2 * 3 * 4 * 33 * (32 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2
-    assert pm.activation_bytes(arch, long, 2) == layer
-    assert pm.activation_bytes(arch, pm.Workload(tokens=48, batch=3, prompt=33, page_size=1), 2) == (
-        2 * 3 * 4 * 33 * (1 + 33) * 4 + 3 * 33 * (96 + 6 * 64) * 2)  # pages of one position: W = 1
+    assert pm.activation_bytes(arch, pm.Workload(tokens=33, batch=3, prompt=8, page_size=1), 2) == (
+        2 * 3 * 4 * 8 * (33 + 8) * 4 + 3 * 8 * (96 + 6 * 64) * 2)  # pages of one position: W = 33
     p = pm.plan(arch, "fp16", w, overhead=1000)
     assert p.total_bytes == p.weight_bytes + p.kv_bytes + p.activation_bytes + 1000
+
+
+def test_activations_are_the_engines_largest_prefill_shape():
+    """What TensorRT sizes its activation scratch for: the prefill profile's max batch, sequence and past."""
+    from engines.config import EngineBuildConfig
+    from engines.profiles import dim_ranges
+
+    arch = _arch()
+    config = EngineBuildConfig(max_batch=3, max_seq=40, max_prompt=24)
+    prefill = dim_ranges(config, 16)[0]
+    (_, _, B), (_, _, T), (_, _, W) = prefill["batch"], prefill["sequence"], prefill["past_sequence"]
+    assert (B, T, W) == (3, 24, 48)
+    w = pm.engine_workload(arch, config.max_seq, config.max_batch, config.max_prompt, page_size=16)
+    assert pm.activation_bytes(arch, w, 2) == 2 * B * 4 * T * (W + T) * 4 + B * T * (96 + 6 * 64) * 2
+
+
+def test_default_shape_is_what_engines_build_builds_capped_at_the_model():
+    from engines.config import EngineBuildConfig
+
+    d = EngineBuildConfig()
+    w = pm.engine_workload(pm.arch_from_alias("opt-1.3b"))
+    assert (w.batch, w.tokens, w.prompt) == (d.max_batch, d.max_seq, d.prompt_limit) == (8, 1024, 1024)
+    assert pm.engine_workload(_arch()).tokens == 48 == pm.engine_workload(_arch()).prompt  # max_positions 48
+    assert pm.engine_workload(_arch(), tokens=32, batch=1).prompt == 32
+
+
+def test_an_artifacts_own_weight_format():
+    arch = _arch()
+    int4 = pm.WeightFormat("int4", "int4", 4)  # an fp32 export with --weights int4
+    mixed = pm.WeightFormat("float", "int4", 2)  # --dtype fp16 --head-weights int4
+    assert (int4.label, mixed.label, pm.parse_format("int4").label) == ("int4 (fp32)", "float layers, int4 head (fp16)", "int4")
+    D, F, V, P = 64, 96, 40, 64
+    q = lambda k, n, b: pm.quantized_bytes(k, n, 4, 32, b, False)  # noqa: E731
+    floats = lambda b: b * (V * P + (arch.max_positions + 2) * D + arch.num_layers * (4 * D + F + D + 4 * D) + 2 * D)  # noqa: E731
+    assert pm.weight_bytes(arch, int4) == (floats(4) + arch.num_layers * (4 * q(D, D, 4) + q(D, F, 4) + q(F, D, 4))
+                                           + q(P, V, 4), floats(4))
+    layers_fp16 = arch.num_layers * (4 * D * D + 2 * D * F) * 2
+    assert pm.weight_bytes(arch, mixed) == (floats(2) + layers_fp16 + q(P, V, 2), floats(2) + layers_fp16)
+    p = pm.plan(arch, int4, pm.Workload(tokens=48, batch=1, prompt=8))
+    assert p.weights == "int4 (fp32)" and p.kv_bytes == pm.kv_cache_bytes(arch, p.workload, 4)
 
 
 def test_fits_uses_the_reserve():
@@ -101,7 +138,7 @@ def test_cli_errors_say_what_and_how(argv, message, capsys):
 
 
 def test_cli_artifact_reads_manifest_and_measures(artifact_dir, capsys):
-    assert main(["plan", str(artifact_dir), "--tokens", "48", "--prompt", "8", "--measure"]) == 0
+    assert main(["plan", str(artifact_dir), "--tokens", "48", "--prompt", "8", "--batch", "1", "--measure"]) == 0
     out = capsys.readouterr().out
     # one row, named by the artifact directory ("model"), at the artifact's dtype
     assert [line.split(" | ")[:2] for line in out.splitlines() if " | fp" in line] == [["| model", "fp32"]]
@@ -109,3 +146,38 @@ def test_cli_artifact_reads_manifest_and_measures(artifact_dir, capsys):
     line = out.splitlines()[-1]
     assert line.startswith("model fp32: predicted ") and "measured peak RSS" in line
     assert "generated 1 x 48 positions" in line
+
+
+def test_cli_defaults_work_on_a_short_model_and_say_the_shape(artifact_dir, capsys):
+    """The tiny model has 64 positions: engines build's --max-seq 1024 is capped, not an error."""
+    assert main(["plan", str(artifact_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# KV cache for 64 tokens x batch 8 (rounded up to pages of 32), prefill of a "
+                             "64-token prompt over that cache: what `python -m engines build` builds by default "
+                             "(--max-batch 8 --max-seq 1024, --max-prompt = --max-seq;")
+    assert out[1] == "# model: 64 tokens, its max_position_embeddings (engines build needs --max-seq 64 or less for it)"
+
+
+def test_cli_plans_a_quantized_artifact_at_its_real_size(tmp_path, capsys):
+    """An int4 artifact is planned as int4 (its block, zero points and dtype), near its files' bytes."""
+    from export.build import BuildOptions, build
+    from runtime.manifest import load_manifest
+    from tests.conftest import save_tiny_checkpoint
+
+    out = tmp_path / "int4"
+    build(BuildOptions(model=str(save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln")), out=str(out), weights="int4",
+                       block_size=16, check=False, progress=False), log=lambda *_: None)
+    assert main(["plan", str(out), "--batch", "1"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| int4 |")]
+    assert row.split(" | ")[1] == "int4 (fp32)"
+    manifest = load_manifest(out)
+    fmt, fields = pm.artifact_format(manifest)
+    assert fields == {"block_size": 16, "symmetric": False}
+    planned, floats = pm.weight_bytes(pm.arch_from_artifact(out), fmt, pm.Workload(**fields))
+    # exactly the packed weights, scales and zero points the graphs hold (the float parts of a random
+    # tiny model are partly identical zeros and ones, which the export stores once)
+    held = sum(len(i.raw_data) for g in manifest.graphs
+               for i in onnx.load(str(out / g.file), load_external_data=True).graph.initializer
+               if i.name.endswith(("_Q4", "_scales", "_zero_points")))
+    assert planned - floats == held
+    assert planned < 0.5 * pm.weight_bytes(pm.arch_from_artifact(out), "fp32")[0]

@@ -185,7 +185,7 @@ def test_tensorrt_check_of_quantized_graphs(int4_dir, ckpt, tmp_path):
     nbits = onnx.load(str(int4_dir / "layer_00.onnx"), load_external_data=False)
     for version, findings in check_model(nbits, "layer_00", versions="all").items():
         errors = [f for f in findings if f.severity == "error" and f.op == "MatMulNBits"]
-        assert errors and "--weights-format qdq" in errors[0].fix, version
+        assert errors and "--quant-format qdq" in errors[0].fix, version
     out = tmp_path / "qdq"
     _build(ckpt, out, weights="int4", weights_format="qdq", check=False)
     qdq = onnx.load(str(out / "layer_00.onnx"), load_external_data=False)
@@ -193,15 +193,60 @@ def test_tensorrt_check_of_quantized_graphs(int4_dir, ckpt, tmp_path):
     assert "MatMulNBits" not in {n.op_type for n in qdq.graph.node}
     dq = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear"]
     assert all(len(n.input) == 2 for n in dq)  # symmetric: no zero point (TensorRT wants zeros)
-    errors = {v: [f for f in fs if f.severity == "error"] for v, fs in check_model(qdq, versions="all").items()}
-    assert errors["11.0"] == []
-    assert [f.kind for f in errors["10.3"]] == ["opset"]  # documented 9-20; blocked int4 needs 21
-    assert any(f.kind == "opset" for f in errors["8.6"])
+    results = check_model(qdq, versions="all")
+    errors = {v: [f for f in fs if f.severity == "error"] for v, fs in results.items()}
+    assert errors["11.0"] == [] and errors["10.3"] == []
+    # 10.3 documents opsets 9-20 but its parser reads the blocked DequantizeLinear: confirm on the device
+    [warning] = [f for f in results["10.3"] if f.kind == "opset"]
+    assert "opset 21 is past the parser's documented range" in warning.detail
+    assert "(DequantizeLinear) as this version's importer reads them" in warning.detail
+    assert "python -m tools.trtexec" in warning.fix
+    assert {f.kind for f in errors["8.6"]} == {"opset", "type"}  # and no INT4 at all
+    assert any("this parser has no INT4" in f.detail and "TensorRT 10.3 or newer" in f.fix for f in errors["8.6"])
+
+
+def test_build_says_which_tensorrt_reads_the_weights_before_any_work(ckpt, tmp_path, capsys):
+    """Printed before the checkpoint loads: a build that then fails has said it already."""
+    out = tmp_path / "never"
+    with pytest.raises(Exception):
+        build(BuildOptions(model=str(tmp_path / "missing"), out=str(out), weights="int4", weights_format="qdq",
+                           progress=False, block_size=BLOCK))
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("TensorRT and int4 weights as qdq: TensorRT 11.0 (current release line) "
+                            "parses them; 10.3 (JetPack 6.1 and 6.2) should, by its parser's source, though "
+                            "opset 21 is past the range its documents state")
+    assert f"python -m tools.trtexec {out} --graph layer_00 --run" in first
+    assert first.endswith("8.5, 8.6 cannot (DequantizeLinear on INT4: this parser has no INT4)")
+    with pytest.raises(Exception):
+        build(BuildOptions(model=str(tmp_path / "missing"), out=str(out), weights="int8", progress=False))
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "TensorRT: no version's parser reads int8 weights as matmulnbits (8.5, 8.6, 10.3, 11.0: "
+        "com.microsoft::MatMulNBits is not an ONNX operator): this artifact is for ONNX Runtime; for TensorRT "
+        "10+ export int4 with --quant-format qdq, or --weights float")
 
 
 def test_verify_passes_a_quantized_artifact_reporting_what_it_does_not_require(int4_dir, capsys):
     assert export_main(["verify", str(int4_dir), "-q"]) == 0
     report = capsys.readouterr().out
     assert "int4: relative error" in report and "tolerance 0.3" in report
-    assert "not required: MatMulNBits weights are ONNX Runtime's format" in report
+    assert "[skip] TensorRT 10.3 parser: cannot parse this artifact's matmulnbits weights (com.microsoft::" \
+           "MatMulNBits is not an ONNX operator; not required: the format is for ONNX Runtime; for TensorRT " \
+           "re-export int4 with --quant-format qdq" in report
+    assert "[  ok] TensorRT" not in report
     assert report.strip().endswith("PASSED")
+
+
+def test_verify_of_a_qdq_artifact_skips_8x_and_warns_on_10_3(ckpt, tmp_path, capsys):
+    """The qdq format is for TensorRT 10+: 8.x cannot read INT4 (skipped, with why), 10.3 reads it
+    past its documented opsets (a warning to confirm on the device), 11.0 parses it."""
+    out = tmp_path / "qdq"
+    _build(ckpt, out, weights="int4", weights_format="qdq")
+    capsys.readouterr()
+    assert export_main(["verify", str(out), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    parsers = {line.split(" parser:")[0].strip(): line for line in lines if " parser:" in line}
+    assert parsers["[skip] TensorRT 8.6"].startswith(
+        "  [skip] TensorRT 8.6 parser: cannot parse this artifact's qdq weights (DequantizeLinear on INT4: this "
+        "parser has no INT4; not required: the format is for TensorRT 10.3, 11.0;")
+    assert "[warn] TensorRT 10.3" in parsers and "[  ok] TensorRT 11.0" in parsers
+    assert lines[-1] == "PASSED"

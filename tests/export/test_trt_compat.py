@@ -12,7 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.build import BuildOptions, build
 from export.trt_compat import (
+    SupportData,
     TensorRTCompatibilityError,
+    VersionSupport,
+    changed_operators,
     check_artifact,
     check_graph,
     check_model,
@@ -149,22 +152,42 @@ def test_unsupported_sequence_operator_fails_naming_operator_and_version():
     assert "TensorRT 10.3: seq_graph: operator SequenceConstruct" in str(error) and "fix:" in str(error)
 
 
-def test_opset_beyond_a_versions_range_fails_for_that_version_only(tmp_path):
+def test_opset_past_the_documented_range_warns_unless_an_operator_changed(tmp_path):
+    """No parser refuses a model for its opset (ModelImporter.cpp): past the documented maximum,
+    an operator whose signature is unchanged since then is a warning; one that changed is an error."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
-    relu = helper.make_node("Relu", ["x"], ["y"])
-    for opset, failing in [(17, set()), (18, {"8.5", "8.6"}), (21, {"8.5", "8.6", "10.3"})]:
+    relu = helper.make_node("Relu", ["x"], ["y"])  # Relu-14: the same operator from opset 14 to 25
+    for opset, past in [(17, set()), (18, {"8.5", "8.6"}), (21, {"8.5", "8.6", "10.3"}),
+                        (25, {"8.5", "8.6", "10.3", "11.0"})]:
         path = tmp_path / f"relu{opset}.onnx"
         onnx.save(_model([relu], [x], [y], opset=opset), str(path))
-        errors = _errors(check_graph(path, versions="all"))
-        assert {v for v, fs in errors.items() if fs} == failing, opset
-        for v in failing:
-            [f] = errors[v]
-            assert f.kind == "opset"
-            assert f.message.startswith(f"TensorRT {v}: relu{opset}.onnx: opset {opset} is outside")
-            assert "ExportConfig.opset" in f.fix
-    onnx.save(_model([relu], [x], [y], opset=25), str(tmp_path / "relu25.onnx"))
-    assert all(_errors(check_graph(tmp_path / "relu25.onnx", versions="all")).values())
+        results = check_graph(path, versions="all")
+        assert not any(_errors(results).values()), opset
+        warned = {v for v, fs in results.items() if any(f.kind == "opset" for f in fs)}
+        assert warned == past, opset
+        for v in past:
+            [f] = [f for f in results[v] if f.kind == "opset"]
+            assert f.message.startswith(f"TensorRT {v}: relu{opset}.onnx: opset {opset} is past the parser's "
+                                        f"documented range")
+            assert "the parser does not refuse an opset" in f.detail
+            assert "python -m tools.trtexec" in f.fix
+    # ReduceSum-13 takes axes as an input; opset 11's importer reads an attribute: a real break.
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 4])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 1])
+    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    reduce = helper.make_node("ReduceSum", ["data", "axes"], ["out"])
+    model = _model([reduce], [data], [out], opset=13, initializers=[axes])
+    assert changed_operators({"ReduceSum", "Relu"}, 11, 13) == ["ReduceSum"]
+    assert changed_operators({"Relu", "Cast", "Reshape"}, 20, 21) == []  # types only
+    assert changed_operators({"DequantizeLinear"}, 20, 21) == ["DequantizeLinear"]  # block_size
+    support = load_support()
+    narrow = SupportData({"9.9": VersionSupport("9.9", {**support.versions["8.6"].data,
+                                                        "opset": {"min": None, "max": 11, "statement": "up to 11"}}),
+                          **support.versions}, ("9.9",))
+    [f] = [f for f in check_model(model, "reduce", versions="9.9", support=narrow)["9.9"] if f.kind == "opset"]
+    assert f.severity == "error" and "ReduceSum changed after opset 11" in f.detail
+    assert "--opset" in f.fix
 
 
 def test_slice_axes_must_be_constant_before_tensorrt_10_3():

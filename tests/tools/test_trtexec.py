@@ -553,3 +553,49 @@ def test_polygraphy_tolerance_is_the_exports_fp16_tolerance():
     from tools.trtexec.polygraphy import TOLERANCE
 
     assert TOLERANCE == TOLERANCES["float16"]
+
+
+# -- graphs the target TensorRT cannot parse ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def int4_artifacts(tmp_path_factory):
+    """One pre-LN tiny model exported int4 twice: as MatMulNBits and as blocked DequantizeLinear."""
+    from export.build import BuildOptions, build
+    from tests.conftest import save_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("trtexec-int4")
+    ckpt = save_tiny_checkpoint(root / "ckpt", "pre_ln")
+    out = {}
+    for fmt in ("matmulnbits", "qdq"):
+        out[fmt] = root / fmt
+        build(BuildOptions(model=str(ckpt), out=str(out[fmt]), weights="int4", weights_format=fmt, block_size=16,
+                           check=False, progress=False), log=lambda *_: None)
+    return out
+
+
+def test_matmulnbits_graph_is_refused_with_the_reason(int4_artifacts, no_trtexec, capsys):
+    code, out, err = _run_cli(capsys, int4_artifacts["matmulnbits"], "--graph", "layer_00", "--trt-version", "10.3")
+    assert code == 2 and out == ""
+    [line, *reasons] = err.strip().splitlines()
+    assert line == ("error: TensorRT 10.3's ONNX parser cannot import layer_00 (checked against TensorRT 10.3's "
+                    "operator list):")
+    assert reasons and all(r.startswith("  layer_00: ") for r in reasons)
+    assert "com.microsoft::MatMulNBits is not an ONNX operator" in reasons[0]
+    assert "--quant-format qdq" in reasons[0]
+    # a version without its own data is checked against the nearest older one, and says so
+    code, out, err = _run_cli(capsys, int4_artifacts["matmulnbits"], "--all", "--trt-version", "10.8.0")
+    assert code == 2 and "cannot import layer_00, layer_01" in err
+    assert "(checked against TensorRT 10.3's operator list, the nearest known to 10.8)" in err
+    assert "embed" not in err.splitlines()[0]  # the float embedding parses
+
+
+def test_qdq_graph_warns_on_10_3_and_is_refused_on_8_6(int4_artifacts, no_trtexec, capsys):
+    code, out, err = _run_cli(capsys, int4_artifacts["qdq"], "--graph", "layer_00", "--trt-version", "10.3")
+    assert code == 0 and out.startswith("trtexec ")
+    assert "# warning (TensorRT 10.3): layer_00: opset 21 is past the parser's documented range" in err
+    code, out, err = _run_cli(capsys, int4_artifacts["qdq"], "--graph", "layer_00", "--trt-version", "8.6")
+    assert code == 2 and out == ""
+    assert "DequantizeLinear on INT4: this parser has no INT4" in err
+    code, out, err = _run_cli(capsys, int4_artifacts["qdq"], "--graph", "layer_00", "--trt-version", "11.0")
+    assert code == 0 and "# warning" not in err

@@ -13,6 +13,7 @@ from runtime.manifest import GraphSpec, Manifest, load_manifest
 from .command import OutputPaths, RunSettings, build_command, format_command, parse_size_mib
 from .errors import UnknownGraphError
 from .flags import precision_flags
+from .parse_check import check_graphs
 from .polygraphy import build_polygraphy_command, tolerance_note
 from .report import GraphResult, markdown_report, read_profile, read_times
 from .run import find_trtexec, require_trtexec, run_trtexec
@@ -125,6 +126,7 @@ def _main(args) -> int:
     settings = _settings(args)
     trtexec = require_trtexec(args.trtexec) if args.run else find_trtexec(args.trtexec)
     detected = detect_version(args.trt_version, trtexec)
+    warnings = check_graphs(artifact_dir, graphs, detected.version)  # before anything is printed or run
     precision = precision_flags(detected.version, manifest.dtype, args.fp16)
     out_dir = Path(args.out) if args.out else artifact_dir / OUT_SUBDIR
     paths = OutputPaths(out_dir, Path(args.engine_dir) if args.engine_dir else None)
@@ -133,6 +135,8 @@ def _main(args) -> int:
     print(f"# TensorRT {detected.version} ({detected.source})", file=sys.stderr)
     print(f"# {manifest.dtype} ONNX: {precision.reason}", file=sys.stderr)
     print(f"# {_describe(profile)}", file=sys.stderr)
+    for line in warnings:
+        print(f"# {line}", file=sys.stderr)
     checks = {}
     if args.polygraphy or args.layerwise:
         print(f"# {tolerance_note(precision, manifest.dtype)}", file=sys.stderr)

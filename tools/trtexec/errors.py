@@ -31,3 +31,7 @@ class TrtexecFailedError(TrtexecError, RuntimeError):
 
 class TrtexecOutputError(TrtexecError, ValueError):
     """An exported times/profile JSON file that is missing or not in trtexec's format."""
+
+
+class UnparsableGraphError(TrtexecError, ValueError):
+    """A graph the target TensorRT's ONNX parser cannot import (export.trt_compat's check)."""

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engines.verify import TOLERANCE as ENGINE_TOLERANCE
+from engines.verify import value_ranges as engine_value_ranges
 from runtime.manifest import GraphSpec
 
 from .flags import Precision
 from .shapes import Profile, input_dims
 
-# (atol, rtol). Polygraphy fails an element only when it is off by more than both (its default
-# check, "elemwise"); its defaults (1e-5) are for fp32 on both sides. The engines run fp16, or fp32
-# on TF32 (TensorRT's default for fp32 builds on Ampere and later, every Jetson Orin), and both round
-# matmul inputs to 10 mantissa bits: the export's own fp16 check against PyTorch passes at 3e-2
-# (export/parity.py TOLERANCES["float16"]), so a correct engine does too, while a wrong layer (a
-# dropped mask, fp16 overflow in LayerNorm or softmax) is off by O(1) or NaN.
-TOLERANCE = (3e-2, 3e-2)
+# (atol, rtol): `python -m engines verify`'s, for the same comparison run by hand (see engines.verify).
+TOLERANCE = ENGINE_TOLERANCE
 
 
 def polygraphy_shape_spec(graph: GraphSpec, point: dict) -> list[str]:
@@ -53,14 +50,9 @@ def precision_flags(precision: Precision, onnx_dtype: str) -> list[str]:
 
 def value_ranges(graph: GraphSpec, vocab_size: int) -> list[str]:
     """Inputs a random loader would make invalid: ids inside the vocabulary, an all-ones mask (every
-    position real, so no row is fully masked). Float inputs keep Polygraphy's default [0, 1]."""
-    names = {t.name for t in graph.inputs}
-    ranges = []
-    if "input_ids" in names:
-        ranges.append(f"input_ids:[0,{vocab_size - 1}]")
-    if "attention_mask" in names:
-        ranges.append("attention_mask:[1,1]")
-    return ranges
+    position real, so no row is fully masked), as engines verify feeds them. Float inputs keep
+    Polygraphy's default [0, 1]."""
+    return [f"{name}:[{lo},{hi}]" for name, (lo, hi) in engine_value_ranges(graph, vocab_size).items()]
 
 
 def build_polygraphy_command(artifact_dir: Path, graph: GraphSpec, profile: Profile, precision: Precision,
