@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/benchmarks.md", "docs/jetson.md", "docs/quality.md",
+DOCS = ["README.md", "docs/benchmarks.md", "docs/design.md", "docs/jetson.md", "docs/quality.md", "docs/serving.md",
         "models/opt-e2e-skipdecode/README.md", "data/e2e/README.md"]
 START = re.compile(r"(python3? -m |pip |curl |\. )")
 
@@ -73,14 +73,16 @@ RULES = [
     ("python -m runtime ART ", "run", "README's synopsis; RUNTIME_SYNOPSIS runs it made concrete"),
     ("python -m runtime --help$", "run", ""),
     ("python -m export plan opt-1.3b opt-6.7b --tokens 1024 --batch 4$", "run", ""),
-    ("python -m export plan --tokens 1024 --batch 1$", "run", ""),
     ("python -m export plan$", "run", ""),
+    ("python -m export plan --batch 1 --tokens 1024 --prompt 256$", "run", ""),
+    ("python -m export plan opt-1.3b", "run", ""),
     ("python -m tools.e2e split --data data/e2e/trainset.csv.gz --out .work/e2e$", "run", ""),
     ("python -m tools.bench.startup artifacts/opt-e2e-skipdecode --runs 10$", "run", ""),
     # a command's name in prose
     ("python -m runtime serve$", "mention", ""),
     ("python -m export verify$", "mention", ""),
     ("python -m engines build$", "mention", ""),
+    ("python -m engines verify$", "mention", ""),
     ("python -m tools.e2e init$", "mention", ""),
     ("python -m tools.e2e distill$", "mention", ""),
     ("python -m tools.evaluate --render$", "mention", ""),
@@ -104,6 +106,9 @@ RULES = [
     ("python -m export build --model opt-1.3b", "parse", HUB),
     ("python -m export verify artifacts/opt-1.3b", "parse", HUB),
     ("python -m engines build", "parse", TRT),
+    ("python -m engines verify", "parse", TRT),
+    ("python -m export build --weights int4$", "parse", DEMO_BUILD),
+    ("python -m export verify DIR", "parse", PLACEHOLDER),
     ("python -m tools.trtexec", "parse", TRT),
     ("python -m runtime artifacts/opt-1.3b", "parse", HUB + "; and a CUDA GPU"),
     ("python -m runtime serve", "parse", SERVER),
