@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError
+from runtime.families import family_of
 
 HUB_ORG = "facebook"
 # Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
@@ -130,11 +131,8 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
                 f"(save_pretrained or `hf download {source.location}`), copy it here and pass "
                 f"its directory: --model /path/to/{source.location.split('/')[-1]}") from exc
         raise UnsupportedModelError(f"cannot read the config of {source.location}: {exc}") from exc
-    if config.model_type != "opt":
-        raise UnsupportedModelError(
-            f"{source.spec} is a {config.model_type!r} checkpoint; this toolkit exports OPT models "
-            f"only (model_type 'opt')")
-    model = load_weights(source.location, dtype)
+    family = family_of(config, source.spec)  # an unsupported family or feature: refused before the weights load
+    model = load_weights(source.location, dtype, family.model_class())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location)
     except OSError as exc:
@@ -148,13 +146,15 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     return model, tokenizer
 
 
-def load_weights(location, dtype=None):
-    """``OPTForCausalLM.from_pretrained`` in eval mode, with a typed error naming the weight file
-    when it is missing, truncated or corrupted (an interrupted download or copy)."""
-    from transformers import OPTForCausalLM
+def load_weights(location, dtype=None, model_class=None):
+    """``model_class.from_pretrained`` (default: OPTForCausalLM; runtime.families names each
+    family's) in eval mode, with a typed error naming the weight file when it is missing, truncated
+    or corrupted (an interrupted download or copy)."""
+    if model_class is None:
+        from transformers import OPTForCausalLM as model_class
 
     try:
-        model = OPTForCausalLM.from_pretrained(location, dtype=dtype)
+        model = model_class.from_pretrained(location, dtype=dtype)
     except OSError as exc:  # no weights file at all
         raise UnsupportedModelError(
             f"cannot load the weights of {location}: {_first_line(exc)}. The directory needs "
