@@ -17,6 +17,7 @@ from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model
 from tests.runtime.test_generate import padded, spying
+from tests.runtime.test_tensorrt_backend import fake_gpu  # noqa: F401  (a fixture)
 
 NEW = 12
 QUIET = dict(progress=False)
@@ -150,3 +151,74 @@ def test_unsupported_checkpoint_is_refused_before_any_work(tmp_path):
     with pytest.raises(UnsupportedModelError, match="uses sliding-window attention .*; supported: opt, llama"):
         build(BuildOptions(model=str(ckpt), out=str(out), **QUIET), log=lambda *_: None)
     assert not out.exists()
+
+
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_chat_template_is_copied_into_the_artifact_and_read_by_the_runtime(tmp_path):
+    from runtime.tokenizer import load_tokenizer
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "smollm2")
+    config_path = ckpt / "tokenizer_config.json"  # as older checkpoints ship it: inside the config
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "chat_template": CHAT}))
+    out = tmp_path / "art"
+    build(BuildOptions(model=str(ckpt), out=str(out), check=False, **QUIET), log=lambda *_: None)
+    tok = load_tokenizer(out / "tokenizer", pad_token_id=1)
+    assert tok.chat_template == CHAT
+    gen = runtime.load(out, threads=1)
+    try:
+        assert gen.tokenizer.chat_template == CHAT
+    finally:
+        gen.close()
+
+
+def test_named_chat_templates_and_none(tmp_path):
+    from runtime.tokenizer import read_chat_template
+
+    named = [{"name": "default", "template": CHAT}, {"name": "tool_use", "template": "{{ tools }}"}]
+    assert read_chat_template(tmp_path, {"chat_template": named}) == {"default": CHAT, "tool_use": "{{ tools }}"}
+    assert read_chat_template(tmp_path, {}) is None
+
+
+def _run(gen, new, **options):
+    stream = gen.stream(PROMPTS, new, ignore_eos=True, **options)
+    return stream, [event.logits for event in stream]
+
+
+@pytest.mark.parametrize("speedup", [None, 2])
+def test_iobinding_backend_equals_the_plain_one(exported, speedup):
+    """device="cpu": the IOBinding backend's OrtValue KV storage (kv_grids, helper graphs) at the KV heads."""
+    _, _, art = exported
+    plain, bound = runtime.load(art, threads=1, max_batch=4), runtime.load(art, device="cpu", threads=1, max_batch=4)
+    try:
+        (a, a_logits), (b, b_logits) = _run(bound, 36, speedup=speedup), _run(plain, 36, speedup=speedup)
+        assert a.result.token_ids == b.result.token_ids  # 36 new tokens: the width grows a page
+        for x, y in zip(a_logits, b_logits, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+    finally:
+        plain.close()
+        bound.close()
+
+
+@pytest.mark.parametrize("flavour", ["trt8.6", "trt10.3"])
+def test_tensorrt_backend_equals_onnxruntime(exported, tmp_path, fake_gpu, flavour):
+    """Against the fake TensorRT (tests/engines/fakes.py): engines, buffers and KV cache at the KV heads."""
+    from tests.runtime.test_tensorrt_backend import FLAVOURS, LONG
+    from tests.runtime.test_tensorrt_backend import build as build_engines
+    from tests.runtime.test_tensorrt_backend import load as load_engines
+
+    _, _, art = exported
+    version, int_dtype = FLAVOURS[flavour]
+    fake_gpu(version, int_dtype)
+    trt, ort = load_engines(art, build_engines(art, tmp_path, version)), runtime.load(art, threads=1, max_batch=4)
+    try:
+        (a, a_logits), (b, b_logits) = _run(trt, LONG, speedup=2), _run(ort, LONG, speedup=2)
+        assert a.result.token_ids == b.result.token_ids
+        for x, y in zip(a_logits, b_logits, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5, rtol=1e-5)
+    finally:
+        trt.close()
+        ort.close()
