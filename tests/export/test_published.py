@@ -45,3 +45,34 @@ def test_random_weights_build_the_real_shape_with_a_matching_tokenizer():
 def test_unknown_alias_lists_the_llama_family_ones():
     with pytest.raises(Exception, match="qwen3-0.6b"):
         checkpoint.resolve("qwen9-7b", random_weights=True)
+
+
+@pytest.mark.parametrize("variant", ["llama3", "smollm2", "qwen2", "qwen3"])
+def test_plan_counts_every_weight_and_the_kv_heads_only(variant):
+    """export plan on a Llama-family shape: fp32 weights are exactly the model's parameters (a tied
+    head once), and the KV cache holds KV heads x head_dim per position, not hidden_size."""
+    from export import plan as pm
+    from export.published import plan_arch
+    from tests.families import tiny_model
+
+    model = tiny_model(variant)
+    config = model.config.to_dict()
+    arch = plan_arch(variant, config)
+    params = {id(p): p.numel() for p in model.parameters()}  # a tied head is one parameter
+    assert pm.weight_bytes(arch, "fp32")[0] == 4 * sum(params.values())
+    c = model.config
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = pm.Workload(tokens=64, batch=2, prompt=8)
+    assert pm.kv_cache_bytes(arch, w, 2) == c.num_hidden_layers * 2 * 2 * c.num_key_value_heads * hd * 64 * 2
+
+
+def test_plan_reads_a_llama_family_artifact(tmp_path):
+    from export import plan as pm
+    from export.build import BuildOptions, build
+    from tests.families import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "qwen3")
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art"), check=False, progress=False), log=lambda *_: None)
+    arch = pm.resolve_arch(str(tmp_path / "art"))
+    assert (arch.num_layers, arch.kv_width) == (5, 12)
+    assert arch.weights == pm.resolve_arch(str(tmp_path / "art")).weights and len(arch.weights) > 5 * 9
