@@ -9,7 +9,7 @@ import torch
 from runtime.families import skip_model
 from runtime.policy import SkipPolicy
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model
-from tests.tools.test_finetune import _config
+from tests.tools.test_finetune import _config, assert_equals_step_by_step
 from tools.finetune.skip import layer_mask, skip_forward
 from tools.finetune.train import train
 
@@ -29,17 +29,7 @@ def test_masked_parallel_pass_equals_step_by_step_decoding(variant):
     with torch.no_grad():
         parallel = skip_forward(model, ids, attention, layer_mask(policies, torch.tensor(prompt_lens), T))
 
-    for b in range(2):
-        p, n, policy = prompt_lens[b], lengths[b], policies[b]
-        row = ids[b:b + 1, :n]
-        logits, past = model(row[:, :p], torch.ones(1, p, dtype=torch.long), active=policy.prefill_layers())
-        torch.testing.assert_close(parallel[b, p - 1], logits[0, -1], atol=1e-5, rtol=1e-5)
-        for g in range(n - p):
-            t = p + g
-            logits, past = model(row[:, t:t + 1], torch.ones(1, t + 1, dtype=torch.long), past,
-                                 policy.active_layers(g))
-            torch.testing.assert_close(parallel[b, t], logits[0, -1], atol=1e-5, rtol=1e-5,
-                                       msg=lambda m: f"row {b} step {g}: {m}")
+    assert_equals_step_by_step(model, ids, parallel, policies, prompt_lens, lengths)
 
 
 def _weights(directory):
