@@ -121,7 +121,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
             f"Its weights are random, so its text is gibberish; pass --model DIR (a Hugging Face "
-            f"OPT checkpoint) for a real model.")
+            f"checkpoint) for a real model.")
     log(f"loading {source.describe()} as {options.dtype}")
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
