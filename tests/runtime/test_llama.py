@@ -75,3 +75,13 @@ def test_unsupported_family_names_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"is a 'gpt2' checkpoint; this toolkit exports model_type "
                                                     r"opt, llama, qwen2, qwen3 \(OPT, Llama 3.x, SmolLM2"):
         family_of(GPT2Config())
+
+
+def test_manifest_model_before_the_llama_family_reads_as_opt():
+    from runtime.manifest import ModelInfo
+
+    old = dict(num_layers=2, hidden_size=32, num_heads=4, head_dim=8, vocab_size=512, max_position_embeddings=64,
+               pre_layer_norm=True, bos_token_id=2, eos_token_id=2, pad_token_id=1)  # no architecture, num_kv_heads
+    info = ModelInfo(**old)
+    assert (info.architecture, info.kv_heads) == ("opt", 4)
+    assert ModelInfo(**old, architecture="qwen3", num_kv_heads=1).kv_heads == 1
