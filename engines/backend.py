@@ -264,7 +264,7 @@ class TensorRTBackend(Backend):
                         f"but {first.name} exchanges {kv_dtype}: the engines do not belong together; "
                         f"{rebuild_hint(self.directory)}")
         m = manifest.model
-        self._nh, self._hd, self._d, self._v = m.num_heads, m.head_dim, m.hidden_size, m.vocab_size
+        self._nh, self._hd, self._d, self._v = m.kv_heads, m.head_dim, m.hidden_size, m.vocab_size
         self._page = manifest.page_size
         dev, B = self._device.device, self.max_batch
         empty = lambda n, dtype: torch.empty(n, dtype=dtype, device=dev)  # noqa: E731

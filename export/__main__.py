@@ -10,6 +10,7 @@ from runtime import cli
 from runtime.errors import PolicyError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
+from .published import ALIASES as LLAMA_ALIASES
 from .plan import BLOCK_SIZE
 from .quantize import FORMATS, WEIGHTS
 
@@ -18,13 +19,14 @@ DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16":
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m export",
-                                description="Export OPT checkpoints to per-layer ONNX for SkipDecode.")
+                                description="Export OPT, Llama 3.x, SmolLM2, Qwen2/2.5 and Qwen3 checkpoints to "
+                                            "per-layer ONNX for SkipDecode.")
     cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="export a checkpoint into an artifact directory")
     b.add_argument("--model", default=DEMO_MODEL,
-                   help=f"hub id (facebook/opt-1.3b), alias ({', '.join(ALIASES)}), local checkpoint "
+                   help=f"hub id (facebook/opt-1.3b, Qwen/Qwen3-0.6B), alias ({', '.join([*ALIASES, *LLAMA_ALIASES])}), local checkpoint "
                         f"directory, {TINY_RANDOM} (a random 8-layer OPT built offline, for smoke tests) or "
                         f"{DEMO_MODEL} (default: the trained demo model in models/)")
     b.add_argument("--out", help="artifact directory (default: artifacts/<model name>)")

@@ -25,7 +25,7 @@ from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
 from . import checkpoint, parity
-from runtime.modeling import SkipOPT
+from runtime.families import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
 from .plan import BLOCK_SIZE
@@ -53,15 +53,23 @@ class BuildOptions:
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
 
 
+def _token_id(value, fallback=None) -> int:
+    """A config's token id: Llama 3's eos_token_id may be a list (the runtime stops on its first),
+    and Llama and Qwen checkpoints name no pad token (the EOS pads, as transformers' generate does)."""
+    value = value[0] if isinstance(value, (list, tuple)) else value
+    return int(value if value is not None else fallback)
+
+
 def model_info(config) -> ModelInfo:
+    eos = _token_id(config.eos_token_id)
     return ModelInfo(
         num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
-        num_heads=config.num_attention_heads,
-        head_dim=config.hidden_size // config.num_attention_heads, vocab_size=config.vocab_size,
+        num_heads=config.num_attention_heads, head_dim=head_dim(config), vocab_size=config.vocab_size,
         max_position_embeddings=config.max_position_embeddings,
-        pre_layer_norm=bool(config.do_layer_norm_before),
-        bos_token_id=int(config.bos_token_id), eos_token_id=int(config.eos_token_id),
-        pad_token_id=int(config.pad_token_id))
+        pre_layer_norm=bool(getattr(config, "do_layer_norm_before", True)),
+        bos_token_id=_token_id(config.bos_token_id, eos), eos_token_id=eos,
+        pad_token_id=_token_id(config.pad_token_id, eos),
+        architecture=family_of(config).name, num_kv_heads=kv_heads(config))
 
 
 def default_policy(num_layers: int, fields: dict | None, trained: dict | None = None) -> dict:
@@ -115,14 +123,16 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if source.kind == "random":
         log(f"NOTE: --model {options.model} builds a {source.describe()}, seed {options.seed}. "
             f"Its weights are random, so its text is gibberish; pass --model DIR (a Hugging Face "
-            f"OPT checkpoint) for a real model.")
+            f"checkpoint) for a real model.")
     log(f"loading {source.describe()} as {options.dtype}")
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
-    model = SkipOPT(hf_model)
+    model = skip_model(hf_model)
     if quant.quantized:
         c = hf_model.config
-        quant.check_sizes(c.hidden_size, c.ffn_dim, c.word_embed_proj_dim)
+        quant.check_sizes(c.hidden_size, getattr(c, "ffn_dim", None) or c.intermediate_size,
+                          getattr(c, "word_embed_proj_dim", c.hidden_size),
+                          attention=c.num_attention_heads * head_dim(c))
         log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
             f"(block {quant.block_size}, {quant.format})")
     trained = checkpoint.skipdecode_training(source)

@@ -1,12 +1,15 @@
-"""Resolve ``--model`` (alias, hub id or local directory) and load an OPT checkpoint.
+"""Resolve ``--model`` (alias, hub id or local directory) and load a checkpoint of a supported
+family (runtime.families: OPT, Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3).
 
 Three kinds of source:
 
-* a local directory holding a Hugging Face OPT checkpoint (config.json, weights, tokenizer);
-* a hub id (``facebook/opt-1.3b``) or one of the aliases below, downloaded by transformers;
+* a local directory holding a Hugging Face checkpoint (config.json, weights, tokenizer);
+* a hub id (``facebook/opt-1.3b``, ``Qwen/Qwen3-0.6B``) or one of the aliases below (OPT's, and the
+  Llama family's in export.published), downloaded by transformers;
 * ``opt-e2e-skipdecode`` (the default): the demo model shipped in this repository under models/,
   a 12-layer OPT trained on E2E restaurant descriptions and fine-tuned under SkipDecode;
-* ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised OPT built here,
+* ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised model built here
+  (tiny-random: an OPT; an alias: its published shape),
   with a small byte-level BPE tokenizer trained on a built-in text. It needs no network, so the
   main command and the benchmarks run offline; its text is gibberish.
 """
@@ -18,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError
+from runtime.families import family_of
+
+from . import published
 
 HUB_ORG = "facebook"
 # Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
@@ -66,14 +72,15 @@ class ModelSource:
 
     def describe(self) -> str:
         if self.kind == "random":
-            return f"randomly initialised OPT with the {self.location} architecture (no weights loaded)"
+            return f"randomly initialised model with the {self.location} architecture (no weights loaded)"
         return f"{self.location} ({self.kind})"
 
 
 def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
     spec = str(spec)
-    known = ", ".join([DEMO_MODEL, TINY_RANDOM, *ALIASES])
+    known = ", ".join([DEMO_MODEL, TINY_RANDOM, *ALIASES, *published.ALIASES])
+    llama = published.alias_of(spec)  # a Llama-family alias or its hub id
     if spec == TINY_RANDOM:
         return ModelSource(spec, "random", TINY_RANDOM)
     if spec == DEMO_MODEL:
@@ -85,6 +92,8 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
     short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
     if random_weights:
+        if llama is not None:
+            return ModelSource(spec, "random", llama)
         if short not in OPT_ARCHS:
             raise ModelNotFoundError(
                 f"random weights need a known architecture, got {spec!r}; use one of: {known}")
@@ -100,6 +109,8 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         raise UnsupportedModelError(f"{path} is a file; --model takes a checkpoint directory")
     if short in ALIASES:
         return ModelSource(spec, "hub", ALIASES[short])
+    if llama is not None:
+        return ModelSource(spec, "hub", published.ALIASES[llama])
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:  # a path, not org/name
         raise ModelNotFoundError(
             f"model directory {spec!r} does not exist; pass an existing directory holding an OPT "
@@ -130,11 +141,8 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
                 f"(save_pretrained or `hf download {source.location}`), copy it here and pass "
                 f"its directory: --model /path/to/{source.location.split('/')[-1]}") from exc
         raise UnsupportedModelError(f"cannot read the config of {source.location}: {exc}") from exc
-    if config.model_type != "opt":
-        raise UnsupportedModelError(
-            f"{source.spec} is a {config.model_type!r} checkpoint; this toolkit exports OPT models "
-            f"only (model_type 'opt')")
-    model = load_weights(source.location, dtype)
+    family = family_of(config, source.spec)  # an unsupported family or feature: refused before the weights load
+    model = load_weights(source.location, dtype, family.model_class())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location)
     except OSError as exc:
@@ -148,13 +156,15 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     return model, tokenizer
 
 
-def load_weights(location, dtype=None):
-    """``OPTForCausalLM.from_pretrained`` in eval mode, with a typed error naming the weight file
-    when it is missing, truncated or corrupted (an interrupted download or copy)."""
-    from transformers import OPTForCausalLM
+def load_weights(location, dtype=None, model_class=None):
+    """``model_class.from_pretrained`` (default: OPTForCausalLM; runtime.families names each
+    family's) in eval mode, with a typed error naming the weight file when it is missing, truncated
+    or corrupted (an interrupted download or copy)."""
+    if model_class is None:
+        from transformers import OPTForCausalLM as model_class
 
     try:
-        model = OPTForCausalLM.from_pretrained(location, dtype=dtype)
+        model = model_class.from_pretrained(location, dtype=dtype)
     except OSError as exc:  # no weights file at all
         raise UnsupportedModelError(
             f"cannot load the weights of {location}: {_first_line(exc)}. The directory needs "
@@ -294,6 +304,8 @@ def random_config(arch: str, vocab_size: int):
 
 
 def build_random(arch: str, dtype=None, seed: int = 0):
+    if arch in published.PUBLISHED:  # a Llama-family shape
+        return published.build_random(arch, dtype=dtype, seed=seed)
     import torch
     from transformers import OPTForCausalLM
 

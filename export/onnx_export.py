@@ -5,10 +5,10 @@ Graph contract (names are the manifest's; all dims dynamic except the model's ow
   embed:    input_ids (batch, sequence) int64, attention_mask (batch, total_sequence) int64
             -> hidden_states (batch, sequence, hidden)
   layer_NN: hidden_states (batch, sequence, hidden), attention_mask (batch, total_sequence) int64,
-            past_key (batch, heads, head_dim, past_sequence),
-            past_value (batch, heads, past_sequence, head_dim)
+            past_key (batch, kv_heads, head_dim, past_sequence),
+            past_value (batch, kv_heads, past_sequence, head_dim)
             -> hidden_states_out (batch, sequence, hidden),
-               new_key, new_value (batch, heads, sequence, head_dim)
+               new_key, new_value (batch, kv_heads, sequence, head_dim)
   head:     hidden_states (batch, sequence, hidden) -> logits (batch, sequence, vocab)
 
 total_sequence = past_sequence + sequence: the mask covers the bound past, then the new positions.
@@ -20,7 +20,9 @@ grows), at least one page and wide enough for the longest row's past and new pos
 (runtime.kvcache); each row's valid past is its own positions [0, length) of it and the mask is 0
 over the rest. A later chunk of a prompt binds its rows' block the same way; a prompt's first chunk,
 whose rows hold nothing yet, binds one page of zeros, all masked. The embedding gets the same mask (past width + new positions): positions come
-from the mask's cumulative sum, so masked columns contribute nothing.
+from the mask's cumulative sum, so masked columns contribute nothing. kv_heads is the attention
+heads for OPT and fewer under grouped-query attention (Llama family, runtime.llama), whose layers
+derive their RoPE positions from the same mask: every family has this one contract.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.families import head_dim, kv_heads
 from runtime.kvcache import bound_width
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
@@ -74,8 +77,7 @@ def graph_specs(model: SkipOPT, dtype: str) -> list[GraphSpec]:
     """The I/O of every graph, as the manifest records it (the page size is not in any shape: the
     bound past width, past_sequence, is a dynamic dim; the manifest's kv_cache records the page)."""
     c = model.config
-    nh = c.num_attention_heads
-    hd = c.hidden_size // nh
+    nh, hd = kv_heads(c), head_dim(c)  # the past holds the KV heads only (grouped-query attention)
     hidden = lambda n: TensorSpec(n, dtype, ["batch", "sequence", c.hidden_size])  # noqa: E731
     mask = TensorSpec("attention_mask", "int64", ["batch", "total_sequence"])
     specs = [GraphSpec("embed", "embed.onnx",

@@ -79,6 +79,9 @@ class Arch:
     vocab_size: int
     max_positions: int  # max_position_embeddings; the position table has 2 more rows (OPT's offset)
     pre_layer_norm: bool  # False for OPT-350m: post-LayerNorm, no final layer norm
+    kv_width: int | None = None  # K/V values per position and layer: KV heads x head_dim, smaller than
+    # hidden_size under grouped-query attention (Llama family); None: hidden_size (OPT)
+    weights: tuple | None = None  # (name, (K, N), quantizable) of a non-OPT family (export.published); None: OPT's
 
 
 ENGINE_DEFAULTS = EngineBuildConfig()  # what `python -m engines build` builds when given no limits
@@ -178,6 +181,10 @@ class Plan:
 
 
 def arch_from_alias(name: str) -> Arch:
+    from . import published
+
+    if (alias := published.alias_of(name)) is not None:  # a Llama-family alias
+        return published.plan_arch(alias, published.PUBLISHED[alias].fields())
     key = name.lower().split("/")[-1]
     if key not in OPT_ARCHS:
         raise ModelNotFoundError(f"unknown model {name!r}: pass an artifact directory or one of "
@@ -194,6 +201,14 @@ def arch_from_artifact(directory) -> Arch:
     directory = Path(directory)
     m = load_manifest(directory, check_hashes=False).model
     config_path = directory / "hf_config" / "config.json"
+    if m.architecture != "opt":  # the Llama family's shapes (export.published)
+        from . import published
+
+        try:
+            return published.plan_arch(str(directory), json.loads(config_path.read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            raise PlanError(f"cannot read the model's shape from {config_path} ({exc}); re-export with "
+                            f"`python -m export build`") from exc
     try:
         config = json.loads(config_path.read_text())
         ffn, proj = int(config["ffn_dim"]), int(config["word_embed_proj_dim"])
@@ -214,6 +229,8 @@ def resolve_arch(spec: str) -> Arch:
 def tensors(arch: Arch) -> list[tuple[str, tuple[int, int], bool]]:
     """(name, shape, quantizable) of every weight the graphs hold; a matmul's shape is (K, N).
     project_in is in the embedding graph, which stays float (export.quantize)."""
+    if arch.weights is not None:
+        return list(arch.weights)
     D, P, F, V = arch.hidden_size, arch.word_embed_proj_dim, arch.ffn_dim, arch.vocab_size
     out = [("embed_tokens", (V, P), False), ("embed_positions", (arch.max_positions + 2, D), False)]
     if P != D:
@@ -264,10 +281,10 @@ def weight_bytes(arch: Arch, weights: str | WeightFormat, workload: Workload = W
 
 
 def kv_cache_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:
-    """The runtime's K and V buffers: per layer a K of (batch, heads, head_dim, capacity) and a V of
-    (batch, heads, capacity, head_dim), the capacity (tokens) rounded up to whole pages."""
+    """The runtime's K and V buffers: per layer a K of (batch, kv_heads, head_dim, capacity) and a V of
+    (batch, kv_heads, capacity, head_dim), the capacity (tokens) rounded up to whole pages."""
     width = pages_width(workload.tokens, workload.page_size)
-    return arch.num_layers * 2 * workload.batch * arch.hidden_size * width * dtype_bytes
+    return arch.num_layers * 2 * workload.batch * (arch.kv_width or arch.hidden_size) * width * dtype_bytes
 
 
 def activation_bytes(arch: Arch, workload: Workload, dtype_bytes: int) -> int:

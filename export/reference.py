@@ -73,13 +73,13 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
     """Everything verify needs from PyTorch, in this process."""
     from tqdm.auto import tqdm
 
-    from runtime.modeling import SkipOPT
+    from runtime.families import skip_model
 
     from . import parity
 
     manifest = load_manifest(directory, check_hashes=False)  # the caller checked every byte
     hf_model, _ = reference_model(manifest, model)
-    ref = SkipOPT(hf_model)
+    ref = skip_model(hf_model)
     if manifest.model.num_layers != ref.num_layers or manifest.model.vocab_size != ref.config.vocab_size:
         return TorchSide({}, None, mismatch=True)
     cases = {spec.name: parity.torch_cases(ref, spec, manifest.page_size)

@@ -63,6 +63,15 @@ class ModelInfo:
     bos_token_id: int
     eos_token_id: int
     pad_token_id: int
+    # Written since the Llama family (runtime.families); manifests before it are OPT's:
+    architecture: str = "opt"  # the family its graphs were traced from: "opt", "llama", "qwen2", "qwen3"
+    num_kv_heads: int | None = None  # heads of the K/V the layers store (grouped-query attention);
+    # None: num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of each layer's past K/V: the cache's and the graphs' second dim."""
+        return self.num_kv_heads or self.num_heads
 
 
 @dataclass

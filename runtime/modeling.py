@@ -236,6 +236,10 @@ class SkipOPT(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def graph_layer(self, index: int) -> nn.Module:
+        """The module layer ``index``'s graph is traced from (and the torch backend runs)."""
+        return CachedOPTLayer(self.layers[index])
+
     @property
     def dtype(self) -> torch.dtype:
         return self.head.lm_head.weight.dtype
@@ -287,9 +291,10 @@ class SkipOPT(nn.Module):
 
 
 def graph_module(model: SkipOPT, name: str) -> nn.Module:
-    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from."""
+    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from, for any family
+    (runtime.families: SkipOPT or runtime.llama.SkipLlama)."""
     if name == "embed":
         return model.embed
     if name == "head":
         return model.head
-    return CachedOPTLayer(model.layers[int(name.split("_")[1])])
+    return model.graph_layer(int(name.split("_")[1]))

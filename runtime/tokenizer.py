@@ -40,6 +40,22 @@ NEUTRAL_OPTIONS = {"split_special_tokens": False, "clean_up_tokenization_spaces"
 REBUILT_BY_FLAGS = {"add_bos_token", "add_eos_token"}
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5's save_pretrained writes it
+
+
+def read_chat_template(directory, config: dict) -> str | dict[str, str] | None:
+    """The chat template shipped with a tokenizer: chat_template.jinja (transformers 5), else
+    tokenizer_config.json's ``chat_template``, a string or a list of named templates (returned as
+    {name: template}, as transformers holds them); None when there is none (OPT)."""
+    path = Path(directory) / CHAT_TEMPLATE_FILE
+    if path.is_file():
+        return path.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        return {t["name"]: t["template"] for t in template}
+    return template
+
+
 class UnsupportedTokenizerError(ArtifactError):
     """A tokenizer directory the tokenizers-only adapter cannot reproduce exactly."""
 
@@ -59,8 +75,12 @@ class Tokenizer:
 
     padding_side = "left"  # the decode loop appends on the right; OPT positions follow the mask
 
-    def __init__(self, backend, special_tokens: dict[str, str | None], pad_token_id: int | None = None):
+    def __init__(self, backend, special_tokens: dict[str, str | None], pad_token_id: int | None = None,
+                 chat_template: str | dict[str, str] | None = None):
         self.backend = backend
+        # The Jinja chat template the checkpoint's tokenizer shipped (transformers' attribute of the
+        # same name); None for a model without one. The runtime only reads it: the server renders it.
+        self.chat_template = chat_template
         ids = {name: (backend.token_to_id(tok) if tok is not None else None) for name, tok in special_tokens.items()}
         self.bos_token_id, self.eos_token_id = ids.get("bos_token"), ids.get("eos_token")
         self.unk_token_id = ids.get("unk_token")
@@ -101,7 +121,7 @@ class Tokenizer:
         # The padding and truncation a transformers-saved tokenizer.json may carry; this adapter pads itself.
         backend.no_padding()
         backend.no_truncation()
-        return cls(backend, special, pad_token_id)
+        return cls(backend, special, pad_token_id, read_chat_template(directory, config))
 
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -110,7 +110,7 @@ class OnnxRuntimeBackend(Backend):
         self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
-        self._nh, self._hd = m.num_heads, m.head_dim
+        self._nh, self._hd = m.kv_heads, m.head_dim
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)

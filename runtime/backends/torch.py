@@ -2,8 +2,9 @@
 
 The weights come from the artifact itself, not from a source checkpoint: the graphs were exported
 without constant folding, so their initializers keep the exported modules' state_dict names. They
-are loaded into an ``OPTForCausalLM`` built on the meta device from ``hf_config/`` (no random init,
-whatever the model size) and wrapped with ``SkipOPT``.
+are loaded into the checkpoint's causal LM (``OPTForCausalLM``, ``LlamaForCausalLM``, ...) built on
+the meta device from ``hf_config/`` (no random init, whatever the model size) and wrapped with its
+family's skip-aware reference (runtime.families).
 
 Each layer's K/V live in buffers of the whole capacity, K (rows, nh, hd, capacity) and V (rows, nh,
 capacity, hd), allocated once by the KV cache (``ArrayStorage(fixed=True)``); a step writes only
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ArtifactError, InvalidArgumentError
+from ..families import family_named
 from ..kvcache import ArrayStorage, KVCache
 from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest
 from .base import Backend, DecodeStep, run_decode
@@ -33,7 +35,6 @@ from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, wi
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # under self_attn. in the HF layer
 
 
 # -- weights -----------------------------------------------------------------------------------
@@ -64,28 +65,12 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
     return weights
 
 
-def hf_key(graph: str, name: str) -> str:
-    """The OPTForCausalLM state_dict key of weight ``name`` of graph ``graph``.
-
-    embed: embed_tokens.weight -> model.decoder.embed_tokens.weight (also embed_positions, project_in)
-    layer_NN: q_proj.weight -> model.decoder.layers.N.self_attn.q_proj.weight; fc1.bias ->
-        model.decoder.layers.N.fc1.bias
-    head: lm_head.weight -> lm_head.weight; final_layer_norm.weight -> model.decoder.final_layer_norm.weight
-    """
-    if graph == "embed":
-        return f"model.decoder.{name}"
-    if graph == "head":
-        return name if name.startswith("lm_head.") else f"model.decoder.{name}"
-    index = int(graph.split("_")[1])
-    attn = "self_attn." if name.split(".")[0] in _ATTENTION else ""
-    return f"model.decoder.layers.{index}.{attn}{name}"
-
-
 def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
-    """OPTForCausalLM from ``hf_config/`` with every weight taken from the artifact's graphs."""
-    from transformers import OPTConfig, OPTForCausalLM
+    """The checkpoint's causal LM (OPTForCausalLM, LlamaForCausalLM, ...: runtime.families) from
+    ``hf_config/`` with every weight taken from the artifact's graphs."""
+    from transformers import AutoConfig
 
-    from ..modeling import SkipOPT, graph_module
+    from ..modeling import graph_module
 
     if manifest.quantized:  # its graphs hold packed integer weights, not the modules' state_dict
         raise ArtifactError(
@@ -96,11 +81,12 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
         raise ArtifactError(
             f"{config_dir / 'config.json'} is missing: the torch backend builds the model from it; "
             f"{REBUILD_HINT}")
-    config = OPTConfig.from_pretrained(str(config_dir))
+    config = AutoConfig.from_pretrained(str(config_dir))
+    family = family_named(manifest.model.architecture)
     with torch.device("meta"):  # shapes only: no memory, no random init, whatever the model size
-        model = OPTForCausalLM(config)
+        model = family.model_class()(config)
     expected = model.state_dict()  # meta tensors: key -> shape
-    skeleton = SkipOPT(model)  # what each graph was traced from, so which weights it must hold
+    skeleton = family.skip_model(model)  # what each graph was traced from, so which weights it must hold
     dtype = _DTYPES[manifest.dtype]
 
     state: dict[str, torch.Tensor] = {}
@@ -108,7 +94,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
         found = read_graph_weights(directory / spec.file)
         converted: dict[int, torch.Tensor] = {}  # one tensor per distinct array: aliases share it
         for name in graph_module(skeleton, spec.name).state_dict():
-            key = hf_key(spec.name, name)
+            key = family.hf_key(spec.name, name)
             if name not in found:
                 raise ArtifactError(
                     f"{directory / spec.file} has no weight {name!r} ({key}), which the model in "
@@ -124,18 +110,19 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
                 # to_array gives read-only views of the protobuf bytes: copy once, then move.
                 converted[id(array)] = torch.from_numpy(np.array(array)).to(device=device, dtype=dtype)
             state[key] = converted[id(array)]
-    _share_tied_embeddings(state)
+    _share_tied_embeddings(state, family.embed_key)
     missing = sorted(set(expected) - set(state))
-    if missing:  # a key no graph maps to: hf_key and the exported modules disagree
+    if missing:  # a key no graph maps to: the family's hf_key and the exported modules disagree
         raise ArtifactError(f"no graph of {directory} provides {missing}; {REBUILD_HINT}")
     model.load_state_dict(state, strict=True, assign=True)
     model.eval().requires_grad_(False)
     return model
 
 
-def _share_tied_embeddings(state: dict[str, torch.Tensor]) -> None:
-    """Point lm_head at the embedding when they are equal (tied in OPT): one copy, not two."""
-    embed, lm_head = state.get("model.decoder.embed_tokens.weight"), state.get("lm_head.weight")
+def _share_tied_embeddings(state: dict[str, torch.Tensor], embed_key: str) -> None:
+    """Point lm_head at the embedding when they are equal (tied in OPT, Llama 3.2, Qwen3 ...): one
+    copy, not two."""
+    embed, lm_head = state.get(embed_key), state.get("lm_head.weight")
     if (embed is not None and lm_head is not None and embed is not lm_head
             and embed.shape == lm_head.shape and torch.equal(embed, lm_head)):
         state["lm_head.weight"] = embed
@@ -179,20 +166,18 @@ class TorchBackend(Backend):
         return backend
 
     def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
-        from ..modeling import CachedOPTLayer, SkipOPT
+        from ..families import head_dim, kv_heads, skip_model
 
         self.device = device
         capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
         self.graphs = GraphCache(capture) if capture is not None else None
         self.hf_model = hf_model
-        self.model = SkipOPT(hf_model)  # embed and head; also the reference to compare with
+        self.model = skip_model(hf_model)  # embed and head; also the reference to compare with
         self.dtype = self.model.dtype
         # The exported layer itself, reading a strided view of the buffers: the torch backend
         # runs exactly the graphs' math.
-        self.layers = [CachedOPTLayer(layer) for layer in self.model.layers]
-        config = hf_model.config
-        self._nh = config.num_attention_heads
-        self._hd = config.hidden_size // self._nh
+        self.layers = [self.model.graph_layer(i) for i in range(self.model.num_layers)]
+        self._nh, self._hd = kv_heads(hf_model.config), head_dim(hf_model.config)  # the K/V stored
         self.storage: ArrayStorage | None = None
 
     # -- helpers ---------------------------------------------------------------------------
@@ -318,4 +303,4 @@ class StaticStep:
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
 
-__all__ = ["StaticStep", "TorchBackend", "read_graph_weights", "hf_key", "load_hf_model"]
+__all__ = ["StaticStep", "TorchBackend", "read_graph_weights", "load_hf_model"]

@@ -33,9 +33,10 @@ def test_directory_without_config(tmp_path):
         checkpoint.resolve(str(tmp_path))
 
 
-def test_not_an_opt_checkpoint(tmp_path):
+def test_an_unsupported_family_is_refused_naming_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(UnsupportedModelError, match="is a 'gpt2' checkpoint; this toolkit exports OPT models only"):
+    with pytest.raises(UnsupportedModelError, match=r"is a 'gpt2' checkpoint; this toolkit exports model_type "
+                                                    r"opt, llama, qwen2, qwen3"):
         checkpoint.load(checkpoint.resolve(str(tmp_path)))
 
 

@@ -54,7 +54,13 @@ def test_masked_parallel_pass_equals_step_by_step_decoding(variant, shape):
     with torch.no_grad():
         parallel = skip_forward(model, ids, attention, mask).float()  # (B, T, V)
 
-    for b in range(2):
+    assert_equals_step_by_step(model, ids, parallel, policies, prompt_lens, lengths)
+
+
+def assert_equals_step_by_step(model, ids, parallel, policies, prompt_lens, lengths):
+    """``parallel`` (B, T, V), the masked pass's logits, equals decoding each row's tokens step by
+    step under its policy (teacher forcing) at every target position."""
+    for b in range(len(policies)):
         p, n, policy = prompt_lens[b], lengths[b], policies[b]
         row = ids[b:b + 1, :n]
         logits, past = model(row[:, :p], torch.ones(1, p, dtype=torch.long),

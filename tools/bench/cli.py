@@ -21,7 +21,7 @@ from . import machine, prepare, report, results, rows as rows_mod, targets as ta
 from .prompts import make_prompts
 from .runner import OPTIMUM_WORKER, Job, run_all, schedule
 
-ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
+ARCHS = ("opt-125m", "opt-1.3b", "tiny-random", "qwen3-0.6b")  # random weights at these shapes
 OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
 
 
@@ -116,8 +116,9 @@ def model_info(config: dict) -> dict:
     from .stats import head_bytes, layer_bytes
 
     size = 2 if config["dtype"] == "float16" else 4
-    return {**config, "layer_bytes": layer_bytes(config["hidden_size"], config["ffn_dim"], size),
-            "head_bytes": head_bytes(config["hidden_size"], config["vocab_size"], size)}
+    # OPT's formula unless the model's preparation counted its own (the Llama family's layers)
+    return {"layer_bytes": layer_bytes(config["hidden_size"], config["ffn_dim"], size),
+            "head_bytes": head_bytes(config["hidden_size"], config["vocab_size"], size), **config}
 
 
 def measure(args, argv: list[str], log) -> dict:

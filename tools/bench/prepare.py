@@ -84,12 +84,23 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
     m = manifest.model
     config = {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
               "vocab_size": m.vocab_size, "dtype": manifest.dtype, "pad_token_id": m.pad_token_id,
-              "ffn_dim": _ffn_dim(hf_dir)}
+              **_shape(hf_dir, manifest)}
     return Prepared(arch, hf_dir, artifact_dir, config, built)
 
 
-def _ffn_dim(hf_dir: Path) -> int:
-    return int(json.loads((hf_dir / "config.json").read_text())["ffn_dim"])
+def _shape(hf_dir: Path, manifest) -> dict:
+    """The MLP width, and for the Llama family the bytes of one layer and of the head as its graphs
+    hold them (grouped-query K/V, gate/up/down: not the OPT formula of tools.bench.stats)."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    if manifest.model.architecture == "opt":
+        return {"ffn_dim": int(config["ffn_dim"])}
+    from export.published import weight_tensors
+
+    size = 2 if manifest.dtype == "float16" else 4
+    tensors = weight_tensors(config)
+    layer = sum(k * n for name, (k, n), _ in tensors if name.startswith("layers.0."))
+    head = sum(k * n for name, (k, n), _ in tensors if name in ("norm", "lm_head", "lm_head.untied"))
+    return {"ffn_dim": int(config["intermediate_size"]), "layer_bytes": layer * size, "head_bytes": head * size}
 
 
 def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0, log=print,

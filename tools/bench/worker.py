@@ -27,11 +27,11 @@ KINDS = ("hf", "torch", "ort", "ort-nospin", *QUANTIZED)
 
 def measure_hf(spec: dict) -> dict:
     import torch
-    from transformers import AutoTokenizer, OPTForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(spec["threads"])
     loaded = time.perf_counter()
-    model = OPTForCausalLM.from_pretrained(spec["hf_dir"], dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(spec["hf_dir"], dtype=torch.float32).eval()  # OPT, Llama, Qwen
     tokenizer = AutoTokenizer.from_pretrained(spec["hf_dir"])
     tokenizer.padding_side = "left"
     load_s = time.perf_counter() - loaded

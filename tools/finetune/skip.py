@@ -50,10 +50,8 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
     Every layer runs over every position (one dense pass); where mask[b, t, l] is False the layer's
     output is dropped and the hidden state passes on unchanged, as when decoding skips the layer.
     """
-    B = input_ids.shape[0]
-    cfg = model.config
-    nh = cfg.num_attention_heads
-    empty = torch.zeros(B, nh, 0, cfg.hidden_size // nh, dtype=model.dtype, device=input_ids.device)
+    # no past: the layers see the whole sequence (a family's own empty past: OPT's or the rows layout's)
+    empty = [t.to(input_ids.device) for t in model.empty_past(input_ids.shape[0])]
     hidden = model.embed(input_ids, attention_mask)  # (B, T, D)
     if model.training and model.layers[0].dropout:
         hidden = F.dropout(hidden, model.layers[0].dropout)
@@ -61,7 +59,7 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
         keep = mask[:, :, i]  # (B, T)
         if not bool(keep.any()):
             continue
-        out, _, _ = layer(hidden, attention_mask, empty, empty)  # (B, T, D)
+        out, _, _ = layer(hidden, attention_mask, *empty)  # (B, T, D)
         hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
     return model.head(hidden)  # (B, T, V)
 

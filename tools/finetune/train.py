@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from export.build import swap_into_place
 from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
+from runtime.families import skip_model
 from runtime.modeling import SkipOPT
 from runtime.errors import SkipDecodeError
 
@@ -74,14 +75,16 @@ def _device(name: str) -> torch.device:
 
 
 def _load(model_dir: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from export.checkpoint import load_weights
+    from runtime.families import family_of
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise TrainError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    model = load_weights(path, torch.float32)  # a truncated weights file: a typed error naming it
+    family = family_of(AutoConfig.from_pretrained(path), str(path))  # OPT or the Llama family, checked
+    model = load_weights(path, torch.float32, family.model_class())  # a truncated weights file: a typed error naming it
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer, read_skipdecode_json(path)
 
@@ -196,8 +199,8 @@ def train(cfg: TrainConfig) -> Path:
                   for ex in read_pairs(cfg.val, cfg.prompt_column, cfg.target_column)]
                  if cfg.val else [])
     model.to(device).train()
-    skip = SkipOPT(model).train()  # shares the parameters of ``model``
-    set_dropout(skip, float(model.config.dropout or 0.0))
+    skip = skip_model(model).train()  # shares the parameters of ``model``
+    set_dropout(skip, float(getattr(model.config, "dropout", 0.0) or 0.0))  # Llama's config has none
     pad_id = tokenizer.pad_token_id
 
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)

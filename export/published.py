@@ -1,0 +1,138 @@
+"""The Llama-family checkpoints the aliases name: hub ids for real use, and their published shapes,
+so that ``--random-weights`` builds the real architecture offline (benchmarks, plans, smoke runs).
+
+The shapes are the checkpoints' config.json values (hidden, layers, heads, KV heads, head_dim,
+MLP width, vocabulary, context, RoPE, tied embeddings). A random build keeps them all except the
+special-token ids, which are those of the offline tokenizer (export.checkpoint.build_tokenizer,
+filled up to the real vocabulary size), so every id the model can emit decodes to text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+
+
+@dataclass(frozen=True)
+class Published:
+    hub_id: str
+    model_type: str  # transformers' config.model_type
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int  # intermediate_size: the gate/up projections' width
+    vocab: int
+    max_positions: int
+    rope: dict
+    head_dim: int | None = None  # None: hidden / heads
+    rms_eps: float = 1e-6
+
+    def fields(self) -> dict:
+        """The config.json fields of the shape (every published one ties its embeddings)."""
+        fields = dict(model_type=self.model_type, vocab_size=self.vocab, hidden_size=self.hidden,
+                      num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                      num_key_value_heads=self.kv_heads, intermediate_size=self.ffn,
+                      max_position_embeddings=self.max_positions, rope_parameters=dict(self.rope),
+                      rms_norm_eps=self.rms_eps, tie_word_embeddings=True)
+        if self.head_dim is not None:
+            fields["head_dim"] = self.head_dim
+        return fields
+
+    def config(self, bos: int, eos: int, pad: int):
+        """The transformers config of this shape, with the given special-token ids."""
+        from transformers import AutoConfig
+
+        fields = self.fields()
+        return AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=bos, eos_token_id=eos,
+                                    pad_token_id=pad)
+
+
+PUBLISHED: dict[str, Published] = {
+    "llama-3.2-1b": Published("meta-llama/Llama-3.2-1B", "llama", 16, 2048, 32, 8, 8192, 128256,
+                              131072, LLAMA3_ROPE, head_dim=64, rms_eps=1e-5),
+    "llama-3.2-3b": Published("meta-llama/Llama-3.2-3B", "llama", 28, 3072, 24, 8, 8192, 128256,
+                              131072, LLAMA3_ROPE, head_dim=128, rms_eps=1e-5),
+    "qwen2.5-0.5b": Published("Qwen/Qwen2.5-0.5B", "qwen2", 24, 896, 14, 2, 4864, 151936, 32768,
+                              {"rope_type": "default", "rope_theta": 1000000.0}),
+    "qwen3-0.6b": Published("Qwen/Qwen3-0.6B", "qwen3", 28, 1024, 16, 8, 3072, 151936, 40960,
+                            {"rope_type": "default", "rope_theta": 1000000.0}, head_dim=128),
+    "qwen3-1.7b": Published("Qwen/Qwen3-1.7B", "qwen3", 28, 2048, 16, 8, 6144, 151936, 40960,
+                            {"rope_type": "default", "rope_theta": 1000000.0}, head_dim=128),
+    "smollm2-135m": Published("HuggingFaceTB/SmolLM2-135M", "llama", 30, 576, 9, 3, 1536, 49152, 8192,
+                              {"rope_type": "default", "rope_theta": 100000.0}, head_dim=64, rms_eps=1e-5),
+    "smollm2-360m": Published("HuggingFaceTB/SmolLM2-360M", "llama", 32, 960, 15, 5, 2560, 49152, 8192,
+                              {"rope_type": "default", "rope_theta": 100000.0}, head_dim=64, rms_eps=1e-5),
+}
+ALIASES = {name: p.hub_id for name, p in PUBLISHED.items()}
+
+
+def alias_of(spec: str) -> str | None:
+    """The alias ``spec`` names, as an alias or as its hub id (any case); None otherwise."""
+    key = spec.lower()
+    for name, p in PUBLISHED.items():
+        if key in (name, p.hub_id.lower()):
+            return name
+    return None
+
+
+def build_random(alias: str, dtype=None, seed: int = 0):
+    """A randomly initialised model of ``alias``'s published shape and a tokenizer of its vocabulary size."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .checkpoint import build_tokenizer
+
+    shape = PUBLISHED[alias]
+    tokenizer = build_tokenizer(pad_to=shape.vocab)
+    config = shape.config(bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    return model.eval(), tokenizer
+
+
+def weight_tensors(config: dict) -> tuple[tuple[str, tuple[int, int], bool], ...]:
+    """(name, shape, quantizable) of every weight a Llama-family artifact's graphs hold, as
+    export.plan counts them (a matmul's shape is (K, N)), from config.json fields. The head is
+    "lm_head" when tied (plan counts it only when quantized: in float it is the embedding) and
+    "lm_head.untied" otherwise (always counted)."""
+    D, F, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    nh = config["num_attention_heads"]
+    nkv = config.get("num_key_value_heads") or nh
+    hd = config.get("head_dim") or D // nh
+    kind = config.get("model_type")
+    bias = kind == "qwen2" or bool(config.get("attention_bias"))  # Qwen2: q/k/v biases
+    out = [("embed_tokens", (V, D), False)]
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        for name, n in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out.append((p + name, (D, n), True))
+            if bias:
+                out.append((p + name + ".bias", (1, n), False))
+        out.append((p + "o_proj", (nh * hd, D), True))
+        if kind == "qwen3":
+            out += [(p + "q_norm", (1, hd), False), (p + "k_norm", (1, hd), False)]
+        out += [(p + "gate_proj", (D, F), True), (p + "up_proj", (D, F), True), (p + "down_proj", (F, D), True),
+                (p + "input_layernorm", (1, D), False), (p + "post_attention_layernorm", (1, D), False)]
+    out.append(("norm", (1, D), False))
+    tied = config.get("tie_word_embeddings", kind != "llama")  # transformers' defaults
+    out.append(("lm_head" if tied else "lm_head.untied", (D, V), True))
+    return tuple(out)
+
+
+def plan_arch(name: str, config: dict):
+    """export.plan's Arch of a Llama-family shape: its K/V width (KV heads x head_dim), its weights, and
+    the MLP's activation width (gate and up outputs side by side)."""
+    from .plan import Arch
+
+    nh = config["num_attention_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] // nh
+    kv_width = (config.get("num_key_value_heads") or nh) * hd
+    return Arch(name, config["num_hidden_layers"], config["hidden_size"], nh, 2 * config["intermediate_size"],
+                config["hidden_size"], config["vocab_size"], config["max_position_embeddings"], True,
+                kv_width=kv_width, weights=weight_tensors(config))
+
+
+__all__ = ["ALIASES", "PUBLISHED", "Published", "alias_of", "build_random", "plan_arch", "weight_tensors"]

@@ -1,0 +1,211 @@
+"""The skip-aware Llama-family reference in PyTorch: Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3.
+
+The same graph contract as OPT (runtime.modeling, export.onnx_export): ``LlamaEmbed``,
+``CachedLlamaLayer`` and ``LlamaHead`` each become one graph, on the Hugging Face modules' own
+weights and names. What differs from OPT, all inside the graphs:
+
+* positions: no learned table; each layer rotates q and k (RoPE) by the positions of its new
+  tokens, taken from the attention mask's cumulative sum as transformers' ``generate`` does
+  (left padding), with the inverse frequencies of the checkpoint's RoPE (llama3 scaling included)
+  held as a constant;
+* grouped-query attention: K/V are stored for the KV heads only, (B, nkv, hd, W) and (B, nkv, W,
+  hd); the g = nh / nkv query heads of a KV head are stacked along the query axis, so attention is
+  plain batched matmuls against the KV head's K/V, never a repeated copy of them;
+* Qwen2's q/k/v biases are the projections' own; Qwen3 normalises each head's q and k (RMSNorm over
+  head_dim) before RoPE, and its head_dim is not hidden / heads.
+
+RMSNorm, RoPE's angles and the softmax run in fp32 whatever the model dtype, as transformers does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .families import head_dim, kv_heads
+from .modeling import SkipOPT, attention_bias
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, step for step: normalised in fp32, scaled in the model dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def mask_positions(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
+    """(B, S) mask -> (B, T) fp32 positions of its last T columns: real tokens before them, counted.
+
+    In fp32 (exact below 2**24) and gathered rather than sliced, for TensorRT's parser (see
+    runtime.modeling.OPTEmbed)."""
+    total = attention_mask.shape[1]
+    mask = attention_mask.float()
+    positions = torch.cumsum(mask, dim=1) * mask - 1  # (B, S); padding -1, masked anyway
+    last = torch.arange(total - query_len, total, device=attention_mask.device)  # (T,)
+    return positions.index_select(1, last)  # (B, T)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaEmbed(nn.Module):
+    """input_ids (B, T) + attention_mask (B, S) -> hidden states (B, T, D).
+
+    The mask is part of the contract for every family (OPT's embedding reads its positions from it);
+    here positions are applied in the layers, so it only shapes the graph's input list."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.embed_tokens = model.embed_tokens
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # (B, T, D)
+        # A use of the mask that changes nothing, so that the exporter keeps it as the graph's
+        # second input (it drops unused inputs). A Gather of a constant index, not a slice:
+        # TensorRT 8.6 cannot parse the Slice the exporter writes for [:, :1].
+        first = attention_mask.index_select(1, torch.zeros(1, dtype=torch.long, device=input_ids.device))
+        return hidden + (first[:, :, None] * 0).to(hidden.dtype)  # (B, 1, 1) zeros
+
+
+class CachedLlamaLayer(nn.Module):
+    """One decoder layer on the rows layout (runtime.modeling.CachedOPTLayer says why):
+
+    hidden (B, T, D), attention_mask (B, W + T), past_key (B, nkv, hd, W), past_value (B, nkv, W, hd)
+    -> hidden (B, T, D), new_key / new_value (B, nkv, T, hd): only the T new positions, rotated.
+    """
+
+    def __init__(self, layer: nn.Module, config, inv_freq: torch.Tensor, rope_scale: float):
+        super().__init__()
+        # The HF modules themselves, under their own names, so the graphs' weights keep the
+        # checkpoint's keys (runtime.families._llama_key).
+        self.self_attn = layer.self_attn
+        self.mlp = layer.mlp
+        self.input_layernorm = layer.input_layernorm
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, kv_heads(config)
+        self.head_dim = head_dim(config)
+        self.scaling = self.head_dim ** -0.5
+        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # (hd/2,) fp32
+        self.rope_scale = float(rope_scale)  # llama3 and linear: 1.0; attention_factor of others
+        # Residual dropout, off unless tools.finetune turns it on (training mode only).
+        self.dropout = 0.0
+
+    def _rope(self, attention_mask: torch.Tensor, T: int, dtype: torch.dtype):
+        positions = mask_positions(attention_mask, T)  # (B, T) fp32
+        freqs = positions[..., None] * self.inv_freq  # (B, T, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
+        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+
+    def _attention(self, h, attention_mask, past_key, past_value):
+        attn = self.self_attn
+        B, T, _ = h.shape
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        g = nh // nkv  # query heads per KV head
+        W = past_key.shape[3]
+        q = attn.q_proj(h).view(B, T, nh, hd)  # (B, T, nh, hd)
+        k = attn.k_proj(h).view(B, T, nkv, hd)  # (B, T, nkv, hd)
+        v = attn.v_proj(h).view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's head_dim
+            q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
+        cos, sin = self._rope(attention_mask, T, h.dtype)  # (B, 1, T, hd)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # The g query heads of KV head j are heads j*g .. j*g+g-1 (transformers' repeat_kv):
+        # stacked along the query axis they meet K/V of shape (B, nkv, ...) in one matmul.
+        qg = (q * self.scaling).reshape(B, nkv, g * T, hd)  # (B, nkv, g*T, hd)
+        past = torch.matmul(qg, past_key)  # (B, nkv, g*T, W)
+        new = torch.matmul(qg, k.transpose(2, 3))  # (B, nkv, g*T, T)
+        scores = torch.cat([past, new], dim=-1).float().reshape(B, nh, T, W + T)  # fp32
+        probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
+        probs = probs.reshape(B, nkv, g * T, W + T)
+        # Split by gathered index ranges, not slices (TensorRT 8.x: see CachedOPTLayer).
+        past_at = torch.arange(W, device=h.device)  # (W,)
+        new_at = torch.arange(W, W + T, device=h.device)  # (T,)
+        out = torch.matmul(probs.index_select(3, past_at), past_value)  # (B, nkv, g*T, hd)
+        out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nkv, g*T, hd)
+        out = out.reshape(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)  # (B, T, nh*hd)
+        return attn.o_proj(out), k, v
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, self.dropout) if self.training and self.dropout else x
+
+    def forward(self, hidden, attention_mask, past_key, past_value):
+        residual = hidden
+        hidden, key, value = self._attention(
+            rms_norm(self.input_layernorm, hidden), attention_mask, past_key, past_value)
+        hidden = residual + self._dropout(hidden)
+        residual = hidden
+        hidden = self.mlp(rms_norm(self.post_attention_layernorm, hidden))  # down(silu(gate) * up)
+        return residual + self._dropout(hidden), key, value
+
+
+class LlamaHead(nn.Module):
+    """hidden (B, T, D) -> logits (B, T, V): final RMSNorm, then lm_head (tied or not)."""
+
+    def __init__(self, model: nn.Module, lm_head: nn.Linear):
+        super().__init__()
+        self.norm = model.norm
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = rms_norm(self.norm, hidden)
+        B, T, D = hidden.shape
+        # 2-D for one Gemm on the embedding's layout when tied (runtime.modeling.OPTHead)
+        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
+
+
+def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:
+    """The checkpoint's RoPE inverse frequencies (its scaling included) and attention factor, from
+    transformers' own rotary module, on the device of the weights."""
+    rotary = hf_model.model.rotary_emb
+    device = hf_model.model.embed_tokens.weight.device
+    if rotary.inv_freq.is_meta:  # a model built on the meta device (the torch backend): a buffer
+        # that is no weight holds no values there, so compute it again
+        with torch.device("cpu"):
+            rotary = type(rotary)(hf_model.config)
+    return rotary.inv_freq.to(device if not device.type == "meta" else "cpu"), rotary.attention_scaling
+
+
+class SkipLlama(SkipOPT):
+    """A Llama-family causal LM split into embed / layers / head, run under a SkipDecode policy.
+
+    ``greedy`` is SkipOPT's; the layers are the graphs' own (rows layout), so ``forward`` keeps the
+    past as K (B, nkv, hd, P) and V (B, nkv, P, hd) and appends each step's new positions."""
+
+    def __init__(self, hf_model: nn.Module):
+        nn.Module.__init__(self)
+        config = hf_model.config
+        inv_freq, scaling = _rope(hf_model)
+        self.config = config
+        self.embed = LlamaEmbed(hf_model.model)
+        self.layers = nn.ModuleList(CachedLlamaLayer(layer, config, inv_freq, scaling)
+                                    for layer in hf_model.model.layers)
+        self.head = LlamaHead(hf_model.model, hf_model.lm_head)
+        self.eval()
+
+    def graph_layer(self, index: int) -> nn.Module:
+        return self.layers[index]
+
+    def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nkv, hd = kv_heads(self.config), head_dim(self.config)
+        return (torch.zeros(batch, nkv, hd, 0, dtype=self.dtype),  # (B, nkv, hd, 0)
+                torch.zeros(batch, nkv, 0, hd, dtype=self.dtype))  # (B, nkv, 0, hd)
+
+    @torch.no_grad()
+    def forward(self, input_ids, attention_mask, past=None, active=None):
+        B = input_ids.shape[0]
+        past = list(past) if past is not None else [self.empty_past(B) for _ in self.layers]
+        active = range(self.num_layers) if active is None else active
+        hidden = self.embed(input_ids, attention_mask)
+        for i in active:
+            key, value = past[i]
+            hidden, k, v = self.layers[i](hidden, attention_mask, key, value)
+            past[i] = (torch.cat([key, k.transpose(2, 3)], dim=3), torch.cat([value, v], dim=2))
+        return self.head(hidden).float(), past
+
+
+__all__ = ["CachedLlamaLayer", "LlamaEmbed", "LlamaHead", "SkipLlama", "mask_positions", "rms_norm"]
