@@ -76,6 +76,7 @@ RULES = [
     ("python -m export plan$", "run", ""),
     ("python -m export plan --batch 1 --tokens 1024 --prompt 256$", "run", ""),
     ("python -m export plan opt-1.3b", "run", ""),
+    ("python -m export plan qwen3-0.6b", "run", ""),
     ("python -m tools.e2e split --data data/e2e/trainset.csv.gz --out .work/e2e$", "run", ""),
     ("python -m tools.bench.startup artifacts/opt-e2e-skipdecode --runs 10$", "run", ""),
     # a command's name in prose
