@@ -49,10 +49,10 @@ def read_chat_template(directory, config: dict) -> str | dict[str, str] | None:
     {name: template}, as transformers holds them); None when there is none (OPT)."""
     path = Path(directory) / CHAT_TEMPLATE_FILE
     if path.is_file():
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     template = config.get("chat_template")
     if isinstance(template, list):
-        return {t["name"]: t["template"] for t in template}
+        return {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
     return template
 
 

@@ -14,6 +14,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from ..tokenizer import read_chat_template
 from .protocol import RequestError
 
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -22,14 +23,9 @@ SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
 def find_template(tokenizer_dir) -> str | None:
     """The tokenizer's chat template source, or None when it ships none (OPT)."""
     tokenizer_dir = Path(tokenizer_dir)
-    jinja = tokenizer_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    config = _config(tokenizer_dir)
-    template = config.get("chat_template")
-    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
+    template = read_chat_template(tokenizer_dir, _config(tokenizer_dir))
+    if isinstance(template, dict):  # named templates: the default one is the chat template
+        template = template.get("default")
     return template if isinstance(template, str) and template.strip() else None
 
 
