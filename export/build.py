@@ -54,14 +54,24 @@ class BuildOptions:
 
 
 def _token_id(value, fallback=None) -> int:
-    """A config's token id: Llama 3's eos_token_id may be a list (the runtime stops on its first),
-    and Llama and Qwen checkpoints name no pad token (the EOS pads, as transformers' generate does)."""
+    """A config's token id: Llama 3's eos_token_id may be a list (its first is the one the manifest
+    names; eos_token_ids keeps them all), and Llama and Qwen checkpoints name no pad token (the EOS
+    pads, as transformers' generate does)."""
     value = value[0] if isinstance(value, (list, tuple)) else value
     return int(value if value is not None else fallback)
 
 
-def model_info(config) -> ModelInfo:
+def _id_list(value) -> list[int]:
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+
+
+def model_info(config, generation_config=None) -> ModelInfo:
+    """The manifest's model entry. ``generation_config``'s EOS ids join the config's, as they end a
+    row in transformers' generate (Llama 3 Instruct ends a chat turn on <|eot_id|>, which only
+    its generation config may name)."""
     eos = _token_id(config.eos_token_id)
+    every = list(dict.fromkeys(_id_list(config.eos_token_id)
+                               + _id_list(getattr(generation_config, "eos_token_id", None))))
     return ModelInfo(
         num_layers=config.num_hidden_layers, hidden_size=config.hidden_size,
         num_heads=config.num_attention_heads, head_dim=head_dim(config), vocab_size=config.vocab_size,
@@ -69,7 +79,8 @@ def model_info(config) -> ModelInfo:
         pre_layer_norm=bool(getattr(config, "do_layer_norm_before", True)),
         bos_token_id=_token_id(config.bos_token_id, eos), eos_token_id=eos,
         pad_token_id=_token_id(config.pad_token_id, eos),
-        architecture=family_of(config).name, num_kv_heads=kv_heads(config))
+        architecture=family_of(config).name, num_kv_heads=kv_heads(config),
+        eos_token_ids=every if len(every) > 1 else None)
 
 
 def default_policy(num_layers: int, fields: dict | None, trained: dict | None = None) -> dict:
@@ -173,7 +184,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             files[path.relative_to(tmp).as_posix()] = file_entry(path)
         manifest = Manifest(
-            model=model_info(hf_model.config), dtype=options.dtype, opset=config.opset,
+            model=model_info(hf_model.config, hf_model.generation_config), dtype=options.dtype, opset=config.opset,
             graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,

@@ -102,11 +102,11 @@ def _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, spe
     enc = tokenizer(prompts, padding=True, return_tensors="pt")
     with torch.no_grad():  # full depth: transformers' generate (greedy, same EOS handling)
         hf = hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                               eos_token_id=m.eos_token_id, pad_token_id=m.pad_token_id,
+                               eos_token_id=m.eos_ids, pad_token_id=m.pad_token_id,
                                output_logits=True, return_dict_in_generate=True)
     policy = policy_for(manifest, max_new_tokens, speedup=speedup)
     expected = ref.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens, policy,
-                          eos_token_id=m.eos_token_id, pad_token_id=m.pad_token_id)
+                          eos_token_id=m.eos_ids, pad_token_id=m.pad_token_id)
     return References(prompts, max_new_tokens, hf.sequences[:, enc["input_ids"].shape[1]:].tolist(),
                       [step.float().numpy() for step in hf.logits], policy,
                       expected.tokens.tolist(), expected.step_layers)

@@ -116,7 +116,7 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
 def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     """``exact``: require tokens (fp32) and logits to match; False for quantized weights, whose
     difference from the float reference is the quantization's, bounded per graph above."""
-    eos = gen.manifest.model.eos_token_id
+    eos = gen.manifest.model.eos_ids
     pad = gen.manifest.model.pad_token_id
     prompts, max_new_tokens, hf_tokens = refs.prompts, refs.max_new_tokens, refs.hf_tokens
     # Full depth: ONNX Runtime vs transformers' generate.

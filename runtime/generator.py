@@ -143,7 +143,7 @@ class Generator:
         ids = _token_id_rows(prompts, vocab)
         prompts = ids if ids is not None else validate.check_prompts(prompts)
         max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
-        eos = validate.check_eos(eos_token_id, vocab, self.manifest.model.eos_token_id, ignore_eos)
+        eos = validate.check_eos(eos_token_id, vocab, self.manifest.model.eos_ids, ignore_eos)
         stops = validate.check_stop_strings(stop_strings)
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= vocab):

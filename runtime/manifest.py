@@ -67,6 +67,13 @@ class ModelInfo:
     architecture: str = "opt"  # the family its graphs were traced from: "opt", "llama", "qwen2", "qwen3"
     num_kv_heads: int | None = None  # heads of the K/V the layers store (grouped-query attention);
     # None: num_heads
+    eos_token_ids: list[int] | None = None  # every id that ends a row by default, when the checkpoint
+    # names several (Llama 3 Instruct: end of text, end of message, end of turn); None: eos_token_id
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The ids that end a row when a call names none (transformers' generation_config EOS)."""
+        return list(self.eos_token_ids or [self.eos_token_id])
 
     @property
     def kv_heads(self) -> int:

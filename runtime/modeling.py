@@ -268,7 +268,7 @@ class SkipOPT(nn.Module):
 
     @torch.no_grad()
     def greedy(self, input_ids, attention_mask, max_new_tokens: int, policy: SkipPolicy | None = None,
-               eos_token_id: int | None = None, pad_token_id: int = 1) -> ReferenceOutput:
+               eos_token_id: int | list[int] | None = None, pad_token_id: int = 1) -> ReferenceOutput:
         """Greedy decoding under ``policy``: the prompt runs its prefill layers, step g its active set."""
         policy = policy or SkipPolicy.full_depth(self.num_layers)
         logits, past = self(input_ids, attention_mask, active=policy.prefill_layers())
@@ -279,8 +279,8 @@ class SkipOPT(nn.Module):
             token = torch.where(finished, pad_token_id, last.argmax(-1))  # (B,)
             out.step_logits.append(last)
             out.tokens = torch.cat([out.tokens, token[:, None]], dim=1)
-            if eos_token_id is not None:
-                finished |= token == eos_token_id
+            if eos_token_id is not None:  # one id or several (Llama 3 Instruct's)
+                finished |= torch.isin(token, torch.tensor(eos_token_id).reshape(-1))
             if g == max_new_tokens - 1 or bool(finished.all()):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(token), 1))], 1)

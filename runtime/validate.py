@@ -12,7 +12,7 @@ are the same for any loop, so they live apart and the loop just calls them. The 
     # Generator.stream, before anything runs
     prompts = validate.check_prompts(prompts)
     max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
-    eos = validate.check_eos(eos_token_id, model.vocab_size, model.eos_token_id, ignore_eos)
+    eos = validate.check_eos(eos_token_id, model.vocab_size, model.eos_ids, ignore_eos)
     stops = validate.check_stop_strings(stop_strings)
     sampling = SamplingConfig(...)  # checks do_sample, temperature, top_k, top_p, seed itself
     # after tokenizing
@@ -104,13 +104,13 @@ def check_bool(name: str, value) -> bool:
     return bool(value)
 
 
-def check_eos(eos_token_id, vocab_size: int, default: int, ignore_eos: bool = False) -> set[int]:
-    """The set of token ids that end a row: {} with ignore_eos, the model's EOS when None."""
+def check_eos(eos_token_id, vocab_size: int, default: int | list[int], ignore_eos: bool = False) -> set[int]:
+    """The set of token ids that end a row: {} with ignore_eos, the model's EOS (one or several) when None."""
     check_bool("ignore_eos", ignore_eos)
     if ignore_eos:
         return set()
     if eos_token_id is None:
-        return {default}
+        return {default} if _is_int(default) else set(default)
     ids = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)) \
             or not all(_is_int(i) for i in ids):

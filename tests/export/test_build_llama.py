@@ -223,3 +223,32 @@ def test_tensorrt_backend_equals_onnxruntime(exported, tmp_path, fake_gpu, flavo
     finally:
         trt.close()
         ort.close()
+
+
+def test_every_eos_of_the_generation_config_ends_a_row(tmp_path_factory):
+    """Llama 3 Instruct names several EOS ids (its chat turn ends on <|eot_id|>, not on the config's
+    first): the manifest keeps them all, and a row ends on any of them, as in transformers' generate."""
+    from transformers import GenerationConfig
+
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("eos-ckpt"), "llama3")
+    model, tok = _hf("llama3", ckpt)
+    _, free, _ = _hf_generate(model, tok, new=6)
+    second = free[0][3]  # row 0's fourth greedy token becomes an EOS id
+    assert second != 2 and second not in free[0][:3]
+    GenerationConfig(bos_token_id=2, eos_token_id=[2, second], pad_token_id=1).save_pretrained(ckpt)
+    out = tmp_path_factory.mktemp("eos-artifact") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), **QUIET), log=lambda *_: None)
+
+    info = json.loads((out / "manifest.json").read_text())["model"]
+    assert info["eos_token_id"] == 2 and info["eos_token_ids"] == [2, second]
+    gen = runtime.load(out, threads=1)
+    try:
+        result = gen.generate(PROMPTS, 6)
+    finally:
+        gen.close()
+    assert result.token_ids[0] == free[0][:4] and result.finish_reasons[0] == "eos"
+    hf_model, _ = _hf("llama3", ckpt)  # transformers, reading the same generation config
+    enc = tok(PROMPTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hf = hf_model.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=1)
+    assert hf[0, enc["input_ids"].shape[1]:].tolist()[:4] == result.token_ids[0]
