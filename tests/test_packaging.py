@@ -25,12 +25,14 @@ def test_every_package_is_listed():
 
 def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,quant]"]
+    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,ray,quant]"]
     # polygraphy: export verify's and engines verify's comparisons (export/parity.py)
     assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx", "polygraphy"}
     assert any(r.startswith("pytest") for r in extras["test"])
     assert any(r.startswith("sacrebleu") for r in extras["eval"])
     assert any(r.startswith("starlette") for r in extras["serve"])  # tests/runtime/test_serve.py
+    assert not any(r.startswith("ray") for r in extras["serve"])  # one device's server needs no Ray
+    assert any(r.startswith("ray[serve]") for r in extras["ray"])  # tests/runtime/test_serve_replicas.py
     assert any(r.startswith("onnx_ir") for r in extras["quant"])  # tests/export/test_quantize.py
 
 

@@ -203,7 +203,7 @@ def main(args) -> int:
         import ray
         from ray import serve
     except ImportError as exc:
-        raise SkipDecodeError(f"--replicas needs Ray Serve ({exc.name}): pip install -e \".[serve]\"") from None
+        raise SkipDecodeError(f"--replicas needs Ray Serve ({exc.name}): pip install -e \".[ray]\"") from None
 
     # the proxy this process starts inherits the environment (a cluster joined with --ray-address
     # needs it set where its proxies start: docs/serving.md)
