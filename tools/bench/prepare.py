@@ -81,7 +81,7 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
     m = manifest.model
     config = {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
               "vocab_size": m.vocab_size, "dtype": manifest.dtype, "pad_token_id": m.pad_token_id,
-              "ffn_dim": _ffn_dim(hf_dir)}
+              "ffn_dim": _ffn_dim(hf_dir), "page_size": manifest.page_size}
     return Prepared(arch, hf_dir, artifact_dir, config, built)
 
 
