@@ -14,7 +14,8 @@ each reads (its initializers' bytes over its time), against the measured memory 
 (tools.bench.bandwidth): the step's floor is the bytes of every graph over that bandwidth.
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
-instead of MLAS's packed copy), ``spin`` (``allow_spinning=1``), ``bind`` (IOBinding with outputs
+instead of MLAS's packed copy), ``spin`` (``allow_spinning=1``), ``spinstop`` (spinning during a
+run, stopped when it ends: ``session.force_spinning_stop``), ``bind`` (IOBinding with outputs
 bound once to preallocated buffers), ``basic`` (``ORT_ENABLE_BASIC`` instead of all optimizations).
 """
 
@@ -34,7 +35,7 @@ import numpy as np
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-OPTIONS = ("noprepack", "spin", "bind", "basic")
+OPTIONS = ("noprepack", "spin", "spinstop", "bind", "basic")
 
 
 @dataclass
@@ -81,8 +82,10 @@ def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path |
     opts.log_severity_level = 3
     _register_shared_cpu_arena(ort)
     opts.add_session_config_entry("session.use_env_allocators", "1")
-    spin = "1" if "spin" in candidate.options else "0"
+    spin = "1" if {"spin", "spinstop"} & set(candidate.options) else "0"
     opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    if "spinstop" in candidate.options:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     opts.intra_op_num_threads = threads
     if "noprepack" in candidate.options:
