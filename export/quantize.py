@@ -38,7 +38,9 @@ from .plan import BLOCK_SIZE, QUANT_BITS
 from .weights import fold_weight_transposes
 
 FORMATS = ("matmulnbits", "qdq")
-INT8_ACCURACY_LEVEL = 4  # int8 weights: int8 activations (what QuantConfig's 0 picks for them)
+DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
+# "Decode at the memory floor": ONNX Runtime 1.32's CPU kernels for 8-bit weights have no float-
+# activation path but a fallback ~500x slower, and 4-bit weights run ~3x faster with it)
 
 
 @dataclass
@@ -48,10 +50,9 @@ class QuantConfig:
     # a step reads one row of it, so quantizing it saves memory but no bandwidth
     block_size: int = BLOCK_SIZE  # weights per scale along K; must divide every K (hidden, ffn)
     format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
-    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = the width's fast default
-    # (int8 weights: 4, int8 activations: ONNX Runtime's CPU kernels for 8-bit weights have no
-    # float-activation path but a fallback ~500x slower, docs/benchmarks.md "Decode at the memory
-    # floor"; int4 weights: the activations' float type); 1-4 force that level for both widths
+    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = DEFAULT_ACCURACY_LEVEL (4,
+    # int8 activations: ONNX Runtime's fast CPU kernels); 1 = the activations' float type, 2 fp16,
+    # 3 bf16, 4 int8
 
     def __post_init__(self) -> None:
         if self.head_weights is None:
@@ -125,7 +126,7 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
                 f"MatMul {node.name!r} has K = {k}, not a multiple of block_size {block_size}; pass "
                 f"--block-size with a power of two that divides the model's hidden and ffn sizes")
     bits = QUANT_BITS[weights]
-    accuracy_level = accuracy_level or (INT8_ACCURACY_LEVEL if bits == 8 else 0)
+    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
     qformat = QuantFormat.QDQ if format == "qdq" else QuantFormat.QOperator
     algo = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=format == "qdq",  # TensorRT needs zero zero points

@@ -89,11 +89,11 @@ def test_quantized_graph_equals_reference_with_its_dequantized_weights(ckpt, tmp
         proto = onnx.load(str(out / f"{name}.onnx"))
         levels = {a.i for n in proto.graph.node if n.op_type == "MatMulNBits"
                   for a in n.attribute if a.name == "accuracy_level"}
-        # int8 weights run with int8 activations by default (ONNX Runtime's fast kernel for them);
-        # here float activations (level 1), so that all the difference is the weights' rounding
-        assert levels == ({4} if weights == "int8" else set())
+        # MatMulNBits runs with int8 activations by default (ONNX Runtime's fast CPU kernels); here
+        # float activations (level 1), so that all the difference is the weights' rounding
+        assert levels == (set() if fmt == "qdq" else {4})
         spec_file = f"{name}.onnx"
-        if weights == "int8":
+        if fmt != "qdq":
             for n in proto.graph.node:
                 for a in n.attribute:
                     if a.name == "accuracy_level":
