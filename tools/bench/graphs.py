@@ -9,14 +9,16 @@ all candidates alike. A step is what the runtime's decode runs at batch 1: embed
 ``--width`` past, head, with the graphs' own sessions. A layer timed in a loop reads its weights
 from the L3 cache (an OPT-125m layer is 28 MB); timed inside a step, from memory, as decode does.
 
-Reported per candidate: median ms of the step and of each graph kind, and the bytes per second
-each reads (its initializers' bytes over its time), against the measured memory read bandwidth
-(tools.bench.bandwidth): the step's floor is the bytes of every graph over that bandwidth.
+Reported per candidate: median and 10th-percentile ms of the step, the process's CPU time per
+step (steadier than wall time on a loaded machine), median ms of each graph kind and the bytes
+per second it reads (its initializers' bytes over its time), against the measured memory read
+bandwidth (tools.bench.bandwidth): the step's floor is the layers' and head's bytes over it (the
+embedding is a lookup: a step reads one row of its table).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
 instead of MLAS's packed copy), ``spin`` (``allow_spinning=1``), ``spinstop`` (spinning during a
 run, stopped when it ends: ``session.force_spinning_stop``), ``bind`` (IOBinding with outputs
-bound once to preallocated buffers), ``basic`` (``ORT_ENABLE_BASIC`` instead of all optimizations).
+bound once to preallocated buffers).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-OPTIONS = ("noprepack", "spin", "spinstop", "bind", "basic")
+OPTIONS = ("noprepack", "spin", "spinstop", "bind")
 
 
 @dataclass
@@ -90,8 +92,6 @@ def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path |
     opts.intra_op_num_threads = threads
     if "noprepack" in candidate.options:
         opts.add_session_config_entry("session.disable_prepacking", "1")
-    if "basic" in candidate.options:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if profile_dir is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = str(profile_dir / candidate.name)
@@ -106,7 +106,7 @@ def load(ort, candidate: Candidate, threads: int, profile_dir: Path | None) -> d
         opts = session_options(ort, candidate, threads, profile_dir)
         candidate.sessions[name] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         candidate.bytes[name] = initializer_bytes(path)
-    return manifest["model"]
+    return {**manifest["model"], "dtype": manifest["dtype"]}
 
 
 class Runner:
@@ -117,9 +117,11 @@ class Runner:
         self.c = candidate
         rng = np.random.default_rng(seed)
         nh, hd, D, L = model["num_heads"], model["head_dim"], model["hidden_size"], model["num_layers"]
+        self.dtype = np.dtype(model["dtype"])
         self.layers = [f"layer_{i:02d}" for i in range(L)]
-        self.past = [(rng.standard_normal((1, nh, hd, width), dtype=np.float32),
-                      rng.standard_normal((1, nh, width, hd), dtype=np.float32)) for _ in range(L)]
+        self.past = [(rng.standard_normal((1, nh, hd, width), dtype=np.float32).astype(self.dtype),
+                      rng.standard_normal((1, nh, width, hd), dtype=np.float32).astype(self.dtype))
+                     for _ in range(L)]  # (1, nh, hd, W), (1, nh, W, hd)
         self.mask = np.zeros((1, width + 1), np.int64)
         self.mask[:, :valid] = 1
         self.mask[:, -1] = 1
@@ -130,9 +132,9 @@ class Runner:
 
     def _setup_binding(self, D, nh, hd, V):
         s = self.c.sessions
-        self.hidden = [np.zeros((1, 1, D), np.float32), np.zeros((1, 1, D), np.float32)]
-        self.new_kv = (np.zeros((1, nh, 1, hd), np.float32), np.zeros((1, nh, 1, hd), np.float32))
-        self.logits = np.zeros((1, 1, V), np.float32)
+        self.hidden = [np.zeros((1, 1, D), self.dtype), np.zeros((1, 1, D), self.dtype)]  # ping-pong
+        self.new_kv = (np.zeros((1, nh, 1, hd), self.dtype), np.zeros((1, nh, 1, hd), self.dtype))
+        self.logits = np.zeros((1, 1, V), self.dtype)
         self.io = {}
         io = s["embed"].io_binding()
         io.bind_cpu_input("input_ids", self.ids)

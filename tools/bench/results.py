@@ -124,11 +124,3 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms
     return (matmuls([(D, D)] * 4 + [(D, F), (F, D)], layers) + small,
             matmuls([(D, V)], head) + 2 * D * size)
-
-
-def find(rows: list[ResultRow], arch: str, batch: int, prompt: int, backend: str,
-         speedup: float | None) -> ResultRow | None:
-    for r in rows:
-        if (r.arch, r.batch, r.prompt, r.backend, r.speedup) == (arch, batch, prompt, backend, speedup):
-            return r
-    return None
