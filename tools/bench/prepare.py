@@ -44,6 +44,7 @@ def _stamp(directory: Path, stamp: dict) -> None:
 def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Prepared:
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
+    from export.quantize import DEFAULT_ACCURACY_LEVEL
     from runtime.manifest import load_manifest
 
     base = Path(root) / arch
@@ -69,7 +70,8 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
 
         layers, head = QUANTIZED[name]
         out = base / f"artifact-{name}"
-        vstamp = {**stamp, "weights": layers, "head_weights": head}
+        # the accuracy level too: artifacts made before the export's default changed are rebuilt
+        vstamp = {**stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
