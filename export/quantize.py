@@ -47,6 +47,9 @@ from .plan import BLOCK_SIZE, QUANT_BITS
 from .weights import fold_weight_transposes
 
 FORMATS = ("matmulnbits", "qdq")
+DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
+# "Decode at the memory floor": ONNX Runtime 1.32's CPU kernels for 8-bit weights have no float-
+# activation path but a fallback ~500x slower, and 4-bit weights run ~3x faster with it)
 
 
 @dataclass
@@ -56,8 +59,9 @@ class QuantConfig:
     # a step reads one row of it, so quantizing it saves memory but no bandwidth
     block_size: int = BLOCK_SIZE  # weights per scale along K; must divide every K (hidden, ffn)
     format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
-    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = the activations' float type;
-    # 4 = int8 activations (faster on CPUs with int8 dot products, less accurate)
+    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = DEFAULT_ACCURACY_LEVEL (4,
+    # int8 activations: ONNX Runtime's fast CPU kernels); 1 = the activations' float type, 2 fp16,
+    # 3 bf16, 4 int8
 
     def __post_init__(self) -> None:
         if self.head_weights is None:
@@ -197,6 +201,7 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
                 f"MatMul {node.name!r} has K = {k}, not a multiple of block_size {block_size}; pass "
                 f"--block-size with a power of two that divides the model's hidden and ffn sizes")
     bits = QUANT_BITS[weights]
+    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
     qformat = QuantFormat.QDQ if format == "qdq" else QuantFormat.QOperator
     algo = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=format == "qdq",  # TensorRT needs zero zero points

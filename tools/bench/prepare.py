@@ -46,6 +46,7 @@ def _stamp(directory: Path, stamp: dict) -> None:
 def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Prepared:
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
+    from export.quantize import DEFAULT_ACCURACY_LEVEL
     from runtime.manifest import load_manifest
 
     base = Path(root) / arch
@@ -72,7 +73,8 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
 
         layers, head = QUANTIZED[name]
         out = base / f"artifact-{name}"
-        vstamp = {**stamp, "weights": layers, "head_weights": head}
+        # the accuracy level too: artifacts made before the export's default changed are rebuilt
+        vstamp = {**stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
@@ -84,7 +86,8 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
     m = manifest.model
     config = {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
               "vocab_size": m.vocab_size, "dtype": manifest.dtype, "pad_token_id": m.pad_token_id,
-              **_shape(hf_dir, manifest)}
+              "kv_width": m.kv_heads * m.head_dim,  # K/V values per position: smaller under grouped-query attention
+              **_shape(hf_dir, manifest), "page_size": manifest.page_size}
     return Prepared(arch, hf_dir, artifact_dir, config, built)
 
 

@@ -18,7 +18,7 @@ NOTES_BEGIN = "<!-- notes: kept when the page is regenerated -->"
 NOTES_END = "<!-- /notes -->"
 COLUMNS = ("batch", "prompt", "row", "policy max→min", "layers/token", "theor.", "prefill ms",
            "decode tok/s", "token ms p50", "token ms p90", "peak RSS MB", "speedup", "realised",
-           "floor ms", "× floor")
+           "floor ms", "× floor", "vs peers")
 
 
 def _f(x, spec: str) -> str:
@@ -45,7 +45,16 @@ def table_cells(r: ResultRow) -> list[str]:
         _f(r.measured_speedup, ".2f") + ("x" if not math.isnan(r.measured_speedup) else ""),
         _f(r.realised * 100 if not math.isnan(r.realised) else math.nan, ".0f")
         + ("%" if not math.isnan(r.realised) else ""),
-        _f(r.floor_s * 1e3, ".2f"), _f(r.distance, ".2f")]
+        _f(r.floor_s * 1e3, ".2f"), _f(r.distance, ".2f"), peers_cell(r)]
+
+
+def peers_cell(r: ResultRow) -> str:
+    """Decode tok/s against each peer's full depth at the same shape; bold where this row is faster."""
+    cells = []
+    for peer, rel in r.peers.items():
+        text = f"{rel:.2f}x {peer}"
+        cells.append(f"**{text}**" if rel > 1 else text)
+    return ", ".join(cells) or "–"
 
 
 def by_shape(rows: list[ResultRow]) -> list[ResultRow]:
@@ -126,9 +135,12 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         "head); *decode tok/s* = batch × decode steps / decode time; *token ms* = per-token (per-step) "
         "latency between consecutive tokens; *speedup* = decode tok/s over the same backend's full "
         "depth at the same shape (ratio of medians); *realised* = speedup / theor.; *floor* = "
-        "(layers/token × one layer's weight bytes + lm_head bytes) / bandwidth, the time to read the "
-        "weights once (KV cache reads not counted, so at long contexts and batch 8 it is loose); "
-        "*× floor* = token ms p50 / floor.",
+        "(layers/token × (one layer's weight bytes + its K/V) + lm_head bytes) / bandwidth, the time to "
+        "read what a step reads once: the weights as the row stores them (the quantized rows their "
+        "MatMulNBits blocks, scales and zero points), and each active layer's K/V over the mean past "
+        "(the peers exactly the past, this project whole KV pages of it); "
+        "*× floor* = token ms p50 / floor; *vs peers* = the row's decode tok/s over transformers' (hf) and "
+        "Optimum's at full depth at the same shape, bold where the row is faster.",
         "",
     ]
     for arch in data["models"]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from runtime.kvcache import bound_width
 
 from . import stats
-from .rows import QUANTIZED
+from .rows import FULL_ONLY, QUANTIZED, RUNTIME
+
+PAGE_SIZE = 32  # runtime rows' KV page when a run's model info predates recording it
 
 
 @dataclass
@@ -26,6 +30,7 @@ class ResultRow:
     floor_s: float = math.nan  # bandwidth floor of one decode step
     distance: float = math.nan  # median per-token latency / floor
     ceiling: float = math.nan  # bandwidth-bound speedup ceiling (lm_head read every step)
+    peers: dict = field(default_factory=dict)  # peer backend -> this row's decode tok/s over its full depth's
 
     @property
     def name(self) -> str:
@@ -63,9 +68,11 @@ def build_rows(data: dict) -> list[ResultRow]:
             row.reason = errors[0]
         layer, head = row_weight_bytes(row.backend, model)
         if row.figures:
-            row.floor_s = stats.floor_seconds(row.figures.avg_layers, layer, head, bandwidth)
+            kv = row_kv_bytes(row.backend, model, job["batch"], job["prompt"],
+                              data["settings"]["new_tokens"])
+            row.floor_s = stats.floor_seconds(row.figures.avg_layers, layer, head, bandwidth, kv)
             row.distance = stats.ratio(row.figures.token_median_s, row.floor_s)
-            row.ceiling = stats.bandwidth_ceiling(row.num_layers, row.figures.avg_layers, layer, head)
+            row.ceiling = stats.bandwidth_ceiling(row.num_layers, row.figures.avg_layers, layer, head, kv)
         by_key[key] = row
         out.append(row)
     for row in out:  # ratios to full depth on the same backend and shape
@@ -74,7 +81,27 @@ def build_rows(data: dict) -> list[ResultRow]:
             row.measured_speedup = stats.measured_speedup(row.figures.decode_tokens_per_s,
                                                           full.figures.decode_tokens_per_s)
             row.realised = stats.realised_fraction(row.measured_speedup, row.theoretical)
+        if row.figures and row.backend not in FULL_ONLY:
+            for peer in FULL_ONLY:
+                other = by_key.get((row.arch, row.batch, row.prompt, peer, None))
+                if other and other.figures:
+                    row.peers[peer] = stats.ratio(row.figures.decode_tokens_per_s,
+                                                  other.figures.decode_tokens_per_s)
     return out
+
+
+def row_kv_bytes(backend: str, model: dict, batch: int, prompt: int, new_tokens: int) -> float:
+    """K/V bytes one active layer reads per decode step, the mean over the steps: the peers read
+    each row's past exactly; this project's rows bind whole pages of it (runtime.kvcache)."""
+    size = 2 if model.get("dtype") == "float16" else 4
+    steps = range(max(new_tokens - 1, 1))  # decode step g runs token g with a past of prompt + g
+    if backend in RUNTIME:
+        page = model.get("page_size", PAGE_SIZE)
+        widths = [bound_width(prompt + g, 1, page) for g in steps]
+    else:
+        widths = [prompt + g for g in steps]
+    kv_width = model.get("kv_width", model["hidden_size"])  # KV heads x head_dim (results before it: OPT's)
+    return stats.kv_bytes(kv_width, sum(widths) / len(widths), batch, size)
 
 
 def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
@@ -98,11 +125,3 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms
     return (matmuls([(D, D)] * 4 + [(D, F), (F, D)], layers) + small,
             matmuls([(D, V)], head) + 2 * D * size)
-
-
-def find(rows: list[ResultRow], arch: str, batch: int, prompt: int, backend: str,
-         speedup: float | None) -> ResultRow | None:
-    for r in rows:
-        if (r.arch, r.batch, r.prompt, r.backend, r.speedup) == (arch, batch, prompt, backend, speedup):
-            return r
-    return None

@@ -22,11 +22,13 @@ BACKENDS = {
     "optimum": "Optimum ORTModelForCausalLM",
     "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block 32)",
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
+    "ort-int8head": "this project, ONNX Runtime backend, int8 head, float layers",
     "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block 32)",
 }
 # The quantized rows run their own export of the same checkpoint: backend -> (layers, head) weights
 # (export.build.BuildOptions.weights / head_weights).
-QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "ort-int8": ("int8", "int8")}
+QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "ort-int8": ("int8", "int8"),
+             "ort-int8head": ("float", "int8")}
 FULL_ONLY = ("hf", "optimum")  # peers: the plain model only
 RUNTIME = ("torch", "ort", "ort-nospin", *QUANTIZED)  # this project's runtime: SkipDecode policies apply
 ORT = ("ort", "ort-nospin", *QUANTIZED)

@@ -95,19 +95,27 @@ def head_bytes(hidden: int, vocab: int, dtype_bytes: int = 4) -> int:
     return (vocab * hidden + 2 * hidden) * dtype_bytes
 
 
-def bytes_per_token(avg_layers: float, one_layer: int, head: int) -> float:
-    """Weight bytes one decode step reads at batch 1: active layers' weights + lm_head."""
-    return avg_layers * one_layer + head
+def kv_bytes(hidden: int, positions: float, batch: int, dtype_bytes: int = 4) -> float:
+    """K and V one layer reads per step: ``positions`` of past per row (mean over the steps)."""
+    return 2 * hidden * positions * batch * dtype_bytes
 
 
-def floor_seconds(avg_layers: float, one_layer: int, head: int, bandwidth: float) -> float:
+def bytes_per_token(avg_layers: float, one_layer: int, head: int, kv_per_layer: float = 0) -> float:
+    """Bytes one decode step reads: the active layers' weights and K/V, and the lm_head."""
+    return avg_layers * (one_layer + kv_per_layer) + head
+
+
+def floor_seconds(avg_layers: float, one_layer: int, head: int, bandwidth: float,
+                  kv_per_layer: float = 0) -> float:
     """Bandwidth floor of one decode step (the per-token latency), bandwidth in bytes/s."""
-    return bytes_per_token(avg_layers, one_layer, head) / bandwidth
+    return bytes_per_token(avg_layers, one_layer, head, kv_per_layer) / bandwidth
 
 
-def bandwidth_ceiling(num_layers: int, avg_layers: float, one_layer: int, head: int) -> float:
+def bandwidth_ceiling(num_layers: int, avg_layers: float, one_layer: int, head: int,
+                      kv_per_layer: float = 0) -> float:
     """Best wall-clock speedup a bandwidth-bound decode can reach: full-depth bytes / row bytes.
 
     Below L / avg_layers because the lm_head is read at every step whatever the policy.
     """
-    return ratio(bytes_per_token(num_layers, one_layer, head), bytes_per_token(avg_layers, one_layer, head))
+    return ratio(bytes_per_token(num_layers, one_layer, head, kv_per_layer),
+                 bytes_per_token(avg_layers, one_layer, head, kv_per_layer))
