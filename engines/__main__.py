@@ -28,8 +28,9 @@ def _parser() -> argparse.ArgumentParser:
                                    "specific to its TensorRT version and GPU.")
     b.add_argument("artifact_dir", help="directory written by `python -m export build`")
     b.add_argument("--max-batch", type=int, default=8, help="largest batch (default: 8)")
-    b.add_argument("--max-seq", type=int, default=1024,
-                   help="largest prompt + new tokens; sizes the KV buffers (default: 1024)")
+    b.add_argument("--max-seq", type=int, default=None,
+                   help=f"largest prompt + new tokens; sizes the KV buffers (default: "
+                        f"{EngineBuildConfig.max_seq}, or the model's max_position_embeddings when smaller)")
     b.add_argument("--max-prompt", type=int, default=None,
                    help="longest padded prompt of the prefill profile (default: --max-seq)")
     b.add_argument("--workspace", default="2GiB",
@@ -78,13 +79,17 @@ def _verify(args) -> int:
 
 
 def _build(args) -> int:
-    config = EngineBuildConfig(max_batch=args.max_batch, max_seq=args.max_seq,
-                               max_prompt=args.max_prompt, workspace=parse_size(args.workspace),
+    workspace = parse_size(args.workspace)  # the arguments' own errors before the artifact's
+    model = load_manifest(args.artifact_dir, check_hashes=False).model  # sizes only: build_engines hashes
+    # The default fits the model (the demo model has 256 positions); a --max-seq past them is refused.
+    max_seq = min(EngineBuildConfig.max_seq, model.max_position_embeddings) if args.max_seq is None else args.max_seq
+    config = EngineBuildConfig(max_batch=args.max_batch, max_seq=max_seq,
+                               max_prompt=args.max_prompt, workspace=workspace,
                                precision="fp16" if args.fp16 else "fp32",
                                timing_cache=args.timing_cache)
     # The arguments first (the artifact, the limits against its model), then the toolchain:
-    # a typo is reported as a typo, not as TensorRT missing. Sizes only: build_engines hashes.
-    config.validate(load_manifest(args.artifact_dir, check_hashes=False).model)
+    # a typo is reported as a typo, not as TensorRT missing.
+    config.validate(model)
     from .build import build_engines
 
     report = build_engines(args.artifact_dir, config, engine_dir=args.engine_dir,

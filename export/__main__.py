@@ -192,8 +192,8 @@ def _plan(args) -> int:
         workload = pm.engine_workload(arch, args.tokens, args.batch, args.prompt,
                                       page_size=page or pm.Workload.page_size, **quant)
         if args.tokens is None and workload.tokens < pm.ENGINE_DEFAULTS.max_seq:
-            notes.append(f"{Path(arch.name).name}: {workload.tokens} tokens, its max_position_embeddings (engines "
-                         f"build needs --max-seq {workload.tokens} or less for it)")
+            notes.append(f"{Path(arch.name).name}: {workload.tokens} tokens, its max_position_embeddings (where "
+                         f"engines build caps its default --max-seq too)")
         for weights in formats or pm.check_formats(args.weights or "fp16,int8,int4"):
             plans.append(pm.plan(arch, weights, workload))
         if args.measure:

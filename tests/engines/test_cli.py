@@ -41,3 +41,29 @@ def test_usage_error_exits_2(capsys):
     with pytest.raises(SystemExit) as info:
         main(["build"])
     assert info.value.code == 2
+
+
+def test_default_max_seq_fits_the_model_and_an_explicit_one_past_it_is_refused(artifact_dir, monkeypatch, capsys):
+    """engines build's default --max-seq (1024) is capped at the model's positions (the demo model
+    has 256), so `engines build DIR` works on every artifact; an explicit one past them is an error."""
+    import engines.build
+    from runtime.manifest import load_manifest
+
+    limit = load_manifest(artifact_dir, check_hashes=False).model.max_position_embeddings
+    assert limit < 1024
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def build_engines(directory, config, **_):
+        built.append(config)
+        raise Stop  # before TensorRT
+
+    monkeypatch.setattr(engines.build, "build_engines", build_engines)
+    with pytest.raises(Stop):
+        main(["build", str(artifact_dir), "-q"])
+    assert built[0].max_seq == limit and built[0].prompt_limit == limit
+
+    assert main(["build", str(artifact_dir), "--max-seq", str(limit + 1), "-q"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: max_seq {limit + 1} exceeds max_position_embeddings {limit}")

@@ -155,7 +155,7 @@ def test_cli_defaults_work_on_a_short_model_and_say_the_shape(artifact_dir, caps
     assert out[0].startswith("# KV cache for 64 tokens x batch 8 (rounded up to pages of 32), prefill of a "
                              "64-token prompt over that cache: what `python -m engines build` builds by default "
                              "(--max-batch 8 --max-seq 1024, --max-prompt = --max-seq;")
-    assert out[1] == "# model: 64 tokens, its max_position_embeddings (engines build needs --max-seq 64 or less for it)"
+    assert out[1] == "# model: 64 tokens, its max_position_embeddings (where engines build caps its default --max-seq too)"
 
 
 def test_cli_plans_a_quantized_artifact_at_its_real_size(tmp_path, capsys):
