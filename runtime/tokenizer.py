@@ -32,6 +32,61 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 # tokenizer_config.json classes that are transformers' generic layer over tokenizer.json; a model
 # specific class (e.g. LlamaTokenizer) may rebuild the normalizer or pre-tokenizer in Python.
 GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast"}
+# transformers' Qwen2 split pattern (models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX)
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def _qwen2_pipeline(config: dict) -> dict:
+    """tokenizer.json's parts as transformers 5's Qwen2Tokenizer builds them from the vocabulary and
+    merges (it reads neither the file's normalizer nor its pre-tokenizer)."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import BPE
+
+    tok = Backend(BPE(vocab={}, merges=[], dropout=None, unk_token=None, continuing_subword_prefix="",
+                      end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.decoder = decoders.ByteLevel()
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=bool(config.get("add_prefix_space")), use_regex=False)])
+    return json.loads(tok.to_str())
+
+
+# Model-specific classes whose Python code builds the pipeline from fixed parts instead of reading
+# tokenizer.json's: the adapter takes them when the file holds exactly those parts, so that the
+# file alone encodes as transformers does (Qwen2/2.5/3 checkpoints name Qwen2Tokenizer).
+REBUILT_CLASSES = {"Qwen2Tokenizer": _qwen2_pipeline, "Qwen2TokenizerFast": _qwen2_pipeline}
+# Parts that change offsets only, never ids or text
+_OFFSETS_ONLY = {"trim_offsets"}
+
+
+def _ids_only(part):
+    if isinstance(part, dict):
+        return {k: _ids_only(v) for k, v in part.items() if k not in _OFFSETS_ONLY}
+    return [_ids_only(v) for v in part] if isinstance(part, list) else part
+
+
+def _check_rebuilt(path: Path, cls_name: str, config: dict) -> None:
+    """UnsupportedTokenizerError unless tokenizer.json holds the parts ``cls_name`` builds."""
+    ours = json.loads(path.read_text(encoding="utf-8"))
+    theirs = REBUILT_CLASSES[cls_name](config)
+    for part in ("normalizer", "pre_tokenizer", "decoder"):
+        if _ids_only(ours.get(part)) != _ids_only(theirs[part]):
+            raise UnsupportedTokenizerError(f"{path}'s {part} is not the one transformers' {cls_name} builds")
+    model = {k: v for k, v in ours.get("model", {}).items() if k not in ("vocab", "merges")}
+    if model != {k: v for k, v in theirs["model"].items() if k not in ("vocab", "merges")}:
+        raise UnsupportedTokenizerError(f"{path}'s model options are not those transformers' {cls_name} uses")
+    # transformers adds no token around a Qwen prompt (no BOS): the file's post-processor must add
+    # none either (transformers 5 writes an empty TemplateProcessing; Qwen's own files a ByteLevel)
+    post = ours.get("post_processor") or {"type": "ByteLevel"}
+    adds = post.get("type") not in ("ByteLevel", "TemplateProcessing") or post.get("special_tokens") \
+        or any("SpecialToken" in piece for piece in post.get("single", []))
+    if adds:
+        raise UnsupportedTokenizerError(f"{path}'s post-processor ({post.get('type')}) adds tokens that "
+                                        f"transformers' {cls_name} does not")
+
+
 # Config options whose default we match; any other value changes ids or text in transformers.
 NEUTRAL_OPTIONS = {"split_special_tokens": False, "clean_up_tokenization_spaces": False,
                    "additional_special_tokens": [], "extra_special_tokens": {}}
@@ -99,7 +154,9 @@ class Tokenizer:
         config_path = directory / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         cls_name = config.get("tokenizer_class", "TokenizersBackend")
-        if cls_name not in GENERIC_CLASSES:
+        if cls_name in REBUILT_CLASSES:
+            _check_rebuilt(path, cls_name, config)
+        elif cls_name not in GENERIC_CLASSES:
             raise UnsupportedTokenizerError(f"{config_path} names tokenizer_class {cls_name!r}, whose Python "
                                             f"code may change encoding (known: {sorted(GENERIC_CLASSES)})")
         for key, neutral in NEUTRAL_OPTIONS.items():

@@ -159,3 +159,39 @@ def test_unsupported_tokenizer_without_transformers_says_how_to_fix(tmp_path, mo
     (directory / "tokenizer.json").unlink()
     with pytest.raises(UnsupportedTokenizerError, match="has no tokenizer.json"):
         load_tokenizer(directory, PAD_ID)
+
+
+def _qwen2_tokenizer_dir(directory: Path) -> Path:
+    """A Qwen2Tokenizer (what Qwen2/2.5/3 checkpoints name) saved by transformers 5, on the
+    vocabulary and merges of the test tokenizer."""
+    from transformers import Qwen2Tokenizer
+
+    model = json.loads(build_tokenizer().backend_tokenizer.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    Qwen2Tokenizer(vocab=model["vocab"], merges=merges).save_pretrained(directory)
+    assert json.loads((directory / "tokenizer_config.json").read_text())["tokenizer_class"] == "Qwen2Tokenizer"
+    return directory
+
+
+def test_qwen2_tokenizer_reads_without_transformers_and_encodes_as_it(tmp_path, monkeypatch):
+    """transformers 5's Qwen2Tokenizer builds its normalizer (NFC) and split pattern in Python; the
+    adapter takes its tokenizer.json because it holds exactly those, so a runtime-only install (no
+    transformers) loads a Qwen artifact with the ids and text transformers gives."""
+    directory = _qwen2_tokenizer_dir(tmp_path)
+    ref = AutoTokenizer.from_pretrained(str(directory))
+    texts = TEXTS + ["cafe\u0301 12345 it's I'LL", "a\r\n\r\nb  \n c"]  # NFC, digits one by one, contractions
+    monkeypatch.setitem(sys.modules, "transformers", None)  # the runtime-only install
+    mine = load_tokenizer(directory, PAD_ID)
+    assert isinstance(mine, Tokenizer)
+    assert [mine(t)["input_ids"] for t in texts] == [ref(t)["input_ids"] for t in texts]
+    ids = ref("café naïve 東京 🙂 12")["input_ids"]
+    assert mine.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
+
+
+def test_qwen2_tokenizer_with_another_pipeline_is_refused(tmp_path):
+    directory = _qwen2_tokenizer_dir(tmp_path)
+    data = json.loads((directory / "tokenizer.json").read_text())
+    data["normalizer"] = {"type": "NFKC"}  # transformers' Qwen2Tokenizer would use NFC regardless
+    (directory / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(UnsupportedTokenizerError, match="normalizer is not the one transformers' Qwen2Tokenizer builds"):
+        Tokenizer.from_dir(directory)
