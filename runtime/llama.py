@@ -173,8 +173,8 @@ def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:
 class SkipLlama(SkipOPT):
     """A Llama-family causal LM split into embed / layers / head, run under a SkipDecode policy.
 
-    ``greedy`` is SkipOPT's; the layers are the graphs' own (rows layout), so ``forward`` keeps the
-    past as K (B, nkv, hd, P) and V (B, nkv, P, hd) and appends each step's new positions."""
+    ``forward`` and ``greedy`` are SkipOPT's; the layers are the graphs' own (rows layout), so the
+    past is K (B, nkv, hd, P) and V (B, nkv, P, hd), and ``extend_past`` appends each call's positions."""
 
     def __init__(self, hf_model: nn.Module):
         nn.Module.__init__(self)
@@ -195,17 +195,10 @@ class SkipLlama(SkipOPT):
         return (torch.zeros(batch, nkv, hd, 0, dtype=self.dtype),  # (B, nkv, hd, 0)
                 torch.zeros(batch, nkv, 0, hd, dtype=self.dtype))  # (B, nkv, 0, hd)
 
-    @torch.no_grad()
-    def forward(self, input_ids, attention_mask, past=None, active=None):
-        B = input_ids.shape[0]
-        past = list(past) if past is not None else [self.empty_past(B) for _ in self.layers]
-        active = range(self.num_layers) if active is None else active
-        hidden = self.embed(input_ids, attention_mask)
-        for i in active:
-            key, value = past[i]
-            hidden, k, v = self.layers[i](hidden, attention_mask, key, value)
-            past[i] = (torch.cat([key, k.transpose(2, 3)], dim=3), torch.cat([value, v], dim=2))
-        return self.head(hidden).float(), past
+    def extend_past(self, past, key, value):
+        """The graphs' layers return only the new positions: K (B, nkv, T, hd) and V (B, nkv, T, hd)."""
+        past_key, past_value = past
+        return torch.cat([past_key, key.transpose(2, 3)], dim=3), torch.cat([past_value, value], dim=2)
 
 
 __all__ = ["CachedLlamaLayer", "LlamaEmbed", "LlamaHead", "SkipLlama", "mask_positions", "rms_norm"]

@@ -263,8 +263,12 @@ class SkipOPT(nn.Module):
         hidden = self.embed(input_ids, attention_mask)
         for i in active:
             hidden, k, v = self.layers[i](hidden, attention_mask, *past[i])
-            past[i] = (k, v)
+            past[i] = self.extend_past(past[i], k, v)
         return self.head(hidden).float(), past
+
+    def extend_past(self, past: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor, value: torch.Tensor):
+        """A layer's past after a call: OPTLayer returns its whole K/V already."""
+        return key, value
 
     @torch.no_grad()
     def greedy(self, input_ids, attention_mask, max_new_tokens: int, policy: SkipPolicy | None = None,
