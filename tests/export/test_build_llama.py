@@ -16,7 +16,7 @@ from runtime.families import skip_model
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model
-from tests.runtime.test_generate import padded, spying
+from tests.runtime.test_generate import padded, policy_calls, spying
 from tests.runtime.test_tensorrt_backend import fake_gpu  # noqa: F401  (a fixture)
 
 NEW = 12
@@ -98,10 +98,7 @@ def test_policy_run_calls_exactly_its_active_layers(exported):
         with spying(gen) as spy:
             result = gen.generate(PROMPTS, NEW, policy=policy)
         assert padded(result.token_ids, expected.tokens.shape[1]) == expected.tokens.tolist()
-        want = ["embed", *range(L), "head"]
-        for g in range(result.stats.new_tokens - 1):
-            want += ["embed", *policy.active_layers(g), "head"]
-        assert spy.calls == want
+        assert spy.calls == policy_calls(L, policy, result.stats.new_tokens)
     finally:
         gen.close()
 

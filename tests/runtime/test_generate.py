@@ -106,6 +106,15 @@ def spy(generator):
         yield spy_backend
 
 
+def policy_calls(num_layers: int, policy, new_tokens: int) -> list:
+    """The graph calls of a run under ``policy``: the prompt runs every layer; then each step is
+    embed, exactly its active set, head."""
+    calls = ["embed", *range(num_layers), "head"]
+    for g in range(new_tokens - 1):
+        calls += ["embed", *policy.active_layers(g), "head"]
+    return calls
+
+
 @pytest.mark.parametrize("max_layers, min_layers, warmup", [(5, 2, 1), (4, 4, 2), (3, 1, 1), (6, 6, 0)])
 def test_skip_policy_matches_reference_and_runs_only_active_layers(generator, hf_model, tokenizer, spy,
                                                                    max_layers, min_layers, warmup):
@@ -116,11 +125,7 @@ def test_skip_policy_matches_reference_and_runs_only_active_layers(generator, hf
     result = generator.generate(PROMPTS, NEW, policy=policy)
     assert padded(result.token_ids, expected.tokens.shape[1]) == expected.tokens.tolist()
 
-    # The prompt runs every layer; then each step is embed, exactly its active set, head.
-    want = ["embed", *range(L), "head"]
-    for g in range(result.stats.new_tokens - 1):
-        want += ["embed", *policy.active_layers(g), "head"]
-    assert spy.calls == want
+    assert spy.calls == policy_calls(L, policy, result.stats.new_tokens)
     assert [s.layers for s in result.stats.steps] == [policy.active_layers(g) for g in range(len(result.stats.steps))]
 
 
