@@ -81,8 +81,8 @@ def _verify(args) -> int:
 def _build(args) -> int:
     workspace = parse_size(args.workspace)  # the arguments' own errors before the artifact's
     model = load_manifest(args.artifact_dir, check_hashes=False).model  # sizes only: build_engines hashes
-    # The default fits the model (the demo model has 256 positions); a --max-seq past them is refused.
-    max_seq = min(EngineBuildConfig.max_seq, model.max_position_embeddings) if args.max_seq is None else args.max_seq
+    max_seq = EngineBuildConfig.default_max_seq(model.max_position_embeddings) if args.max_seq is None \
+        else args.max_seq  # an explicit one past the model's positions is refused by validate
     config = EngineBuildConfig(max_batch=args.max_batch, max_seq=max_seq,
                                max_prompt=args.max_prompt, workspace=workspace,
                                precision="fp16" if args.fp16 else "fp32",

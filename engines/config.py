@@ -28,6 +28,12 @@ class EngineBuildConfig:
     precision: str = "fp32"  # "fp32" or "fp16"; an fp16 artifact always builds fp16
     timing_cache: str | None = None  # shared timing cache file; None = ENGINE_DIR/timing.cache
 
+    @classmethod
+    def default_max_seq(cls, max_position_embeddings: int) -> int:
+        """The --max-seq a build takes when given none: 1024, capped at the model's positions (the
+        demo model has 256; validate refuses more)."""
+        return min(cls.max_seq, max_position_embeddings)
+
     @property
     def prompt_limit(self) -> int:
         return self.max_seq if self.max_prompt is None else self.max_prompt

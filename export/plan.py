@@ -115,7 +115,7 @@ def engine_workload(arch: Arch, tokens: int | None = None, batch: int | None = N
     """The shape to plan: each limit not given is what `python -m engines build` builds by default,
     its --max-seq capped at the model's max_position_embeddings (which engines build refuses to pass),
     its --max-prompt the sequence."""
-    tokens = tokens if tokens is not None else min(ENGINE_DEFAULTS.max_seq, arch.max_positions)
+    tokens = tokens if tokens is not None else EngineBuildConfig.default_max_seq(arch.max_positions)
     return Workload(tokens=tokens, batch=batch if batch is not None else ENGINE_DEFAULTS.max_batch,
                     prompt=prompt if prompt is not None else tokens, **fields)
 
