@@ -67,9 +67,9 @@ def _ids_only(part):
     return [_ids_only(v) for v in part] if isinstance(part, list) else part
 
 
-def _check_rebuilt(path: Path, cls_name: str, config: dict) -> None:
-    """UnsupportedTokenizerError unless tokenizer.json holds the parts ``cls_name`` builds."""
-    ours = json.loads(path.read_text(encoding="utf-8"))
+def _check_rebuilt(path: Path, ours: dict, cls_name: str, config: dict) -> None:
+    """UnsupportedTokenizerError unless tokenizer.json (``ours``, read from ``path``) holds the
+    parts ``cls_name`` builds."""
     theirs = REBUILT_CLASSES[cls_name](config)
     for part in ("normalizer", "pre_tokenizer", "decoder"):
         if _ids_only(ours.get(part)) != _ids_only(theirs[part]):
@@ -153,9 +153,10 @@ class Tokenizer:
             raise UnsupportedTokenizerError(f"{directory} has no tokenizer.json")
         config_path = directory / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        text = path.read_text(encoding="utf-8")  # read once: checked (a rebuilt class) and loaded
         cls_name = config.get("tokenizer_class", "TokenizersBackend")
         if cls_name in REBUILT_CLASSES:
-            _check_rebuilt(path, cls_name, config)
+            _check_rebuilt(path, json.loads(text), cls_name, config)
         elif cls_name not in GENERIC_CLASSES:
             raise UnsupportedTokenizerError(f"{config_path} names tokenizer_class {cls_name!r}, whose Python "
                                             f"code may change encoding (known: {sorted(GENERIC_CLASSES)})")
@@ -165,7 +166,7 @@ class Tokenizer:
         if flags := sorted(REBUILT_BY_FLAGS & config.keys()):
             raise UnsupportedTokenizerError(f"{config_path} sets {', '.join(flags)}, which transformers "
                                             f"may apply on top of tokenizer.json's post-processor")
-        backend = Backend.from_file(str(path))
+        backend = Backend.from_str(text)
         added = {t.content for t in backend.get_added_tokens_decoder().values()}
         special = {}
         for name in SPECIAL_NAMES:
