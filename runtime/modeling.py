@@ -278,13 +278,14 @@ class SkipOPT(nn.Module):
         logits, past = self(input_ids, attention_mask, active=policy.prefill_layers())
         out = ReferenceOutput(tokens=input_ids.new_zeros((input_ids.shape[0], 0)))
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        eos = None if eos_token_id is None else torch.tensor(eos_token_id).reshape(-1)  # one id or several (Llama 3 Instruct's)
         for g in range(max_new_tokens):
             last = logits[:, -1, :]  # (B, V)
             token = torch.where(finished, pad_token_id, last.argmax(-1))  # (B,)
             out.step_logits.append(last)
             out.tokens = torch.cat([out.tokens, token[:, None]], dim=1)
-            if eos_token_id is not None:  # one id or several (Llama 3 Instruct's)
-                finished |= torch.isin(token, torch.tensor(eos_token_id).reshape(-1))
+            if eos is not None:
+                finished |= torch.isin(token, eos)
             if g == max_new_tokens - 1 or bool(finished.all()):
                 break
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(token), 1))], 1)
