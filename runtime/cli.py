@@ -102,6 +102,14 @@ def add_prefill_chunk(group, default) -> None:
                             "'auto' (chunks of about one decode step) or 'none' (whole)")
 
 
+def add_no_spin(group) -> None:
+    """--no-spin, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--no-spin", action="store_true",
+                       help="onnxruntime: worker threads always sleep between parallel operators, "
+                            "for cores that other processes also use (default: they spin while a "
+                            "graph runs, faster on a device of its own)")
+
+
 def prefill_chunk(text: str) -> int | str | None:
     """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
     if text in ("auto", "none"):

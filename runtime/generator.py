@@ -384,7 +384,9 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     prefill_chunk: prompt tokens a joining request runs per step while other rows decode: an int,
         "auto" (the default: chunks of about one decode step's time, adjusted as they run) or None
         (every prompt whole, stalling the running rows for its length).
-    ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``).
+    ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
+        True, the default, lets its worker threads spin while a graph runs; False makes them
+        always sleep, for a machine whose cores other processes also use).
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
@@ -415,9 +417,9 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
         transformers: text == decode(token_ids)); the server leaves it out, as OpenAI.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
+    threads, spin, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
-    load_keys = {"backend", "check_hashes", "providers", "threads", "device", "cuda_graphs", "engine_dir",
+    load_keys = {"backend", "check_hashes", "providers", "threads", "spin", "device", "cuda_graphs", "engine_dir",
                  "max_batch", "max_length", "max_queue", "prefill_chunk"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():

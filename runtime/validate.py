@@ -143,6 +143,15 @@ def check_threads(threads) -> int | None:
     return threads
 
 
+def check_spin(spin) -> bool | None:
+    """ONNX Runtime's thread spinning: None (the backend's default) or a bool."""
+    if spin is not None and not isinstance(spin, bool):
+        raise InvalidArgumentError(
+            f"spin must be True (worker threads spin while a graph runs) or False (they always "
+            f"sleep: for cores other processes also use), got {spin!r}")
+    return spin
+
+
 def check_nonempty_rows(attention_mask: np.ndarray, prompts: list[str]) -> None:
     """Refuse prompts that encode to zero tokens: they have no last token to predict from (an
     IndexError alone, a row of padding decoded as garbage in a batch)."""
@@ -217,7 +226,8 @@ def check_providers(providers) -> list | None:
 
 
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to the backends: threads, device, providers."""
+    """The options ``runtime.load`` passes to the backends: threads, spin, device, providers."""
     check_threads(options.get("threads"))
+    check_spin(options.get("spin"))
     check_device(options.get("device"))
     check_providers(options.get("providers"))

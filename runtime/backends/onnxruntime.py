@@ -64,11 +64,37 @@ def _x86_cpu_only(providers) -> bool:
     return names == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
+def session_options(ort, threads: int | None = None, spin: bool = True):
+    """The SessionOptions every graph's session gets (tools.bench.graphs starts from them too)."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # One CPU arena for every session of the process, not one per graph: each arena keeps the
+    # high-water mark of its own graph's largest run, so 14 graphs' prefills held ~400 MB on
+    # OPT-125m at batch 4 x 512 tokens, against ~200 MB for one shared arena (export.measure).
+    _register_shared_cpu_arena(ort)
+    opts.add_session_config_entry("session.use_env_allocators", "1")
+    # One session per graph means one thread pool per graph. Its workers spin (busy-wait) for
+    # the next parallel operator while its graph runs and sleep once the run returns
+    # (force_spinning_stop): a layer's ~10 parallel operators wake a sleeping worker once per
+    # run instead of once each (an OPT-125m step 14-16% faster on 2 idle cores), and the
+    # pools of the graphs not running never spin (pools left spinning stole the running
+    # one's cores: 7.7x slower per token). spin=False: workers always sleep, for cores that
+    # other processes also use, where a spinning worker competes with them (1.5x slower per
+    # step beside 1-2 busy processes on 2 cores). docs/benchmarks.md, "Spinning".
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if threads:
+        opts.intra_op_num_threads = threads
+    return opts
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, spin: bool = True):
         ort = _import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -78,19 +104,7 @@ class OnnxRuntimeBackend(Backend):
         if missing:
             raise ValueError(f"ONNX Runtime providers {missing} are not available here "
                              f"(available: {available}); install onnxruntime-gpu for CUDA/TensorRT")
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        # One CPU arena for every session of the process, not one per graph: each arena keeps the
-        # high-water mark of its own graph's largest run, so 14 graphs' prefills held ~400 MB on
-        # OPT-125m at batch 4 x 512 tokens, against ~200 MB for one shared arena (export.measure).
-        _register_shared_cpu_arena(ort)
-        opts.add_session_config_entry("session.use_env_allocators", "1")
-        # One session per graph means one thread pool per graph; spinning pools of idle sessions
-        # steal the cores from the one running (measured on 2 cores: 7.7x slower per token).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        if threads:
-            opts.intra_op_num_threads = threads
+        opts = session_options(ort, threads, spin)
         self.providers = providers
         self.manifest = manifest
         if manifest.dtype == "float16" and _x86_cpu_only(providers):

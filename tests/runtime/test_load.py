@@ -6,7 +6,7 @@ import warnings
 import pytest
 
 import runtime
-from runtime.errors import ArtifactError
+from runtime.errors import ArtifactError, InvalidArgumentError
 from runtime.manifest import MANIFEST_NAME
 
 
@@ -107,3 +107,32 @@ def test_fp16_on_an_x86_cpu_warns_and_names_the_fix(fp16_artifact_dir, artifact_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         runtime.load(artifact_dir, threads=1).close()  # float32: nothing to say
+
+
+def _spin_settings(generator) -> set[tuple[str, str | None]]:
+    """(allow_spinning, force_spinning_stop) of every graph's session; None where not set."""
+    def entry(config, key):
+        try:
+            return config.get_session_config_entry(key)
+        except RuntimeError:  # ONNX Runtime's answer for a key never set
+            return None
+
+    keys = ("session.intra_op.allow_spinning", "session.force_spinning_stop")
+    return {tuple(entry(s.get_session_options(), k) for k in keys) for s in generator.backend._sessions.values()}
+
+
+def test_spin_reaches_every_session_and_changes_no_token(artifact_dir):
+    # Default: every graph's workers spin while it runs and sleep once it returns, so the pools of
+    # the graphs not running never compete for the cores; spin=False: they always sleep.
+    with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as spinning, \
+            runtime.load(artifact_dir, check_hashes=False, max_batch=1, spin=False) as sleeping:
+        assert _spin_settings(spinning) == {("1", "1")}
+        assert _spin_settings(sleeping) == {("0", None)}
+        a = spinning.generate("Hello, my name is", 8, ignore_eos=True)
+        b = sleeping.generate("Hello, my name is", 8, ignore_eos=True)
+    assert a.token_ids == b.token_ids
+
+
+def test_spin_must_be_a_bool(artifact_dir):
+    with pytest.raises(InvalidArgumentError, match=r"spin must be True .* or False .*, got 'no'"):
+        runtime.load(artifact_dir, spin="no")

@@ -16,9 +16,9 @@ bandwidth (tools.bench.bandwidth): the step's floor is the layers' and head's by
 embedding is a lookup: a step reads one row of its table).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
-instead of MLAS's packed copy), ``spin`` (``allow_spinning=1``), ``spinstop`` (spinning during a
-run, stopped when it ends: ``session.force_spinning_stop``), ``bind`` (IOBinding with outputs
-bound once to preallocated buffers).
+instead of MLAS's packed copy), ``nospin`` (the backend's ``spin=False``: worker threads always
+sleep, instead of spinning while a graph runs), ``bind`` (IOBinding with outputs bound once to
+preallocated buffers). Without options a candidate's sessions are the backend's.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-OPTIONS = ("noprepack", "spin", "spinstop", "bind")
+OPTIONS = ("noprepack", "nospin", "bind")
 
 
 @dataclass
@@ -78,18 +78,10 @@ def initializer_bytes(path: Path) -> int:
 
 
 def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path | None):
-    from runtime.backends.onnxruntime import _register_shared_cpu_arena
+    """The backend's own SessionOptions (runtime.backends.onnxruntime), changed as the candidate asks."""
+    from runtime.backends.onnxruntime import session_options as backend_options
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    _register_shared_cpu_arena(ort)
-    opts.add_session_config_entry("session.use_env_allocators", "1")
-    spin = "1" if {"spin", "spinstop"} & set(candidate.options) else "0"
-    opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    if "spinstop" in candidate.options:
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    opts.intra_op_num_threads = threads
+    opts = backend_options(ort, threads, spin="nospin" not in candidate.options)
     if "noprepack" in candidate.options:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if profile_dir is not None:

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 from runtime.policy import SkipPolicy
 
-# Backends a row can run on. ort-nospin measured the ONNX Runtime backend with thread spinning off
-# before the backend turned it off itself; it now runs exactly ort (see worker.py).
+# Backends a row can run on. ort-nospin: the ONNX Runtime backend with spin=False (--no-spin).
 BACKENDS = {
     "hf": "transformers generate (PyTorch eager)",
     "torch": "this project, torch backend",
     "ort": "this project, ONNX Runtime backend",
-    "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0",
+    "ort-nospin": "this project, ONNX Runtime backend, --no-spin (worker threads always sleep)",
     "optimum": "Optimum ORTModelForCausalLM",
     "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block 32)",
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
