@@ -45,7 +45,7 @@ def _parser():
                                      "hidden states on the GPU through IOBinding); default: the "
                                      "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
-    cli.add_no_spin(be)
+    cli.add_spin(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")
@@ -89,11 +89,11 @@ def _policy(args) -> dict | None:
 
 def _backend_options(args) -> dict:
     options = {"threads": args.threads}
-    if args.no_spin:
+    if args.spin:
         if args.backend != "onnxruntime":
-            raise InvalidArgumentError(f"--no-spin applies to --backend onnxruntime (its thread pools), "
+            raise InvalidArgumentError(f"--spin applies to --backend onnxruntime (its thread pools), "
                                        f"not {args.backend}")
-        options["spin"] = False
+        options["spin"] = True
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

@@ -102,12 +102,12 @@ def add_prefill_chunk(group, default) -> None:
                             "'auto' (chunks of about one decode step) or 'none' (whole)")
 
 
-def add_no_spin(group) -> None:
-    """--no-spin, the same in ``python -m runtime`` and ``python -m runtime serve``."""
-    group.add_argument("--no-spin", action="store_true",
-                       help="onnxruntime: worker threads always sleep between parallel operators, "
-                            "for cores that other processes also use (default: they spin while a "
-                            "graph runs, faster on a device of its own)")
+def add_spin(group) -> None:
+    """--spin, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--spin", action="store_true",
+                       help="onnxruntime: worker threads busy-wait briefly for the next operator "
+                            "instead of sleeping; for a device of its own, slower where other "
+                            "processes use the cores (default: they sleep)")
 
 
 def prefill_chunk(text: str) -> int | str | None:

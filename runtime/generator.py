@@ -385,8 +385,8 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         "auto" (the default: chunks of about one decode step's time, adjusted as they run) or None
         (every prompt whole, stalling the running rows for its length).
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
-        True, the default, lets its worker threads spin while a graph runs; False makes them
-        always sleep, for a machine whose cores other processes also use).
+        False, the default, makes its worker threads sleep whenever they wait; True lets them
+        busy-wait briefly, for a device whose cores no other process uses).
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)

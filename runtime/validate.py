@@ -147,8 +147,8 @@ def check_spin(spin) -> bool | None:
     """ONNX Runtime's thread spinning: None (the backend's default) or a bool."""
     if spin is not None and not isinstance(spin, bool):
         raise InvalidArgumentError(
-            f"spin must be True (worker threads spin while a graph runs) or False (they always "
-            f"sleep: for cores other processes also use), got {spin!r}")
+            f"spin must be True (worker threads busy-wait briefly: a device of its own) or False "
+            f"(they sleep: the default), got {spin!r}")
     return spin
 
 

@@ -64,7 +64,11 @@ def _x86_cpu_only(providers) -> bool:
     return names == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
-def session_options(ort, threads: int | None = None, spin: bool = True):
+SPIN_US = 50  # spin=True: longest busy-wait of an idle worker (µs); a layer's operators come µs
+# apart, and ONNX Runtime's default duration cost 2x more than this beside a busy process
+
+
+def session_options(ort, threads: int | None = None, spin: bool = False):
     """The SessionOptions every graph's session gets (tools.bench.graphs starts from them too)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -73,16 +77,17 @@ def session_options(ort, threads: int | None = None, spin: bool = True):
     # OPT-125m at batch 4 x 512 tokens, against ~200 MB for one shared arena (export.measure).
     _register_shared_cpu_arena(ort)
     opts.add_session_config_entry("session.use_env_allocators", "1")
-    # One session per graph means one thread pool per graph. Its workers spin (busy-wait) for
-    # the next parallel operator while its graph runs and sleep once the run returns
-    # (force_spinning_stop): a layer's ~10 parallel operators wake a sleeping worker once per
-    # run instead of once each (an OPT-125m step 14-16% faster on 2 idle cores), and the
-    # pools of the graphs not running never spin (pools left spinning stole the running
-    # one's cores: 7.7x slower per token). spin=False: workers always sleep, for cores that
-    # other processes also use, where a spinning worker competes with them (1.5x slower per
-    # step beside 1-2 busy processes on 2 cores). docs/benchmarks.md, "Spinning".
+    # One session per graph means one thread pool per graph. By default its workers sleep
+    # whenever they wait: pools left spinning for ONNX Runtime's default duration stole the
+    # running graph's cores (7.7x slower per token on 2 cores), and a spinning worker competes with
+    # any other process for them (1.2x-2x slower per step beside one busy process). spin=True, for
+    # a device of its own: workers busy-wait for the next parallel operator for at most SPIN_US,
+    # and stop when the run returns (force_spinning_stop: the guard where an older ONNX Runtime
+    # lacks the duration key). On 2 idle cores it ran a step 0-15% faster, varying run to run
+    # (docs/benchmarks.md, "Spinning").
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if spin:
+        opts.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
         opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
@@ -94,7 +99,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None, spin: bool = True):
+                 threads: int | None = None, spin: bool = False):
         ort = _import_ort()
         available = ort.get_available_providers()
         if providers is None:

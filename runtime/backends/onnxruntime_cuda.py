@@ -229,7 +229,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
-                 threads: int | None = None, spin: bool = True):
+                 threads: int | None = None, spin: bool = False):
         ort = _import_ort()
         kind, _, index = str(device).partition(":")
         if kind not in _PROVIDER:

@@ -6,6 +6,7 @@ import warnings
 import pytest
 
 import runtime
+from runtime.backends.onnxruntime import SPIN_US
 from runtime.errors import ArtifactError, InvalidArgumentError
 from runtime.manifest import MANIFEST_NAME
 
@@ -110,24 +111,25 @@ def test_fp16_on_an_x86_cpu_warns_and_names_the_fix(fp16_artifact_dir, artifact_
 
 
 def _spin_settings(generator) -> set[tuple[str, str | None]]:
-    """(allow_spinning, force_spinning_stop) of every graph's session; None where not set."""
+    """(allow_spinning, spin_duration_us, force_spinning_stop) of every graph's session; None where not set."""
     def entry(config, key):
         try:
             return config.get_session_config_entry(key)
         except RuntimeError:  # ONNX Runtime's answer for a key never set
             return None
 
-    keys = ("session.intra_op.allow_spinning", "session.force_spinning_stop")
+    keys = ("session.intra_op.allow_spinning", "session.intra_op.spin_duration_us", "session.force_spinning_stop")
     return {tuple(entry(s.get_session_options(), k) for k in keys) for s in generator.backend._sessions.values()}
 
 
 def test_spin_reaches_every_session_and_changes_no_token(artifact_dir):
-    # Default: every graph's workers spin while it runs and sleep once it returns, so the pools of
-    # the graphs not running never compete for the cores; spin=False: they always sleep.
-    with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as spinning, \
-            runtime.load(artifact_dir, check_hashes=False, max_batch=1, spin=False) as sleeping:
-        assert _spin_settings(spinning) == {("1", "1")}
-        assert _spin_settings(sleeping) == {("0", None)}
+    # Default: every graph's workers sleep whenever they wait; spin=True: they busy-wait at most
+    # SPIN_US, and stop when their graph's run returns, so the pools of the graphs not running
+    # never compete for the cores.
+    with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as sleeping, \
+            runtime.load(artifact_dir, check_hashes=False, max_batch=1, spin=True) as spinning:
+        assert _spin_settings(spinning) == {("1", str(SPIN_US), "1")}
+        assert _spin_settings(sleeping) == {("0", None, None)}
         a = spinning.generate("Hello, my name is", 8, ignore_eos=True)
         b = sleeping.generate("Hello, my name is", 8, ignore_eos=True)
     assert a.token_ids == b.token_ids

@@ -16,8 +16,8 @@ bandwidth (tools.bench.bandwidth): the step's floor is the layers' and head's by
 embedding is a lookup: a step reads one row of its table).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
-instead of MLAS's packed copy), ``nospin`` (the backend's ``spin=False``: worker threads always
-sleep, instead of spinning while a graph runs), ``bind`` (IOBinding with outputs bound once to
+instead of MLAS's packed copy), ``spin`` (the backend's ``spin=True``: worker threads busy-wait
+briefly for the next operator instead of sleeping), ``bind`` (IOBinding with outputs bound once to
 preallocated buffers). Without options a candidate's sessions are the backend's.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-OPTIONS = ("noprepack", "nospin", "bind")
+OPTIONS = ("noprepack", "spin", "bind")
 
 
 @dataclass
@@ -81,7 +81,7 @@ def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path |
     """The backend's own SessionOptions (runtime.backends.onnxruntime), changed as the candidate asks."""
     from runtime.backends.onnxruntime import session_options as backend_options
 
-    opts = backend_options(ort, threads, spin="nospin" not in candidate.options)
+    opts = backend_options(ort, threads, spin="spin" in candidate.options)
     if "noprepack" in candidate.options:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if profile_dir is not None:
