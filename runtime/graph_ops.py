@@ -11,7 +11,6 @@ traces it, an ``autograd.Function`` whose ``symbolic`` writes the ONNX it means 
 * ``split_past``: the past and new columns of attention probabilities, two Slices with constant
   axes (TensorRT 8.x parses a Slice only when its axes are an initializer or a Constant);
 * ``last_columns``: the last T columns of a (B, S) tensor, one Slice of a negated length;
-* ``halves``: the two halves of the last dim (RoPE's rotate_half), one Split of constant sizes;
 * ``attention_bias``: the causal, padding-aware additive bias from a Trilu of a constant-filled
   (T, S) block instead of two Ranges compared.
 
@@ -99,27 +98,6 @@ def last_columns(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if _exporting():
         return _LastColumns.apply(x, like)
     return x[:, x.shape[1] - like.shape[1]:]
-
-
-class _Halves(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, half, axis):
-        return x.split(half, dim=axis)
-
-    @staticmethod
-    def symbolic(g, x, half, axis):
-        return g.op("Split", x, _const(g, [half, half]), axis_i=axis, outputs=2)
-
-
-def halves(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two halves of the last dim of ``x``, whose size is ``size`` (even; a model constant such
-    as head_dim, passed as an int because the tracer would record x.shape[-1] as a computed value).
-    One Split of constant sizes once exported."""
-    if x.shape[-1] != size or size % 2:
-        raise ValueError(f"halves needs an even last dim of {size}, got shape {tuple(x.shape)}")
-    if _exporting():
-        return _Halves.apply(x, size // 2, x.dim() - 1)
-    return x.split(size // 2, dim=-1)
 
 
 def _attention_bias(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .families import head_dim, kv_heads
-from .graph_ops import attention_bias, halves, last_columns, reshape, split_past
+from .graph_ops import attention_bias, last_columns, reshape, split_past
 from .modeling import SkipOPT
 
 
@@ -44,11 +44,6 @@ def mask_positions(attention_mask: torch.Tensor, hidden: torch.Tensor) -> torch.
     mask = attention_mask.float()
     positions = torch.cumsum(mask, dim=1) * mask - 1  # (B, S); padding -1, masked anyway
     return last_columns(positions, hidden)  # (B, T)
-
-
-def rotate_half(x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    x1, x2 = halves(x, head_dim)  # one Split once exported
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class LlamaEmbed(nn.Module):
@@ -90,15 +85,23 @@ class CachedLlamaLayer(nn.Module):
         self.scaling = self.head_dim ** -0.5
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # (hd/2,) fp32
         self.rope_scale = float(rope_scale)  # llama3 and linear: 1.0; attention_factor of others
+        # RoPE as transformers writes it, x * cos + rotate_half(x) * sin with rotate_half(x) =
+        # cat(-x2, x1), in fewer graph nodes and the same bits: the halves swapped by one Gather of
+        # constant indices, times sin with its first half negated (a product by -1 is exact).
+        half = self.head_dim // 2
+        self.register_buffer("swap_halves", torch.cat([torch.arange(half, 2 * half), torch.arange(half)]),
+                             persistent=False)  # (hd,) int64
+        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # (hd,)
+        self.register_buffer("sin_scale", sign * self.rope_scale, persistent=False)  # (hd,) fp32
+        self.register_buffer("freq", torch.cat([self.inv_freq, self.inv_freq]), persistent=False)  # (hd,)
         # Residual dropout, off unless tools.finetune turns it on (training mode only).
         self.dropout = 0.0
 
     def _rope(self, attention_mask: torch.Tensor, h: torch.Tensor):
-        dtype = h.dtype
+        """cos (B, 1, T, hd) and sin with its first half negated, for x * cos + swapped(x) * sin."""
         positions = mask_positions(attention_mask, h)  # (B, T) fp32
-        freqs = positions[..., None] * self.inv_freq  # (B, T, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+        emb = reshape(positions, 0, 1, -1, 1) * self.freq  # (B, 1, T, hd): cat(freqs, freqs)
+        return (emb.cos() * self.rope_scale).to(h.dtype), (emb.sin() * self.sin_scale).to(h.dtype)
 
     def _attention(self, h, attention_mask, past_key, past_value):
         attn = self.self_attn
@@ -112,9 +115,9 @@ class CachedLlamaLayer(nn.Module):
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's head_dim
             q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
-        cos, sin = self._rope(attention_mask, h)  # (B, 1, T, hd)
-        q = q * cos + rotate_half(q, hd) * sin
-        k = k * cos + rotate_half(k, hd) * sin
+        cos, sin = self._rope(attention_mask, h)  # (B, 1, T, hd), sin's first half negated
+        q = q * cos + q.index_select(3, self.swap_halves) * sin  # (B, nh, T, hd)
+        k = k * cos + k.index_select(3, self.swap_halves) * sin  # (B, nkv, T, hd)
         # The g query heads of KV head j are heads j*g .. j*g+g-1 (transformers' repeat_kv):
         # stacked along the query axis they meet K/V of shape (B, nkv, ...) in one matmul.
         qg = reshape(q * self.scaling, 0, nkv, -1, hd)  # (B, nkv, g*T, hd)
