@@ -11,6 +11,7 @@ traces it, an ``autograd.Function`` whose ``symbolic`` writes the ONNX it means 
 * ``split_past``: the past and new columns of attention probabilities, two Slices with constant
   axes (TensorRT 8.x parses a Slice only when its axes are an initializer or a Constant);
 * ``last_columns``: the last T columns of a (B, S) tensor, one Slice of a negated length;
+* ``unflatten_rows``: (B*T, V) back to (B, T, V), one Reshape of a shape taken once;
 * ``attention_bias``: the causal, padding-aware additive bias from a Trilu of a constant-filled
   (T, S) block instead of two Ranges compared.
 
@@ -98,6 +99,24 @@ def last_columns(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if _exporting():
         return _LastColumns.apply(x, like)
     return x[:, x.shape[1] - like.shape[1]:]
+
+
+class _UnflattenRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, like):
+        return x.reshape(like.shape[0], like.shape[1], -1)
+
+    @staticmethod
+    def symbolic(g, x, like):
+        rows = g.op("Shape", like, end_i=2)  # (2,) [B, T]
+        return g.op("Reshape", x, g.op("Concat", rows, _const(g, [-1]), axis_i=0))
+
+
+def unflatten_rows(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """x (B*T, V) -> (B, T, V), B and T those of ``like`` (B, T, ...): one Reshape once exported."""
+    if _exporting():
+        return _UnflattenRows.apply(x, like)
+    return x.reshape(like.shape[0], like.shape[1], -1)
 
 
 def _attention_bias(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .families import head_dim, kv_heads
-from .graph_ops import attention_bias, last_columns, reshape, split_past
+from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
 from .modeling import SkipOPT
 
 
@@ -156,9 +156,9 @@ class LlamaHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = rms_norm(self.norm, hidden)
-        B, T, D = hidden.shape
         # 2-D for one Gemm on the embedding's layout when tied (runtime.modeling.OPTHead)
-        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
+        logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
+        return unflatten_rows(logits, hidden)  # (B, T, V)
 
 
 def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:

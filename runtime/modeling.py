@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .graph_ops import MASK_VALUE, attention_bias, reshape, split_past  # noqa: F401 (MASK_VALUE: re-exported)
+from .graph_ops import MASK_VALUE, attention_bias, last_columns, reshape, split_past, unflatten_rows  # noqa: F401 (MASK_VALUE: re-exported)
 from .policy import SkipPolicy
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
@@ -49,14 +49,12 @@ class OPTEmbed(nn.Module):
         self.project_in = decoder.project_in  # 350m: word_embed_proj_dim -> hidden_size
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        query_len, total = input_ids.shape[1], attention_mask.shape[1]
         # CumSum in fp32 (exact below 2**24 positions): TensorRT's parser documents CumSum for
-        # float types only. The last T positions are gathered rather than sliced: TensorRT 8.x
-        # cannot parse a Slice whose axes are computed, as the unfolded TorchScript export makes them.
+        # float types only. The last T positions are one Slice with constant axes (TensorRT 8.x
+        # cannot parse the Slice with computed axes that the TorchScript export of [:, S - T:] makes).
         mask = attention_mask.float()
         positions = (torch.cumsum(mask, dim=1) * mask - 1).long()  # (B, S)
-        last = torch.arange(total - query_len, total, device=input_ids.device)  # (T,)
-        positions = positions.index_select(1, last)  # (B, T)
+        positions = last_columns(positions, input_ids)  # (B, T)
         tokens = self.embed_tokens(input_ids)  # (B, T, E)
         if self.project_in is not None:
             tokens = self.project_in(tokens)  # (B, T, D)
@@ -183,10 +181,10 @@ class OPTHead(nn.Module):
             hidden = _layer_norm(self.final_layer_norm, hidden)
         if self.project_out is not None:
             hidden = self.project_out(hidden)
-        B, T, D = hidden.shape
         # 2-D, so the head graph is one Gemm(transB) on the embedding's own (V, D) layout and
         # the artifact stores the tied matrix once (export.weights.tie_head)
-        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
+        logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
+        return unflatten_rows(logits, hidden)  # (B, T, V)
 
 
 @dataclass
