@@ -32,14 +32,17 @@ def _model(variant):
     return skip_model(tiny_model(variant))
 
 
+def _export(model, name, directory):
+    spec = next(s for s in graph_specs(model, "float32") if s.name == name)
+    export_graph(model, spec, directory, ExportConfig(external_data="never", page_size=PAGE))
+    return directory / spec.file
+
+
 @pytest.fixture(scope="module", params=list(MAX_NODES))
 def layer(request, tmp_path_factory):
     """(variant, model, exported layer_00 path)."""
     model = _model(request.param)
-    spec = next(s for s in graph_specs(model, "float32") if s.name == "layer_00")
-    out = tmp_path_factory.mktemp(request.param)
-    export_graph(model, spec, out, ExportConfig(external_data="never", page_size=PAGE))
-    return request.param, model, out / spec.file
+    return request.param, model, _export(model, "layer_00", tmp_path_factory.mktemp(request.param))
 
 
 def _session(path, optimized=None):
@@ -51,12 +54,15 @@ def _session(path, optimized=None):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
+def _optimized_ops(path, tmp_path):
+    _session(path, tmp_path / "optimized.onnx")
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
 def test_layer_graph_has_few_nodes_after_onnxruntime_optimizations(layer, tmp_path):
     variant, _, path = layer
-    _session(path, tmp_path / "optimized.onnx")
-    nodes = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
-    ops = [n.op_type for n in nodes]
-    assert len(nodes) <= MAX_NODES[variant], sorted(ops)
+    ops = _optimized_ops(path, tmp_path)
+    assert len(ops) <= MAX_NODES[variant], sorted(ops)
     # no shape arithmetic of .view, no index ranges, no mask rebuilt from Ranges
     assert "Range" not in ops and "LessOrEqual" not in ops
     if variant == "opt":
@@ -106,3 +112,23 @@ def test_reshape_reads_zero_and_minus_one_as_onnx_does():
     x = torch.arange(2 * 3 * 8).reshape(2, 3, 8)
     assert torch.equal(reshape(x, 0, -1, 2, 4), x.view(2, 3, 2, 4))
     assert torch.equal(reshape(x.view(2, 3, 2, 4), 0, -1, 0), x.view(2, 12, 2))  # 0 at index 2: dim 2
+
+
+# The embedding and the head once per step: OPT's embed 18 -> 12 nodes (its last T positions one
+# Slice, not a Range-indexed Gather), its head 15 -> 6 (one Reshape back to (B, T, V)).
+@pytest.mark.parametrize("variant, name, limit", [("opt", "embed", 12), ("opt", "head", 6),
+                                                  ("llama3", "embed", 6), ("llama3", "head", 6)])
+def test_embed_and_head_graphs_are_lean_and_match_pytorch(variant, name, limit, tmp_path):
+    model = _model(variant)
+    path = _export(model, name, tmp_path)
+    assert len(_optimized_ops(path, tmp_path)) <= limit
+    case = _inputs(model, **CASES["later chunk, batch 2"], seed=3)
+    if name == "embed":
+        inputs = {"input_ids": torch.randint(3, model.config.vocab_size, (2, 3)),
+                  "attention_mask": case["attention_mask"]}
+    else:
+        inputs = {"hidden_states": case["hidden_states"]}
+    with torch.no_grad():
+        want = getattr(model, name)(*inputs.values())
+    (got,) = _session(path).run(None, {k: v.numpy() for k, v in inputs.items()})
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
