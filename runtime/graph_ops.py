@@ -51,7 +51,9 @@ class _Reshape(torch.autograd.Function):
 
 def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
     """``x`` reshaped as ONNX Reshape reads ``shape``: 0 keeps the dim of ``x`` at that index, one
-    -1 is inferred, other values are taken as they are. Exported as one Reshape of a constant."""
+    -1 is inferred, other values are taken as they are. Exported as one Reshape of a constant.
+
+    A shape with a 0 needs a -1 too: the TorchScript exporter's shape inference asserts otherwise."""
     if _exporting():
         return _Reshape.apply(x, tuple(shape))
     return x.reshape(_onnx_shape(x, shape))
@@ -65,9 +67,8 @@ class _SplitPast(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, probs, past_key):
-        rank = 4  # (B, heads, rows, W + T): an explicit axis, as TensorRT 8.x wants it constant
         width = g.op("Shape", past_key, start_i=3, end_i=4)  # (1,) W
-        axes = _const(g, [rank - 1])
+        axes = _const(g, [3])  # probs (B, h, R, W + T): a constant axis, as TensorRT 8.x wants it
         past = g.op("Slice", probs, _const(g, [0]), width, axes)
         new = g.op("Slice", probs, width, _const(g, [_INT64_MAX]), axes)
         return past, new

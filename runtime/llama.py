@@ -105,8 +105,7 @@ class CachedLlamaLayer(nn.Module):
 
     def _attention(self, h, attention_mask, past_key, past_value):
         attn = self.self_attn
-        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        g = nh // nkv  # query heads per KV head
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim  # g = nh / nkv query heads per KV head
         # Shapes as constants (0: copy the dim, -1: infer) and the split and mask as a few nodes:
         # runtime.graph_ops says why; the values are those of .view / .reshape / slicing.
         q = reshape(attn.q_proj(h), 0, -1, nh, hd)  # (B, T, nh, hd)

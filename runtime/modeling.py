@@ -10,8 +10,8 @@ It lives in ``runtime`` (imported only by the torch backend, so only with torch)
 runtime's torch backend runs these layers; ``export`` traces them.
 
 Numerics that matter for fp16 (docs/design.md section 2): softmax and layer norm run in fp32, and masked
-attention scores get ``MASK_VALUE``, which is finite in fp16, so fully masked (padding) rows give a
-uniform softmax instead of NaN.
+attention scores get ``MASK_VALUE`` (runtime.graph_ops), which is finite in fp16, so fully masked
+(padding) rows give a uniform softmax instead of NaN.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .graph_ops import MASK_VALUE, attention_bias, last_columns, reshape, split_past, unflatten_rows  # noqa: F401 (MASK_VALUE: re-exported)
+from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
 from .policy import SkipPolicy
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
