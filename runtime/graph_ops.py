@@ -15,7 +15,7 @@ traces it, an ``autograd.Function`` whose ``symbolic`` writes the ONNX it means 
 * ``attention_bias``: the causal, padding-aware additive bias from a Trilu of a constant-filled
   (T, S) block instead of two Ranges compared.
 
-Every op is opset 14+ and within TensorRT 8.6's parser (export.trt_compat checks the graphs).
+Every op is in opsets 14 to 17 (Shape's start/end attributes only from 15) and within TensorRT 8.6's parser (export.trt_compat checks the graphs).
 """
 
 from __future__ import annotations
@@ -32,6 +32,16 @@ def _exporting() -> bool:
 
 def _const(g, values, dtype=torch.int64):
     return g.op("Constant", value_t=torch.tensor(values, dtype=dtype))
+
+
+def _shape(g, x, start: int = 0, end: int | None = None):
+    """Dims [start, end) of x's shape as a 1-D tensor: Shape's start/end attributes from opset 15,
+    a Shape then a Slice of constant starts, ends and axes before it (export opsets 14..17)."""
+    if g.opset >= 15:
+        attrs = {"start_i": start} | ({"end_i": end} if end is not None else {})
+        return g.op("Shape", x, **attrs)
+    return g.op("Slice", g.op("Shape", x), _const(g, [start]), _const(g, [_INT64_MAX if end is None else end]),
+                _const(g, [0]))
 
 
 def _onnx_shape(x: torch.Tensor, shape: tuple[int, ...]) -> list[int]:
@@ -67,7 +77,7 @@ class _SplitPast(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, probs, past_key):
-        width = g.op("Shape", past_key, start_i=3, end_i=4)  # (1,) W
+        width = _shape(g, past_key, 3, 4)  # (1,) W
         axes = _const(g, [3])  # probs (B, h, R, W + T): a constant axis, as TensorRT 8.x wants it
         past = g.op("Slice", probs, _const(g, [0]), width, axes)
         new = g.op("Slice", probs, width, _const(g, [_INT64_MAX]), axes)
@@ -90,7 +100,7 @@ class _LastColumns(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x, like):
-        count = g.op("Neg", g.op("Shape", like, start_i=1, end_i=2))  # (1,) -T
+        count = g.op("Neg", _shape(g, like, 1, 2))  # (1,) -T
         return g.op("Slice", x, count, _const(g, [_INT64_MAX]), _const(g, [1]))
 
 
@@ -109,7 +119,7 @@ class _UnflattenRows(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x, like):
-        rows = g.op("Shape", like, end_i=2)  # (2,) [B, T]
+        rows = _shape(g, like, 0, 2)  # (2,) [B, T]
         return g.op("Reshape", x, g.op("Concat", rows, _const(g, [-1]), axis_i=0))
 
 
@@ -141,7 +151,7 @@ class _AttentionBias(torch.autograd.Function):
         # Causal: query t (at position S - T + t) sees key s iff s - t <= S - T. Trilu(upper) keeps
         # s - t >= k of a (T, S) block of MASK_VALUE, so k = S - T + 1 leaves MASK_VALUE exactly
         # on the future keys and 0 elsewhere. ConstantOfShape in fp32: TensorRT 8.x's only type.
-        block = g.op("Shape", scores, start_i=2)  # (2,) [T, S]
+        block = _shape(g, scores, 2)  # (2,) [T, S]
         past = g.op("Sub", g.op("Gather", block, _const(g, 1), axis_i=0),
                     g.op("Gather", block, _const(g, 0), axis_i=0))  # () S - T
         filled = g.op("ConstantOfShape", block, value_t=torch.tensor([MASK_VALUE], dtype=torch.float32))
