@@ -15,7 +15,8 @@ traces it, an ``autograd.Function`` whose ``symbolic`` writes the ONNX it means 
 * ``attention_bias``: the causal, padding-aware additive bias from a Trilu of a constant-filled
   (T, S) block instead of two Ranges compared.
 
-Every op is in opsets 14 to 17 (Shape's start/end attributes only from 15) and within TensorRT 8.6's parser (export.trt_compat checks the graphs).
+Every op is in the export's opsets 14 to 17 (Shape's start/end attributes only from 15) and
+within TensorRT 8.6's parser (export.trt_compat checks the graphs).
 """
 
 from __future__ import annotations
