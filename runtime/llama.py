@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .families import head_dim, kv_heads
-from .modeling import SkipOPT, attention_bias
+from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
+from .modeling import SkipOPT
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -34,21 +35,15 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm.weight * h.to(x.dtype)
 
 
-def mask_positions(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
-    """(B, S) mask -> (B, T) fp32 positions of its last T columns: real tokens before them, counted.
+def mask_positions(attention_mask: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """(B, S) mask -> (B, T) fp32 positions of its last T columns (T = hidden.shape[1], the new
+    positions): real tokens before them, counted.
 
-    In fp32 (exact below 2**24) and gathered rather than sliced, for TensorRT's parser (see
-    runtime.modeling.OPTEmbed)."""
-    total = attention_mask.shape[1]
+    In fp32 (exact below 2**24) and sliced with constant axes, for TensorRT's parser (see
+    runtime.graph_ops.last_columns)."""
     mask = attention_mask.float()
     positions = torch.cumsum(mask, dim=1) * mask - 1  # (B, S); padding -1, masked anyway
-    last = torch.arange(total - query_len, total, device=attention_mask.device)  # (T,)
-    return positions.index_select(1, last)  # (B, T)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    return last_columns(positions, hidden)  # (B, T)
 
 
 class LlamaEmbed(nn.Module):
@@ -90,44 +85,51 @@ class CachedLlamaLayer(nn.Module):
         self.scaling = self.head_dim ** -0.5
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # (hd/2,) fp32
         self.rope_scale = float(rope_scale)  # llama3 and linear: 1.0; attention_factor of others
+        # RoPE as transformers writes it, x * cos + rotate_half(x) * sin with rotate_half(x) =
+        # cat(-x2, x1), in fewer graph nodes and the same bits: the halves swapped by one Gather of
+        # constant indices, times sin with its first half negated (a product by -1 is exact).
+        half = self.head_dim // 2
+        self.register_buffer("swap_halves", torch.cat([torch.arange(half, 2 * half), torch.arange(half)]),
+                             persistent=False)  # (hd,) int64
+        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # (hd,)
+        self.register_buffer("sin_scale", sign * self.rope_scale, persistent=False)  # (hd,) fp32
+        self.register_buffer("freq", torch.cat([self.inv_freq, self.inv_freq]), persistent=False)  # (hd,)
         # Residual dropout, off unless tools.finetune turns it on (training mode only).
         self.dropout = 0.0
 
-    def _rope(self, attention_mask: torch.Tensor, T: int, dtype: torch.dtype):
-        positions = mask_positions(attention_mask, T)  # (B, T) fp32
-        freqs = positions[..., None] * self.inv_freq  # (B, T, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
-        return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
+    def _rope(self, attention_mask: torch.Tensor, h: torch.Tensor):
+        """cos (B, 1, T, hd) and sin with its first half negated, for x * cos + swapped(x) * sin."""
+        positions = mask_positions(attention_mask, h)  # (B, T) fp32
+        emb = reshape(positions, 0, 1, -1, 1) * self.freq  # (B, 1, T, hd): cat(freqs, freqs)
+        return (emb.cos() * self.rope_scale).to(h.dtype), (emb.sin() * self.sin_scale).to(h.dtype)
 
     def _attention(self, h, attention_mask, past_key, past_value):
         attn = self.self_attn
-        B, T, _ = h.shape
-        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        g = nh // nkv  # query heads per KV head
-        W = past_key.shape[3]
-        q = attn.q_proj(h).view(B, T, nh, hd)  # (B, T, nh, hd)
-        k = attn.k_proj(h).view(B, T, nkv, hd)  # (B, T, nkv, hd)
-        v = attn.v_proj(h).view(B, T, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim  # g = nh / nkv query heads per KV head
+        # Shapes as constants (0: copy the dim, -1: infer) and the split and mask as a few nodes:
+        # runtime.graph_ops says why; the values are those of .view / .reshape / slicing.
+        q = reshape(attn.q_proj(h), 0, -1, nh, hd)  # (B, T, nh, hd)
+        k = reshape(attn.k_proj(h), 0, -1, nkv, hd)  # (B, T, nkv, hd)
+        v = reshape(attn.v_proj(h), 0, -1, nkv, hd).transpose(1, 2)  # (B, nkv, T, hd)
         if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's head_dim
             q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
-        cos, sin = self._rope(attention_mask, T, h.dtype)  # (B, 1, T, hd)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        cos, sin = self._rope(attention_mask, h)  # (B, 1, T, hd), sin's first half negated
+        q = q * cos + q.index_select(3, self.swap_halves) * sin  # (B, nh, T, hd)
+        k = k * cos + k.index_select(3, self.swap_halves) * sin  # (B, nkv, T, hd)
         # The g query heads of KV head j are heads j*g .. j*g+g-1 (transformers' repeat_kv):
         # stacked along the query axis they meet K/V of shape (B, nkv, ...) in one matmul.
-        qg = (q * self.scaling).reshape(B, nkv, g * T, hd)  # (B, nkv, g*T, hd)
+        qg = reshape(q * self.scaling, 0, nkv, -1, hd)  # (B, nkv, g*T, hd)
         past = torch.matmul(qg, past_key)  # (B, nkv, g*T, W)
         new = torch.matmul(qg, k.transpose(2, 3))  # (B, nkv, g*T, T)
-        scores = torch.cat([past, new], dim=-1).float().reshape(B, nh, T, W + T)  # fp32
-        probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
-        probs = probs.reshape(B, nkv, g * T, W + T)
-        # Split by gathered index ranges, not slices (TensorRT 8.x: see CachedOPTLayer).
-        past_at = torch.arange(W, device=h.device)  # (W,)
-        new_at = torch.arange(W, W + T, device=h.device)  # (T,)
-        out = torch.matmul(probs.index_select(3, past_at), past_value)  # (B, nkv, g*T, hd)
-        out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nkv, g*T, hd)
-        out = out.reshape(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)  # (B, T, nh*hd)
+        scores = reshape(torch.cat([past, new], dim=-1).float(), 0, nh, -1, 0)  # (B, nh, T, W + T) fp32
+        probs = torch.softmax(scores + attention_bias(attention_mask, scores), dim=-1).to(h.dtype)
+        probs = reshape(probs, 0, nkv, -1, 0)  # (B, nkv, g*T, W + T)
+        # Split by Slices with constant axes (TensorRT 8.x: see CachedOPTLayer).
+        probs_past, probs_new = split_past(probs, past_key)  # (B, nkv, g*T, W), (B, nkv, g*T, T)
+        out = torch.matmul(probs_past, past_value)  # (B, nkv, g*T, hd)
+        out = out + torch.matmul(probs_new, v)  # (B, nkv, g*T, hd)
+        out = reshape(reshape(out, 0, nh, -1, hd).transpose(1, 2), 0, -1, nh * hd)  # (B, T, nh*hd)
         return attn.o_proj(out), k, v
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,9 +155,9 @@ class LlamaHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = rms_norm(self.norm, hidden)
-        B, T, D = hidden.shape
         # 2-D for one Gemm on the embedding's layout when tied (runtime.modeling.OPTHead)
-        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
+        logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
+        return unflatten_rows(logits, hidden)  # (B, T, V)
 
 
 def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:

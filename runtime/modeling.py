@@ -10,8 +10,8 @@ It lives in ``runtime`` (imported only by the torch backend, so only with torch)
 runtime's torch backend runs these layers; ``export`` traces them.
 
 Numerics that matter for fp16 (docs/design.md section 2): softmax and layer norm run in fp32, and masked
-attention scores get ``MASK_VALUE``, which is finite in fp16, so fully masked (padding) rows give a
-uniform softmax instead of NaN.
+attention scores get ``MASK_VALUE`` (runtime.graph_ops), which is finite in fp16, so fully masked
+(padding) rows give a uniform softmax instead of NaN.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
 from .policy import SkipPolicy
 
-MASK_VALUE = -65504.0  # torch.finfo(torch.float16).min: finite in fp16 and fp32
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
 
 
@@ -33,22 +33,6 @@ def _layer_norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     w = ln.weight.float() if ln.weight is not None else None
     b = ln.bias.float() if ln.bias is not None else None
     return F.layer_norm(x.float(), ln.normalized_shape, w, b, ln.eps).to(x.dtype)
-
-
-def attention_bias(attention_mask: torch.Tensor, query_len: int) -> torch.Tensor:
-    """Additive fp32 attention bias, causal and padding-aware.
-
-    attention_mask: (B, S) with 1 for real tokens, S = past + query_len.
-    Returns (B, 1, T, S): 0 where query t may attend key s, MASK_VALUE elsewhere.
-    """
-    total = attention_mask.shape[1]
-    key_pos = torch.arange(total, device=attention_mask.device)  # (S,)
-    query_pos = torch.arange(query_len, device=attention_mask.device) + (total - query_len)  # (T,)
-    causal = key_pos[None, :] <= query_pos[:, None]  # (T, S)
-    allowed = causal[None, :, :] & (attention_mask[:, None, :] > 0)  # (B, T, S)
-    zero = torch.zeros((), dtype=torch.float32, device=attention_mask.device)
-    masked = torch.full((), MASK_VALUE, dtype=torch.float32, device=attention_mask.device)
-    return torch.where(allowed, zero, masked)[:, None, :, :]  # (B, 1, T, S)
 
 
 class OPTEmbed(nn.Module):
@@ -65,14 +49,12 @@ class OPTEmbed(nn.Module):
         self.project_in = decoder.project_in  # 350m: word_embed_proj_dim -> hidden_size
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        query_len, total = input_ids.shape[1], attention_mask.shape[1]
         # CumSum in fp32 (exact below 2**24 positions): TensorRT's parser documents CumSum for
-        # float types only. The last T positions are gathered rather than sliced: TensorRT 8.x
-        # cannot parse a Slice whose axes are computed, as the unfolded TorchScript export makes them.
+        # float types only. The last T positions are one Slice with constant axes (TensorRT 8.x
+        # cannot parse the Slice with computed axes that the TorchScript export of [:, S - T:] makes).
         mask = attention_mask.float()
         positions = (torch.cumsum(mask, dim=1) * mask - 1).long()  # (B, S)
-        last = torch.arange(total - query_len, total, device=input_ids.device)  # (T,)
-        positions = positions.index_select(1, last)  # (B, T)
+        positions = last_columns(positions, input_ids)  # (B, T)
         tokens = self.embed_tokens(input_ids)  # (B, T, E)
         if self.project_in is not None:
             tokens = self.project_in(tokens)  # (B, T, D)
@@ -112,7 +94,7 @@ class OPTLayer(nn.Module):
         k = torch.cat([past_key, k], dim=2)  # (B, nh, S, hd)
         v = torch.cat([past_value, v], dim=2)  # (B, nh, S, hd)
         scores = torch.matmul(q, k.transpose(2, 3)).float()  # (B, nh, T, S) fp32
-        scores = scores + attention_bias(attention_mask, T)
+        scores = scores + attention_bias(attention_mask, scores)
         probs = torch.softmax(scores, dim=-1).to(h.dtype)  # (B, nh, T, S)
         out = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.out_proj(out), k, v
@@ -166,23 +148,22 @@ class CachedOPTLayer(OPTLayer):
             setattr(self, name, getattr(layer, name))
 
     def _attention(self, h, attention_mask, past_key, past_value):
-        B, T, D = h.shape
         nh, hd = self.num_heads, self.head_dim
-        W = past_key.shape[3]
-        q = (self.q_proj(h) * self.scaling).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        v = self.v_proj(h).view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        # Shapes as constants (0: copy the dim, -1: infer) and the splits and mask as a few nodes:
+        # runtime.graph_ops says why; the values are those of .view / slicing.
+        q = reshape(self.q_proj(h) * self.scaling, 0, -1, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = reshape(self.k_proj(h), 0, -1, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        v = reshape(self.v_proj(h), 0, -1, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         past = torch.matmul(q, past_key)  # (B, nh, T, W)
         new = torch.matmul(q, k.transpose(2, 3))  # (B, nh, T, T)
         scores = torch.cat([past, new], dim=-1).float()  # (B, nh, T, W + T) fp32
-        probs = torch.softmax(scores + attention_bias(attention_mask, T), dim=-1).to(h.dtype)
-        # Split by gathering index ranges, not slicing: the TorchScript exporter writes a slice of
-        # a computed length with computed axes, which TensorRT 8.x cannot parse (as in OPTEmbed).
-        past_at = torch.arange(W, device=h.device)  # (W,)
-        new_at = torch.arange(W, W + T, device=h.device)  # (T,)
-        out = torch.matmul(probs.index_select(3, past_at), past_value)  # (B, nh, T, hd)
-        out = out + torch.matmul(probs.index_select(3, new_at), v)  # (B, nh, T, hd)
-        out = out.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        probs = torch.softmax(scores + attention_bias(attention_mask, scores), dim=-1).to(h.dtype)
+        # Split by Slices with constant axes: TensorRT 8.x cannot parse a Slice whose axes are
+        # computed, as the unfolded TorchScript export of probs[..., :W] makes them.
+        probs_past, probs_new = split_past(probs, past_key)  # (B, nh, T, W), (B, nh, T, T)
+        out = torch.matmul(probs_past, past_value)  # (B, nh, T, hd)
+        out = out + torch.matmul(probs_new, v)  # (B, nh, T, hd)
+        out = reshape(out.transpose(1, 2), 0, -1, nh * hd)  # (B, T, D)
         return self.out_proj(out), k, v
 
 
@@ -200,10 +181,10 @@ class OPTHead(nn.Module):
             hidden = _layer_norm(self.final_layer_norm, hidden)
         if self.project_out is not None:
             hidden = self.project_out(hidden)
-        B, T, D = hidden.shape
         # 2-D, so the head graph is one Gemm(transB) on the embedding's own (V, D) layout and
         # the artifact stores the tied matrix once (export.weights.tie_head)
-        return self.lm_head(hidden.reshape(B * T, D)).reshape(B, T, -1)  # (B, T, V)
+        logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
+        return unflatten_rows(logits, hidden)  # (B, T, V)
 
 
 @dataclass
