@@ -386,7 +386,9 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         (every prompt whole, stalling the running rows for its length).
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
-        busy-wait briefly, for a device whose cores no other process uses).
+        busy-wait briefly, for a device whose cores no other process uses; ``huge_pages``: True,
+        the default, moves the weights it packed onto 2 MiB pages where Linux allows,
+        runtime/hugepages.py).
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
@@ -417,9 +419,9 @@ def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationRe
         transformers: text == decode(token_ids)); the server leaves it out, as OpenAI.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, spin, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
+    threads, spin, huge_pages, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
-    load_keys = {"backend", "check_hashes", "providers", "threads", "spin", "device", "cuda_graphs", "engine_dir",
+    load_keys = {"backend", "check_hashes", "providers", "threads", "spin", "huge_pages", "device", "cuda_graphs", "engine_dir",
                  "max_batch", "max_length", "max_queue", "prefill_chunk"}
     if isinstance(model, Generator):
         if load_keys & kwargs.keys():

@@ -152,6 +152,15 @@ def check_spin(spin) -> bool | None:
     return spin
 
 
+def check_huge_pages(huge_pages) -> bool | None:
+    """Huge pages under the packed weights: None (the backend's default) or a bool."""
+    if huge_pages is not None and not isinstance(huge_pages, bool):
+        raise InvalidArgumentError(
+            f"huge_pages must be True (the default: packed weights onto 2 MiB pages where Linux "
+            f"allows) or False (left as allocated), got {huge_pages!r}")
+    return huge_pages
+
+
 def check_nonempty_rows(attention_mask: np.ndarray, prompts: list[str]) -> None:
     """Refuse prompts that encode to zero tokens: they have no last token to predict from (an
     IndexError alone, a row of padding decoded as garbage in a batch)."""
@@ -226,8 +235,9 @@ def check_providers(providers) -> list | None:
 
 
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to the backends: threads, spin, device, providers."""
+    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, device, providers."""
     check_threads(options.get("threads"))
     check_spin(options.get("spin"))
+    check_huge_pages(options.get("huge_pages"))
     check_device(options.get("device"))
     check_providers(options.get("providers"))

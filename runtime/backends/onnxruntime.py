@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import hugepages
 from ..errors import ArtifactError
 from ..manifest import GraphSpec, Manifest
 from ..kvcache import ArrayStorage
@@ -99,7 +100,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None, spin: bool = False):
+                 threads: int | None = None, spin: bool = False, huge_pages: bool = True):
         ort = _import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -125,7 +126,10 @@ class OnnxRuntimeBackend(Backend):
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
         graphs = [manifest.head, *(g for g in manifest.graphs if g.name != "head")]
+        before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
+        # The packed weights onto 2 MiB pages: a step streams them all (runtime/hugepages.py)
+        self.huge_page_bytes = hugepages.collapse_new(before)
         self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)

@@ -229,7 +229,8 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
-                 threads: int | None = None, spin: bool = False):
+                 threads: int | None = None, spin: bool = False,
+                 huge_pages: bool = True):
         ort = _import_ort()
         kind, _, index = str(device).partition(":")
         if kind not in _PROVIDER:
@@ -244,7 +245,8 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         if providers is None:  # ops a provider lacks fall back to the CPU, as ORT does by default
             providers = ([(_PROVIDER[kind], {"device_id": self.device_id})] if kind == "cuda" else []) \
                 + ["CPUExecutionProvider"]
-        super().__init__(directory, manifest, providers=providers, threads=threads, spin=spin)
+        super().__init__(directory, manifest, providers=providers, threads=threads, spin=spin,
+                         huge_pages=huge_pages)
         self._bindings = {name: s.io_binding() for name, s in self._sessions.items()}
         opts = ort.SessionOptions()
         opts.log_severity_level = 3

@@ -135,6 +135,17 @@ def test_spin_reaches_every_session_and_changes_no_token(artifact_dir):
     assert a.token_ids == b.token_ids
 
 
+def test_huge_pages_change_no_token(artifact_dir):
+    with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as huge, \
+            runtime.load(artifact_dir, check_hashes=False, max_batch=1, huge_pages=False) as plain:
+        assert plain.backend.huge_page_bytes == 0
+        a = huge.generate("Hello, my name is", 8, ignore_eos=True)
+        b = plain.generate("Hello, my name is", 8, ignore_eos=True)
+    assert a.token_ids == b.token_ids
+    with pytest.raises(InvalidArgumentError, match=r"huge_pages must be True .* or False .*, got 1"):
+        runtime.load(artifact_dir, huge_pages=1)
+
+
 def test_spin_must_be_a_bool(artifact_dir):
     with pytest.raises(InvalidArgumentError, match=r"spin must be True .* or False .*, got 'no'"):
         runtime.load(artifact_dir, spin="no")

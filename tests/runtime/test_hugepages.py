@@ -1,0 +1,64 @@
+"""runtime.hugepages: the packed weights onto 2 MiB pages, nothing else touched."""
+
+import platform
+
+import numpy as np
+import pytest
+
+from runtime import hugepages
+
+
+def _kernel() -> tuple[int, int]:
+    major, minor = platform.release().split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+needs_collapse = pytest.mark.skipif(
+    not hugepages.available() or _kernel() < (6, 1),
+    reason="needs Linux 6.1+ (MADV_COLLAPSE) with transparent huge pages not 'never'")
+
+
+def _huge_bytes(array: np.ndarray) -> int:
+    """AnonHugePages of the mappings that hold ``array`` (a collapse may split its mapping)."""
+    first, last = array.ctypes.data, array.ctypes.data + array.nbytes
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start < last and first < end
+        elif inside and line.startswith("AnonHugePages:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+@needs_collapse
+def test_new_resident_memory_is_collapsed_and_lazy_memory_left_alone():
+    before = hugepages.snapshot()
+    weights = np.ones(16 << 20, np.uint8)  # written: resident, as packed weights are
+    lazy = np.zeros(64 << 20, np.uint8)  # mapped, never written: as the KV cache's buffers
+    done = hugepages.collapse_new(before)
+    assert done >= 8 << 20
+    assert _huge_bytes(weights) >= 8 << 20
+    assert _huge_bytes(lazy) == 0
+    assert hugepages.anonymous_regions()[_region(lazy)][1] < 1 << 20  # still not resident
+    assert weights.sum() == 16 << 20  # the values are the same
+
+
+def _region(array: np.ndarray) -> int:
+    address = array.ctypes.data + array.nbytes // 2
+    return next(s for s, (e, _) in hugepages.anonymous_regions().items() if s <= address < e)
+
+
+def test_nothing_happens_where_huge_pages_are_unavailable(monkeypatch):
+    monkeypatch.setattr(hugepages, "available", lambda: False)
+    assert hugepages.snapshot() is None
+    assert hugepages.collapse_new(None) == 0
+
+
+@needs_collapse
+def test_regions_that_existed_before_are_left_as_they_were():
+    old = np.ones(16 << 20, np.uint8)
+    huge_before = _huge_bytes(old)  # non-zero only where THP is "always"
+    hugepages.collapse_new(hugepages.snapshot())
+    assert _huge_bytes(old) == huge_before
