@@ -5,7 +5,10 @@ decode step at batch 1 streams all of it. Where transparent huge pages are "madv
 distributions' default) those buffers sit on 4 KiB pages, and streaming them misses the TLB: on
 the 2-core EPYC an OPT-125m head read at ~26 GB/s, at ~31 GB/s on 2 MiB pages, and a step ran 8-11%
 faster (docs/benchmarks.md, "Huge pages"). ``MADV_COLLAPSE`` (Linux 6.1+) moves a populated range
-onto huge pages synchronously, so the process does not wait for khugepaged's slow scan.
+onto huge pages synchronously, so the process does not wait for khugepaged's slow scan; it copies
+them, ~2 ms per MiB at load (0.6 s for OPT-125m's 336 MiB), which is why the backend's
+``huge_pages`` is off by default. A process started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+(glibc 2.35+) gets huge pages for every large allocation as it is made, at no load cost.
 
 Only regions that appeared while the backend loaded (``snapshot`` before, ``collapse_new`` after)
 and are wholly resident are collapsed: the KV cache, mapped lazily and allocated later, is never

@@ -156,8 +156,8 @@ def check_huge_pages(huge_pages) -> bool | None:
     """Huge pages under the packed weights: None (the backend's default) or a bool."""
     if huge_pages is not None and not isinstance(huge_pages, bool):
         raise InvalidArgumentError(
-            f"huge_pages must be True (the default: packed weights onto 2 MiB pages where Linux "
-            f"allows) or False (left as allocated), got {huge_pages!r}")
+            f"huge_pages must be True (packed weights moved onto 2 MiB pages where Linux allows) "
+            f"or False (the default: left as allocated), got {huge_pages!r}")
     return huge_pages
 
 

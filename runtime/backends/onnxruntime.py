@@ -100,7 +100,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None, spin: bool = False, huge_pages: bool = True):
+                 threads: int | None = None, spin: bool = False, huge_pages: bool = False):
         ort = _import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -128,7 +128,7 @@ class OnnxRuntimeBackend(Backend):
         graphs = [manifest.head, *(g for g in manifest.graphs if g.name != "head")]
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
-        # The packed weights onto 2 MiB pages: a step streams them all (runtime/hugepages.py)
+        # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
         self._layer_names = [g.name for g in manifest.layers]
         m = manifest.model

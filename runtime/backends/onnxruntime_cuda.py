@@ -230,7 +230,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
                  threads: int | None = None, spin: bool = False,
-                 huge_pages: bool = True):
+                 huge_pages: bool = False):
         ort = _import_ort()
         kind, _, index = str(device).partition(":")
         if kind not in _PROVIDER:

@@ -136,8 +136,8 @@ def test_spin_reaches_every_session_and_changes_no_token(artifact_dir):
 
 
 def test_huge_pages_change_no_token(artifact_dir):
-    with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as huge, \
-            runtime.load(artifact_dir, check_hashes=False, max_batch=1, huge_pages=False) as plain:
+    with runtime.load(artifact_dir, check_hashes=False, max_batch=1, huge_pages=True) as huge, \
+            runtime.load(artifact_dir, check_hashes=False, max_batch=1) as plain:
         assert plain.backend.huge_page_bytes == 0
         a = huge.generate("Hello, my name is", 8, ignore_eos=True)
         b = plain.generate("Hello, my name is", 8, ignore_eos=True)

@@ -17,8 +17,8 @@ embedding is a lookup: a step reads one row of its table).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
 instead of MLAS's packed copy), ``spin`` (the backend's ``spin=True``: worker threads busy-wait
-briefly for the next operator instead of sleeping), ``nohuge`` (the backend's ``huge_pages=False``:
-the packed weights left on the pages they were allocated on), ``bind`` (IOBinding with outputs bound once to
+briefly for the next operator instead of sleeping), ``huge`` (the backend's ``huge_pages=True``: the
+packed weights moved onto 2 MiB pages), ``bind`` (IOBinding with outputs bound once to
 preallocated buffers). Without options a candidate's sessions are the backend's.
 """
 
@@ -38,7 +38,7 @@ import numpy as np
 from runtime import cli, hugepages
 from runtime.errors import InvalidArgumentError
 
-OPTIONS = ("noprepack", "spin", "nohuge", "bind")
+OPTIONS = ("noprepack", "spin", "huge", "bind")
 
 
 @dataclass
@@ -94,13 +94,13 @@ def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path |
 def load(ort, candidate: Candidate, threads: int, profile_dir: Path | None) -> dict:
     manifest = json.loads((candidate.directory / "manifest.json").read_text())
     names = [g["name"] for g in manifest["graphs"]]
-    before = hugepages.snapshot() if "nohuge" not in candidate.options else None
+    before = hugepages.snapshot() if "huge" in candidate.options else None
     for name in ["head", *(n for n in names if n != "head")]:  # the runtime's order (peak memory)
         path = candidate.directory / f"{name}.onnx"
         opts = session_options(ort, candidate, threads, profile_dir)
         candidate.sessions[name] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         candidate.bytes[name] = initializer_bytes(path)
-    hugepages.collapse_new(before)  # as the backend does
+    hugepages.collapse_new(before)  # as the backend does with huge_pages=True
     return {**manifest["model"], "dtype": manifest["dtype"]}
 
 
