@@ -143,22 +143,12 @@ def check_threads(threads) -> int | None:
     return threads
 
 
-def check_spin(spin) -> bool | None:
-    """ONNX Runtime's thread spinning: None (the backend's default) or a bool."""
-    if spin is not None and not isinstance(spin, bool):
-        raise InvalidArgumentError(
-            f"spin must be True (worker threads busy-wait briefly: a device of its own) or False "
-            f"(they sleep: the default), got {spin!r}")
-    return spin
-
-
-def check_huge_pages(huge_pages) -> bool | None:
-    """Huge pages under the packed weights: None (the backend's default) or a bool."""
-    if huge_pages is not None and not isinstance(huge_pages, bool):
-        raise InvalidArgumentError(
-            f"huge_pages must be True (packed weights moved onto 2 MiB pages where Linux allows) "
-            f"or False (the default: left as allocated), got {huge_pages!r}")
-    return huge_pages
+def check_flag(name: str, value, true: str, false: str) -> bool | None:
+    """A backend's on/off option: None (the backend's default) or a bool; ``true`` and ``false``
+    say what each value does, for the message."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True ({true}) or False ({false}), got {value!r}")
+    return value
 
 
 def check_nonempty_rows(attention_mask: np.ndarray, prompts: list[str]) -> None:
@@ -237,7 +227,9 @@ def check_providers(providers) -> list | None:
 def check_backend_options(options: dict) -> None:
     """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, device, providers."""
     check_threads(options.get("threads"))
-    check_spin(options.get("spin"))
-    check_huge_pages(options.get("huge_pages"))
+    check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",
+               "they sleep: the default")
+    check_flag("huge_pages", options.get("huge_pages"),
+               "packed weights moved onto 2 MiB pages where Linux allows", "the default: left as allocated")
     check_device(options.get("device"))
     check_providers(options.get("providers"))
