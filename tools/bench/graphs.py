@@ -86,8 +86,7 @@ def session_options(ort, candidate: Candidate, threads: int, profile_dir: Path |
     if "noprepack" in candidate.options:
         opts.add_session_config_entry("session.disable_prepacking", "1")
     if profile_dir is not None:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(profile_dir / candidate.name)
+        opts.enable_profiling = True  # into profile_dir, one file per graph (load)
     return opts
 
 
@@ -98,6 +97,8 @@ def load(ort, candidate: Candidate, threads: int, profile_dir: Path | None) -> d
     for name in ["head", *(n for n in names if n != "head")]:  # the runtime's order (peak memory)
         path = candidate.directory / f"{name}.onnx"
         opts = session_options(ort, candidate, threads, profile_dir)
+        if profile_dir is not None:  # one prefix per graph: ONNX Runtime names a profile by the millisecond
+            opts.profile_file_prefix = str(profile_dir / f"{candidate.name}-{name}")
         candidate.sessions[name] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         candidate.bytes[name] = initializer_bytes(path)
     hugepages.collapse_new(before)  # as the backend does with huge_pages=True
