@@ -83,7 +83,6 @@ class CachedLlamaLayer(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, kv_heads(config)
         self.head_dim = head_dim(config)
         self.scaling = self.head_dim ** -0.5
-        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # (hd/2,) fp32
         self.rope_scale = float(rope_scale)  # llama3 and linear: 1.0; attention_factor of others
         # RoPE as transformers writes it, x * cos + rotate_half(x) * sin with rotate_half(x) =
         # cat(-x2, x1), in fewer graph nodes and the same bits: the halves swapped by one Gather of
@@ -93,7 +92,7 @@ class CachedLlamaLayer(nn.Module):
                              persistent=False)  # (hd,) int64
         sign = torch.cat([-torch.ones(half), torch.ones(half)])  # (hd,)
         self.register_buffer("sin_scale", sign * self.rope_scale, persistent=False)  # (hd,) fp32
-        self.register_buffer("freq", torch.cat([self.inv_freq, self.inv_freq]), persistent=False)  # (hd,)
+        self.register_buffer("freq", torch.cat([inv_freq, inv_freq]).float(), persistent=False)  # (hd,) fp32
         # Residual dropout, off unless tools.finetune turns it on (training mode only).
         self.dropout = 0.0
 
