@@ -3,7 +3,7 @@
 Why: ONNX Runtime pre-packs every MatMul/Gemm weight into anonymous memory of its own, and a
 decode step at batch 1 streams all of it. Where transparent huge pages are "madvise" (many
 distributions' default) those buffers sit on 4 KiB pages, and streaming them misses the TLB: on
-the 2-core EPYC an OPT-125m head read at ~26 GB/s, at ~31 GB/s on 2 MiB pages, and a step ran 8-11%
+the 2-core EPYC an OPT-125m head read at ~26 GB/s, at ~31 GB/s on 2 MiB pages, and a step ran 8-9%
 faster (docs/benchmarks.md, "Huge pages"). ``MADV_COLLAPSE`` (Linux 6.1+) moves a populated range
 onto huge pages synchronously, so the process does not wait for khugepaged's slow scan; it copies
 them, ~2 ms per MiB at load (0.6 s for OPT-125m's 336 MiB), which is why the backend's
