@@ -116,6 +116,7 @@ RULES = [
     ("python -m export plan DIR", "parse", PLACEHOLDER + "; --measure loads each (minutes)"),
     ("python -m export.measure DIR", "parse", PLACEHOLDER),
     ("python -m tools.bench.memory DIR", "parse", PLACEHOLDER + "; " + LONG),
+    ("python -m tools.bench.gemv", "parse", LONG + " (on the artifact tools.bench prepares)"),
     ("python -m tools.bench.slots --checkout /work/before", "parse", BEFORE),
     ("python -m tools.bench.gap --checkout /work/before", "parse", BEFORE),
     ("python -m tools.bench.startup artifacts/opt-e2e-skipdecode --runs 10 --checkout /tmp/", "parse", BEFORE),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from tools.bench import gemv
@@ -32,8 +33,8 @@ def test_step_shapes_are_the_layers_and_the_tied_head(tiny):
 
 def test_cli_table_and_json(tiny, tmp_path, capsys):
     out = tmp_path / "g.json"
-    code = gemv.main([str(tiny.artifact_dir), "--rounds", "2", "--threads", "1", "--evict-mib", "1",
-                      "--bandwidth-mib", "8", "--json", str(out)])
+    code = gemv.main([str(tiny.artifact_dir), "--rounds", "2", "--repeats", "1", "--threads", "1",
+                      "--evict-mib", "1", "--bandwidth-mib", "8", "--json", str(out)])
     assert code == 0
     text = capsys.readouterr().out
     assert "| ort GB/s | ort-noprepack GB/s | ort-gemm GB/s | numpy GB/s |" in text
@@ -47,10 +48,22 @@ def test_cli_table_and_json(tiny, tmp_path, capsys):
     assert set(summary["step_ms"]) >= {"ort", "ort-noprepack", "ort-gemm", "numpy"}
 
 
+def test_time_kernel_gives_one_time_per_round_and_shape():
+    shapes = [gemv.Shape(16, 24, 2), gemv.Shape(24, 16, 1)]
+    seconds = gemv.time_kernel("ort", shapes, [3, 1], rounds=4, threads=1, spin=False)
+    assert [len(s) for s in seconds] == [4, 4] and all(t > 0 for s in seconds for t in s)
+
+
 def test_every_kernel_computes_the_same_product():
     calls = gemv.kernels(gemv.Shape(48, 80, 1), copies=2, threads=1, spin=False)
     assert set(calls) >= {"ort", "ort-noprepack", "ort-gemm", "numpy"}
-    assert all(len(fns) == 2 for fns in calls.values())  # kernels() itself asserts the outputs agree
+    want = calls["numpy"]()
+    for name, fn in calls.items():  # kernels() asserts this too, before any timing
+        got = fn()
+        assert len(got) == 2 and got[0].shape == (1, 80), name
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=name)
+    assert not np.allclose(want[0], want[1])  # two different copies, not one read twice
 
 
 @pytest.mark.parametrize("args, message", [
@@ -67,7 +80,6 @@ def test_bad_arguments_exit_2_with_one_error_line(tiny, tmp_path, capsys, args, 
 def test_a_quantized_artifact_is_refused(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    import numpy as np
 
     (tmp_path / "manifest.json").write_text(json.dumps({"graphs": [{"name": "layer_00"}, {"name": "head"}]}))
     for name in ("layer_00", "head"):

@@ -1,6 +1,6 @@
 """The kernel ceiling at batch 1: how fast each CPU kernel reads an artifact's weight matrices.
 
-    python -m tools.bench.gemv ARTIFACT [--threads 2] [--rounds 30] [--spin]
+    python -m tools.bench.gemv ARTIFACT [--threads 2] [--rounds 30] [--repeats 2] [--spin]
 
 At batch 1 every weight of a decode step is a matrix-vector product (GEMV): one read of the
 matrix, two flops per weight, so it can go no faster than the memory's read bandwidth. This times
@@ -18,13 +18,15 @@ weights only) with:
   where torch is not installed).
 
 Each shape gets enough distinct random copies that together they exceed ``--evict-mib`` (more
-than the last-level cache), and a round calls every copy once, back to back, as a step calls each
-layer's products once; rounds alternate the kernels, so a shared machine's load falls on all
-alike. Every kernel's output is checked against numpy's first. Reported: the median GB/s of each
+than the last-level cache); a round multiplies by every copy once, back to back, as a step
+multiplies by each layer's weights once (ONNX Runtime's kernels as the nodes of one session, so
+one ``session.run`` a round, as a layer's products share one). Each kernel runs in a process of
+its own, as each library's threads spin on after a call and would slow the next library's; the
+kernels' processes take turns ``--repeats`` times, so a shared machine's load falls on all alike.
+Every kernel's output is checked against numpy's first. Reported: the median GB/s of each
 kernel and shape, and what a whole step's weight products (every layer and the head) would take
 at those rates, against the floor (their bytes over ``tools.bench.bandwidth``'s probe). The
-graphs' other nodes, the attention and ``session.run`` itself are not in it: that is
-``tools.bench.graphs``.
+graphs' other nodes and the attention are not in it: ``tools.bench.graphs`` times those.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -107,18 +110,21 @@ def step_shapes(directory: Path) -> tuple[list[Shape], int]:
     return [Shape(r, c, n) for (r, c), n in counts.items()], len(layers)
 
 
-def _session(ort, weight: np.ndarray, gemm: bool, threads: int, spin: bool, prepack: bool):
+def _session(ort, weights: list[np.ndarray], gemm: bool, threads: int, spin: bool, prepack: bool):
+    """One session multiplying x by every weight, one node each: the nodes of one ``session.run``, as
+    a layer's products are, so its per-run cost is shared as it is in a layer."""
     from onnx import TensorProto, helper, numpy_helper
 
     from runtime.backends.onnxruntime import session_options
 
-    rows = weight.shape[1] if gemm else weight.shape[0]
-    cols = weight.shape[0] if gemm else weight.shape[1]
-    node = (helper.make_node("Gemm", ["x", "w"], ["y"], transB=1) if gemm
-            else helper.make_node("MatMul", ["x", "w"], ["y"]))
-    graph = helper.make_graph([node], "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])],
-                              [numpy_helper.from_array(weight, "w")])
+    rows = weights[0].shape[1] if gemm else weights[0].shape[0]
+    cols = weights[0].shape[0] if gemm else weights[0].shape[1]
+    nodes = [helper.make_node("Gemm", ["x", f"w{i}"], [f"y{i}"], transB=1) if gemm
+             else helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]) for i in range(len(weights))]
+    graph = helper.make_graph(nodes, "gemv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, cols])
+                               for i in range(len(weights))],
+                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     opts = session_options(ort, threads, spin=spin)
     if not prepack:
@@ -126,8 +132,9 @@ def _session(ort, weight: np.ndarray, gemm: bool, threads: int, spin: bool, prep
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def kernels(shape: Shape, copies: int, threads: int, spin: bool, seed: int = 0) -> dict:
-    """kernel -> one callable per copy computing x @ W, each checked against numpy's."""
+def kernels(shape: Shape, copies: int, threads: int, spin: bool, only: str | None = None, seed: int = 0) -> dict:
+    """kernel (or just ``only``) -> a callable computing x @ W for every copy of W (a list of
+    (1, out) arrays), each checked against numpy's."""
     import onnxruntime as ort
 
     try:
@@ -138,39 +145,74 @@ def kernels(shape: Shape, copies: int, threads: int, spin: bool, seed: int = 0) 
         torch.set_num_threads(threads)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((1, shape.rows), dtype=np.float32)  # (1, in)
-    calls: dict[str, list] = {k: [] for k in KERNELS if k != "torch" or torch is not None}
-    for _ in range(copies):
-        w = rng.standard_normal((shape.rows, shape.cols), dtype=np.float32) * 0.02  # (in, out)
-        wt = np.ascontiguousarray(w.T)  # (out, in)
-        made = {"numpy": lambda w=w: x @ w}
-        for name, weight, gemm, prepack in (("ort", w, False, True), ("ort-noprepack", w, False, False),
-                                            ("ort-gemm", wt, True, True)):
-            s = _session(ort, weight, gemm, threads, spin, prepack)
-            made[name] = lambda s=s: s.run(None, {"x": x})[0]
-        if torch is not None:
-            xt, wt_t = torch.from_numpy(x), torch.from_numpy(wt)
-            made["torch"] = lambda xt=xt, wt_t=wt_t: torch.nn.functional.linear(xt, wt_t).numpy()
-        want = made["numpy"]()
-        for name, fn in made.items():
-            np.testing.assert_allclose(fn(), want, rtol=1e-3, atol=1e-4, err_msg=f"{name} on {shape}")
-            calls[name].append(fn)
-        del w, wt  # the sessions hold their own (packed) copies; numpy's and torch's lambdas keep theirs
+    ws = [rng.standard_normal((shape.rows, shape.cols), dtype=np.float32) * 0.02 for _ in range(copies)]  # (in, out)
+    want = [x @ w for w in ws]
+    calls = {"numpy": lambda: [x @ w for w in ws]}
+    for name, gemm, prepack in (("ort", False, True), ("ort-noprepack", False, False), ("ort-gemm", True, True)):
+        if only in (None, name):
+            weights = [np.ascontiguousarray(w.T) for w in ws] if gemm else ws  # (out, in) : (in, out)
+            s = _session(ort, weights, gemm, threads, spin, prepack)
+            calls[name] = lambda s=s: s.run(None, {"x": x})
+    if torch is not None and only in (None, "torch"):
+        xt, wts = torch.from_numpy(x), [torch.from_numpy(np.ascontiguousarray(w.T)) for w in ws]  # (out, in)
+        calls["torch"] = lambda: [torch.nn.functional.linear(xt, w).numpy() for w in wts]
+    calls = {k: calls[k] for k in KERNELS if k in calls and only in (None, k)}
+    for name, fn in calls.items():
+        for i, (got, ref) in enumerate(zip(fn(), want, strict=True)):
+            np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4, err_msg=f"{name}, copy {i} of {shape}")
     return calls
 
 
-def measure(shape: Shape, evict_bytes: int, rounds: int, threads: int, spin: bool) -> Measured:
-    copies = max(1, math.ceil(evict_bytes / shape.bytes))
-    calls = kernels(shape, copies, threads, spin)
-    result = Measured(shape, copies, {k: [] for k in calls})
-    for _ in range(rounds + 1):  # the first round warms every kernel up, untimed
-        for name, fns in calls.items():
+def time_kernel(kernel: str, shapes: list[Shape], copies: list[int], rounds: int, threads: int,
+                spin: bool) -> list[list[float]]:
+    """In this process: seconds per round of one kernel on each shape; a round runs every shape."""
+    calls = [kernels(shape, n, threads, spin, only=kernel)[kernel] for shape, n in zip(shapes, copies)]
+    time.sleep(0.5)  # numpy's reference products leave OpenBLAS's threads spinning for a moment
+    seconds = [[] for _ in shapes]
+    for _ in range(rounds + 1):  # the first round warms the kernel up, untimed
+        for fn, times in zip(calls, seconds):
             start = time.perf_counter()
-            for fn in fns:
-                fn()
-            result.seconds[name].append(time.perf_counter() - start)
-    for times in result.seconds.values():
-        del times[0]
-    return result
+            fn()
+            times.append(time.perf_counter() - start)
+    return [times[1:] for times in seconds]
+
+
+# One kernel a process: OpenBLAS's and OpenMP's threads spin on for a while after each call and
+# would take a core from whichever kernel ran next in the same process.
+_CHILD = """
+import json, sys
+from tools.bench import gemv
+a = json.loads(sys.argv[1])
+shapes = [gemv.Shape(*s) for s in a["shapes"]]
+print(json.dumps(gemv.time_kernel(a["kernel"], shapes, a["copies"], a["rounds"], a["threads"], a["spin"])))
+"""
+
+
+def available_kernels() -> tuple[str, ...]:
+    import importlib.util
+
+    return tuple(k for k in KERNELS if k != "torch" or importlib.util.find_spec("torch") is not None)
+
+
+def measure(shapes: list[Shape], evict_bytes: int, rounds: int, threads: int, spin: bool, repeats: int,
+            log=print) -> list[Measured]:
+    """Every kernel in its own process, ``repeats`` times in turn (A, B, ..., A, B, ...), the rounds
+    of all its processes pooled."""
+    from .runner import REPO
+
+    copies = [max(1, math.ceil(evict_bytes / s.bytes)) for s in shapes]
+    results = [Measured(s, n, {}) for s, n in zip(shapes, copies)]
+    for repeat in range(repeats):
+        for kernel in available_kernels():
+            log(f"{kernel} ({repeat + 1}/{repeats})")
+            arg = json.dumps({"kernel": kernel, "shapes": [[s.rows, s.cols, s.per_step] for s in shapes],
+                              "copies": copies, "rounds": rounds, "threads": threads, "spin": spin})
+            done = subprocess.run([sys.executable, "-c", _CHILD, arg], cwd=REPO, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"timing {kernel} failed:\n{done.stderr[-2000:]}")
+            for result, times in zip(results, json.loads(done.stdout.splitlines()[-1])):
+                result.seconds.setdefault(kernel, []).extend(times)
+    return results
 
 
 def table(results: list[Measured], layers: int, bandwidth: float) -> tuple[str, dict]:
@@ -207,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("artifact", type=Path, help="an artifact directory (python -m export build)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of ONNX Runtime and torch (default 2)")
-    p.add_argument("--rounds", type=int, default=30, help="timed rounds per kernel (default 30)")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds per kernel and process (default 30)")
     p.add_argument("--spin", action="store_true", help="ONNX Runtime sessions with the backend's spin=True")
     p.add_argument("--evict-mib", type=int, default=128,
                    help="distinct bytes per shape, MiB: more than the last-level cache (default 128)")
     p.add_argument("--bandwidth-mib", type=int, default=1024,
                    help="array the bandwidth is measured on, MiB (default 1024: larger than any cache)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="processes per kernel, the kernels' processes taking turns (default 2)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     args = p.parse_args(argv)
     return cli.run(lambda: _main(args))
@@ -222,16 +266,15 @@ def _main(args) -> int:
     from . import bandwidth as bw_probe
 
     for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--evict-mib", args.evict_mib),
+                        ("--repeats", args.repeats),
                         ("--bandwidth-mib", args.bandwidth_mib)):
         if value < 1:
             raise InvalidArgumentError(f"{name} must be >= 1, got {value}")
     shapes, layers = step_shapes(args.artifact)
     print(f"measuring memory read bandwidth ({args.threads} thread(s))", file=sys.stderr)
     bw = bw_probe.measure(args.threads, array_bytes=args.bandwidth_mib << 20).best
-    results = []
-    for shape in shapes:
-        print(f"timing {shape.rows} x {shape.cols} ({shape.per_step} per step)", file=sys.stderr)
-        results.append(measure(shape, args.evict_mib << 20, args.rounds, args.threads, args.spin))
+    results = measure(shapes, args.evict_mib << 20, args.rounds, args.threads, args.spin, args.repeats,
+                      log=lambda text: print(f"timing {text}", file=sys.stderr))
     text, summary = table(results, layers, bw)
     print(f"memory read bandwidth {bw / 1e9:.1f} GB/s ({args.threads} thread(s)); float32, batch 1, "
           f"{args.rounds} rounds, medians; ONNX Runtime and torch at {args.threads} thread(s)"
