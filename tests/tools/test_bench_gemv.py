@@ -77,6 +77,12 @@ def test_bad_arguments_exit_2_with_one_error_line(tiny, tmp_path, capsys, args, 
     assert len(err) == 1 and message in err[0], err
 
 
+def test_a_manifest_without_layers_is_refused(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"graphs": [{"name": "head"}]}))
+    with pytest.raises(gemv.InvalidArgumentError, match="lists no layer graphs; re-export"):
+        gemv.step_shapes(tmp_path)
+
+
 def test_a_quantized_artifact_is_refused(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper

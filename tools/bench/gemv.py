@@ -97,7 +97,10 @@ def step_shapes(directory: Path) -> tuple[list[Shape], int]:
         raise InvalidArgumentError(f"{directory} holds no manifest.json; pass an artifact directory "
                                    "(python -m export build --model opt-125m --out DIR)")
     manifest = json.loads(manifest_path.read_text())
-    layers = [g["name"] for g in manifest["graphs"] if g["name"].startswith("layer_")]
+    layers = [g["name"] for g in manifest.get("graphs", []) if g["name"].startswith("layer_")]
+    if not layers:
+        raise InvalidArgumentError(f"{manifest_path} lists no layer graphs; re-export the artifact "
+                                   "(python -m export build)")
     counts: dict[tuple[int, int], int] = {}
     for shape in weight_shapes(directory / f"{layers[0]}.onnx"):
         counts[shape] = counts.get(shape, 0) + len(layers)
