@@ -69,6 +69,27 @@ def test_bandwidth_measure_on_a_small_array():
     assert bw.best == max(bw.one_thread, bw.all_threads)
 
 
+def test_the_floor_uses_the_higher_of_the_probes_before_and_after_the_rows():
+    from tools.bench.bandwidth import Bandwidth, as_record, with_end
+
+    start = as_record(Bandwidth(1.0e10, 2, 2.6e10, 1 << 30))
+    record = with_end(start, Bandwidth(1.5e10, 2, 3.3e10, 1 << 30))
+    assert record["best"] == 3.3e10 and record["all_threads"] == 2.6e10 and record["end"]["best"] == 3.3e10
+    assert with_end(record, Bandwidth(1e9, 2, 1e9, 1 << 30))["best"] == 3.3e10  # a slow probe lowers nothing
+
+    data = _data([(1, "ort", None, 1.0, 0.3, 24)])
+    data["bandwidth"] = record
+    rows = results.build_rows(data)
+    page = report.render(data, rows, targets.evaluate(rows), None)
+    assert ("10.0 GB/s on one thread, 26.0 GB/s on 2 before the rows; after them 15.0 and 33.0 GB/s; "
+            "the floor uses 33.0 GB/s, the highest.") in page
+    one_probe = report.render(_data([(1, "ort", None, 1.0, 0.3, 24)]), rows, [], None)  # a run kept from before
+    assert "GB/s on 2; the floor uses 10.0 GB/s." in one_probe
+    at_start = _data([(1, "ort", None, 1.0, 0.3, 24)])
+    at_start["bandwidth"] = start
+    assert rows[0].floor_s == pytest.approx(results.build_rows(at_start)[0].floor_s * 2.6 / 3.3)
+
+
 def test_round_figures_from_a_record():
     record = {"prefill_s": 0.05, "decode_s": 0.4, "step_s": [0.1, 0.1, 0.1, 0.1],
               "layers_per_step": [6, 5, 4, 3], "peak_rss_bytes": 1e9}

@@ -42,3 +42,17 @@ def measure(threads: int = 1, array_bytes: int = 1 << 30, repeats: int = 5) -> B
             many = best(lambda: list(pool.map(np.sum, parts)))
     del data
     return Bandwidth(one, threads, many, size)
+
+
+def as_record(bw: Bandwidth) -> dict:
+    """The JSON a benchmark run keeps; ``best`` is what its floor uses."""
+    return {"one_thread": bw.one_thread, "all_threads": bw.all_threads, "threads": bw.threads,
+            "array_bytes": bw.array_bytes, "best": bw.best}
+
+
+def with_end(start: dict, end: Bandwidth) -> dict:
+    """A run's record with a second probe taken after its rows: the floor uses the higher of the
+    two, as a probe that ran at a slow moment of a shared machine would put the floor too low and
+    let a row meet it by the machine's luck."""
+    record = as_record(end)
+    return {**start, "end": record, "best": max(start["best"], record["best"])}

@@ -137,9 +137,7 @@ def measure(args, argv: list[str], log) -> dict:
             "outcomes": [], "settings": {"threads": args.threads, "rounds": args.rounds, "seed": args.seed,
                                          "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens}}
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
-    bw = bandwidth_mod.measure(args.threads)
-    data["bandwidth"] = {"one_thread": bw.one_thread, "all_threads": bw.all_threads,
-                         "threads": bw.threads, "array_bytes": bw.array_bytes, "best": bw.best}
+    data["bandwidth"] = bandwidth_mod.as_record(bandwidth_mod.measure(args.threads))
 
     optimum_env = None
     if any(row.backend == "optimum" for _, _, row in planned):
@@ -204,6 +202,8 @@ def measure(args, argv: list[str], log) -> dict:
         raw_path.write_text(json.dumps(data))
 
     run_all(order, args.threads, args.timeout, progress=cli.progress(args.quiet), on_outcome=save)
+    log("measuring memory read bandwidth again, at the end")
+    data["bandwidth"] = bandwidth_mod.with_end(data["bandwidth"], bandwidth_mod.measure(args.threads))
     data["elapsed_s"] = time.perf_counter() - started
     raw_path.write_text(json.dumps(data))
     log(f"raw results: {raw_path}")

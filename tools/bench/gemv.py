@@ -25,8 +25,9 @@ its own, as each library's threads spin on after a call and would slow the next 
 kernels' processes take turns ``--repeats`` times, so a shared machine's load falls on all alike.
 Every kernel's output is checked against numpy's first. Reported: the median GB/s of each
 kernel and shape, and what a whole step's weight products (every layer and the head) would take
-at those rates, against the floor (their bytes over ``tools.bench.bandwidth``'s probe). The
-graphs' other nodes and the attention are not in it: ``tools.bench.graphs`` times those.
+at those rates, against the floor (their bytes over the higher of two ``tools.bench.bandwidth``
+probes, before and after). The graphs' other nodes and the attention are not in it:
+``tools.bench.graphs`` times those.
 """
 
 from __future__ import annotations
@@ -278,8 +279,10 @@ def _main(args) -> int:
     bw = bw_probe.measure(args.threads, array_bytes=args.bandwidth_mib << 20).best
     results = measure(shapes, args.evict_mib << 20, args.rounds, args.threads, args.spin, args.repeats,
                       log=lambda text: print(f"timing {text}", file=sys.stderr))
+    bw = max(bw, bw_probe.measure(args.threads, array_bytes=args.bandwidth_mib << 20).best)
     text, summary = table(results, layers, bw)
-    print(f"memory read bandwidth {bw / 1e9:.1f} GB/s ({args.threads} thread(s)); float32, batch 1, "
+    print(f"memory read bandwidth {bw / 1e9:.1f} GB/s ({args.threads} thread(s); the higher of a probe before "
+          f"and after the kernels); float32, batch 1, "
           f"{args.rounds} rounds, medians; ONNX Runtime and torch at {args.threads} thread(s)"
           f"{', spinning' if args.spin else ''}, numpy's BLAS ({blas_name()}) at its own count")
     print(text)

@@ -112,7 +112,9 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         f"{data['settings']['new_tokens']} tokens, greedy, EOS ignored. Figures are medians across rounds.",
         f"- Memory read bandwidth (numpy sum over {bw['array_bytes'] / 2**30:.0f} GiB, best of 5): "
         f"{bw['one_thread'] / 1e9:.1f} GB/s on one thread, {bw['all_threads'] / 1e9:.1f} GB/s on "
-        f"{bw['threads']}; the floor uses {bw['best'] / 1e9:.1f} GB/s.",
+        f"{bw['threads']}" + (f" before the rows; after them {bw['end']['one_thread'] / 1e9:.1f} and "
+                              f"{bw['end']['all_threads'] / 1e9:.1f} GB/s" if "end" in bw else "")
+        + f"; the floor uses {bw['best'] / 1e9:.1f} GB/s" + (", the highest" if "end" in bw else "") + ".",
         "",
         "Rows: " + "; ".join(f"`{k}` = {d}" for k, d in BACKENDS.items()
                              if any(r.backend == k for r in rows)) + ".",
