@@ -14,8 +14,8 @@ weights only) with:
 - ``ort-gemm``: ``Gemm(transB=1)`` on the (out, in) weight: what the export's tied head runs;
 - ``numpy``: ``x @ W`` on the (in, out) weight, numpy's BLAS (OpenBLAS in numpy's wheels) at its
   own thread count (``OPENBLAS_NUM_THREADS``; every core unless set);
-- ``torch``: ``torch.nn.functional.linear`` on the (out, in) weight, transformers' path (skipped
-  where torch is not installed).
+- ``torch``: ``torch.nn.functional.linear`` on the (out, in) weight, transformers' path, and
+  ``torch-matmul``: ``x @ W`` on the (in, out) weight (both skipped where torch is not installed).
 
 Each shape gets enough distinct random copies that together they exceed ``--evict-mib`` (more
 than the last-level cache); a round multiplies by every copy once, back to back, as a step
@@ -47,7 +47,7 @@ import numpy as np
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-KERNELS = ("ort", "ort-noprepack", "ort-gemm", "numpy", "torch")
+KERNELS = ("ort", "ort-noprepack", "ort-gemm", "numpy", "torch", "torch-matmul")
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,9 @@ def kernels(shape: Shape, copies: int, threads: int, spin: bool, only: str | Non
     if torch is not None and only in (None, "torch"):
         xt, wts = torch.from_numpy(x), [torch.from_numpy(np.ascontiguousarray(w.T)) for w in ws]  # (out, in)
         calls["torch"] = lambda: [torch.nn.functional.linear(xt, w).numpy() for w in wts]
+    if torch is not None and only in (None, "torch-matmul"):
+        xt, wms = torch.from_numpy(x), [torch.from_numpy(w) for w in ws]  # (in, out)
+        calls["torch-matmul"] = lambda: [(xt @ w).numpy() for w in wms]
     calls = {k: calls[k] for k in KERNELS if k in calls and only in (None, k)}
     for name, fn in calls.items():
         for i, (got, ref) in enumerate(zip(fn(), want, strict=True)):
@@ -195,7 +198,7 @@ print(json.dumps(gemv.time_kernel(a["kernel"], shapes, a["copies"], a["rounds"],
 def available_kernels() -> tuple[str, ...]:
     import importlib.util
 
-    return tuple(k for k in KERNELS if k != "torch" or importlib.util.find_spec("torch") is not None)
+    return tuple(k for k in KERNELS if not k.startswith("torch") or importlib.util.find_spec("torch") is not None)
 
 
 def measure(shapes: list[Shape], evict_bytes: int, rounds: int, threads: int, spin: bool, repeats: int,
