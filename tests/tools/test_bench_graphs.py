@@ -32,6 +32,21 @@ def test_bound_outputs_give_the_plain_runs_logits(tiny):
     assert bound.any()
 
 
+def test_a_batch_of_rows_gives_each_row_the_single_rows_logits(tiny):
+    import onnxruntime as ort
+
+    c = graphs.parse_candidate(f"a={tiny.artifact_dir}:bind")
+    model = graphs.load(ort, c, threads=1, profile_dir=None)
+    single = graphs.Runner(c, model, width=64, valid=40)
+    batch = graphs.Runner(c, model, width=64, valid=40, batch=4)
+    for (k1, v1), (k4, v4) in zip(single.past, batch.past):
+        k4[2], v4[2] = k1[0], v1[0]  # row 2 of the batch holds the single row's past
+    one, four = single.step(), batch.step()
+    assert four.shape == (4, 1, model["vocab_size"])
+    np.testing.assert_allclose(four[2], one[0], atol=1e-5, rtol=1e-5)
+    assert not np.allclose(four[1], four[2])  # the other rows have pasts of their own
+
+
 def test_cli_table_profile_and_json(tiny, tmp_path, capsys):
     out = tmp_path / "g.json"
     code = graphs.main([f"a={tiny.artifact_dir}", f"b={tiny.artifact_dir}:bind", "--steps", "3",

@@ -5,8 +5,8 @@
 
 Every candidate (an artifact directory and ONNX Runtime session options) is loaded into one
 process and their decode steps alternate (A, B, A, B, ...), so a shared machine's load falls on
-all candidates alike. A step is what the runtime's decode runs at batch 1: embed, every layer at a
-``--width`` past, head, with the graphs' own sessions. A layer timed in a loop reads its weights
+all candidates alike. A step is what the runtime's decode runs at ``--batch`` rows (default 1):
+embed, every layer at a ``--width`` past, head, with the graphs' own sessions. A layer timed in a loop reads its weights
 from the L3 cache (an OPT-125m layer is 28 MB); timed inside a step, from memory, as decode does.
 
 Reported per candidate: median and 10th-percentile ms of the step, the process's CPU time per
@@ -107,31 +107,33 @@ def load(ort, candidate: Candidate, threads: int, profile_dir: Path | None) -> d
 
 
 class Runner:
-    """One candidate's decode step at batch 1: plain ``session.run`` or IOBinding with its outputs
-    bound once (the hidden state ping-pongs between two preallocated buffers)."""
+    """One candidate's decode step at ``batch`` rows: plain ``session.run`` or IOBinding with its
+    outputs bound once (the hidden state ping-pongs between two preallocated buffers)."""
 
-    def __init__(self, candidate: Candidate, model: dict, width: int, valid: int, seed: int = 0):
+    def __init__(self, candidate: Candidate, model: dict, width: int, valid: int, seed: int = 0, batch: int = 1):
         self.c = candidate
         rng = np.random.default_rng(seed)
         nh, hd, D, L = model["num_heads"], model["head_dim"], model["hidden_size"], model["num_layers"]
         self.dtype = np.dtype(model["dtype"])
         self.layers = [f"layer_{i:02d}" for i in range(L)]
-        self.past = [(rng.standard_normal((1, nh, hd, width), dtype=np.float32).astype(self.dtype),
-                      rng.standard_normal((1, nh, width, hd), dtype=np.float32).astype(self.dtype))
-                     for _ in range(L)]  # (1, nh, hd, W), (1, nh, W, hd)
-        self.mask = np.zeros((1, width + 1), np.int64)
+        B = self.batch = batch
+        self.past = [(rng.standard_normal((B, nh, hd, width), dtype=np.float32).astype(self.dtype),
+                      rng.standard_normal((B, nh, width, hd), dtype=np.float32).astype(self.dtype))
+                     for _ in range(L)]  # (B, nh, hd, W), (B, nh, W, hd)
+        self.mask = np.zeros((B, width + 1), np.int64)
         self.mask[:, :valid] = 1
         self.mask[:, -1] = 1
-        self.ids = np.array([[model["bos_token_id"]]], np.int64)
+        self.ids = np.full((B, 1), model["bos_token_id"], np.int64)
         self.bind = "bind" in candidate.options
         if self.bind:
             self._setup_binding(D, nh, hd, model["vocab_size"])
 
     def _setup_binding(self, D, nh, hd, V):
         s = self.c.sessions
-        self.hidden = [np.zeros((1, 1, D), self.dtype), np.zeros((1, 1, D), self.dtype)]  # ping-pong
-        self.new_kv = (np.zeros((1, nh, 1, hd), self.dtype), np.zeros((1, nh, 1, hd), self.dtype))
-        self.logits = np.zeros((1, 1, V), self.dtype)
+        B = self.batch
+        self.hidden = [np.zeros((B, 1, D), self.dtype), np.zeros((B, 1, D), self.dtype)]  # ping-pong
+        self.new_kv = (np.zeros((B, nh, 1, hd), self.dtype), np.zeros((B, nh, 1, hd), self.dtype))
+        self.logits = np.zeros((B, 1, V), self.dtype)
         self.io = {}
         io = s["embed"].io_binding()
         io.bind_cpu_input("input_ids", self.ids)
@@ -165,7 +167,7 @@ class Runner:
         return out
 
     def step(self, record: bool = True) -> np.ndarray:
-        """One step; returns its logits (1, 1, V)."""
+        """One step; returns its logits (B, 1, V)."""
         cpu = time.process_time()
         start = time.perf_counter()
         out = self._call("embed", {"input_ids": self.ids, "attention_mask": self.mask})
@@ -242,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=64, help="bound past width W (default 64: two pages)")
     p.add_argument("--valid", type=int, default=40, help="valid past positions of the row (default 40)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads per session (default 2)")
+    p.add_argument("--batch", type=int, default=1, help="rows a step decodes (default 1)")
     p.add_argument("--profile", metavar="DIR", help="write ONNX Runtime profiles there and print per-operator totals")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--bandwidth-mib", type=int, default=1024,
@@ -254,7 +257,7 @@ def _main(args) -> int:
     from . import bandwidth as bandwidth_mod
 
     for name, value, least in (("--steps", args.steps, 1), ("--width", args.width, 1), ("--valid", args.valid, 0),
-                               ("--threads", args.threads, 1), ("--warmup", args.warmup, 0),
+                               ("--threads", args.threads, 1), ("--warmup", args.warmup, 0), ("--batch", args.batch, 1),
                                ("--bandwidth-mib", args.bandwidth_mib, 1)):
         if value < least:
             raise InvalidArgumentError(f"{name} must be >= {least}, got {value}")
@@ -272,7 +275,7 @@ def _main(args) -> int:
     runners = []
     for c in candidates:
         model = load(ort, c, args.threads, profile_dir)
-        runners.append(Runner(c, model, args.width, args.valid))
+        runners.append(Runner(c, model, args.width, args.valid, batch=args.batch))
     for _ in range(args.warmup):
         for r in runners:
             r.step(record=False)
@@ -282,7 +285,7 @@ def _main(args) -> int:
     best = max(bw.best, bandwidth_mod.measure(args.threads, array_bytes=args.bandwidth_mib << 20).best)
     rows = [summary(c, best) for c in candidates]
     print(f"memory read bandwidth {best / 1e9:.1f} GB/s ({args.threads} threads; the higher of a probe "
-          f"before and after the steps); batch 1, past width "
+          f"before and after the steps); batch {args.batch}, past width "
           f"{args.width} ({args.valid} valid), {args.steps} alternating steps per candidate; medians")
     print("| candidate | step ms | step ms p10 | CPU ms/step | × floor | embed ms | layer ms | layer GB/s | head ms | head GB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
