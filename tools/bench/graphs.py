@@ -6,15 +6,16 @@
 Every candidate (an artifact directory and ONNX Runtime session options) is loaded into one
 process and their decode steps alternate (A, B, A, B, ...), so a shared machine's load falls on
 all candidates alike. A step is what the runtime's decode runs at ``--batch`` rows (default 1):
-embed, every layer at a ``--width`` past, head, with the graphs' own sessions. A layer timed in a loop reads its weights
-from the L3 cache (an OPT-125m layer is 28 MB); timed inside a step, from memory, as decode does.
+embed, every layer at a ``--width`` past, head, with the graphs' own sessions. A layer timed in a
+loop reads its weights from the L3 cache (an OPT-125m layer is 28 MB); timed inside a step, from
+memory, as decode does.
 
 Reported per candidate: median and 10th-percentile ms of the step, the process's CPU time per
 step (steadier than wall time on a loaded machine), median ms of each graph kind and the bytes
 per second it reads (its initializers' bytes over its time), against the measured memory read
 bandwidth (tools.bench.bandwidth, the higher of a probe before and one after the steps): the
 step's floor is the layers' and head's bytes over it (the embedding is a lookup: a step reads one
-row of its table).
+row of its table; the rows' K/V is not counted, which matters at a large ``--batch``).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
 instead of MLAS's packed copy), ``spin`` (the backend's ``spin=True``: worker threads busy-wait
