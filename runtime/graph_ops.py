@@ -13,7 +13,9 @@ traces it, an ``autograd.Function`` whose ``symbolic`` writes the ONNX it means 
 * ``last_columns``: the last T columns of a (B, S) tensor, one Slice of a negated length;
 * ``unflatten_rows``: (B*T, V) back to (B, T, V), one Reshape of a shape taken once;
 * ``attention_bias``: the causal, padding-aware additive bias from a Trilu of a constant-filled
-  (T, S) block instead of two Ranges compared.
+  (T, S) block instead of two Ranges compared;
+* ``mask_positions``: the positions of the new tokens from the attention mask (plain torch over
+  ``last_columns``), the one rule OPT's learned embedding and Llama's RoPE share.
 
 Every op is in the export's opsets 14 to 17 (Shape's start/end attributes only from 15) and
 within TensorRT 8.6's parser (export.trt_compat checks the graphs).
@@ -111,6 +113,18 @@ def last_columns(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if _exporting():
         return _LastColumns.apply(x, like)
     return x[:, x.shape[1] - like.shape[1]:]
+
+
+def mask_positions(attention_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(B, S) mask -> (B, T) fp32 positions of its last T columns (T = like.shape[1], the new
+    positions): real tokens before them, counted; padding -1, masked anyway.
+
+    CumSum in fp32 (exact below 2**24 positions): TensorRT's parser documents CumSum for float
+    types only. The last T columns are one Slice with constant axes (``last_columns``): TensorRT
+    8.x cannot parse the Slice with computed axes that the TorchScript export of [:, S - T:] makes."""
+    mask = attention_mask.float()
+    positions = torch.cumsum(mask, dim=1) * mask - 1  # (B, S)
+    return last_columns(positions, like)  # (B, T)
 
 
 class _UnflattenRows(torch.autograd.Function):

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .families import head_dim, kv_heads
-from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
+from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .modeling import SkipOPT
 
 
@@ -33,17 +33,6 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
-
-
-def mask_positions(attention_mask: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """(B, S) mask -> (B, T) fp32 positions of its last T columns (T = hidden.shape[1], the new
-    positions): real tokens before them, counted.
-
-    In fp32 (exact below 2**24) and sliced with constant axes, for TensorRT's parser (see
-    runtime.graph_ops.last_columns)."""
-    mask = attention_mask.float()
-    positions = torch.cumsum(mask, dim=1) * mask - 1  # (B, S); padding -1, masked anyway
-    return last_columns(positions, hidden)  # (B, T)
 
 
 class LlamaEmbed(nn.Module):
@@ -202,4 +191,4 @@ class SkipLlama(SkipOPT):
         return torch.cat([past_key, key.transpose(2, 3)], dim=3), torch.cat([past_value, value], dim=2)
 
 
-__all__ = ["CachedLlamaLayer", "LlamaEmbed", "LlamaHead", "SkipLlama", "mask_positions", "rms_norm"]
+__all__ = ["CachedLlamaLayer", "LlamaEmbed", "LlamaHead", "SkipLlama", "rms_norm"]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .graph_ops import attention_bias, last_columns, reshape, split_past, unflatten_rows
+from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .policy import SkipPolicy
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
@@ -49,12 +49,7 @@ class OPTEmbed(nn.Module):
         self.project_in = decoder.project_in  # 350m: word_embed_proj_dim -> hidden_size
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # CumSum in fp32 (exact below 2**24 positions): TensorRT's parser documents CumSum for
-        # float types only. The last T positions are one Slice with constant axes (TensorRT 8.x
-        # cannot parse the Slice with computed axes that the TorchScript export of [:, S - T:] makes).
-        mask = attention_mask.float()
-        positions = (torch.cumsum(mask, dim=1) * mask - 1).long()  # (B, S)
-        positions = last_columns(positions, input_ids)  # (B, T)
+        positions = mask_positions(attention_mask, input_ids).long()  # (B, T): runtime.graph_ops says why fp32
         tokens = self.embed_tokens(input_ids)  # (B, T, E)
         if self.project_in is not None:
             tokens = self.project_in(tokens)  # (B, T, D)
