@@ -47,6 +47,24 @@ def test_a_batch_of_rows_gives_each_row_the_single_rows_logits(tiny):
     assert not np.allclose(four[1], four[2])  # the other rows have pasts of their own
 
 
+def test_a_grouped_query_attention_artifact_binds_the_kv_heads_past(tmp_path):
+    """SmolLM2's 3 query heads over 1 KV head: the past holds the KV heads only (it crashed with
+    "past_key index 1 Got: 3 Expected: 1" when sized by the query heads)."""
+    import onnxruntime as ort
+
+    from export.build import BuildOptions, build
+    from tests.families import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "smollm2")
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    for options in ("", ":bind"):
+        c = graphs.parse_candidate(f"a={tmp_path / 'art'}{options}")
+        model = graphs.load(ort, c, threads=1, profile_dir=None)
+        assert model["num_kv_heads"] < model["num_heads"]
+        logits = graphs.Runner(c, model, width=32, valid=20).step()
+        assert logits.shape == (1, 1, model["vocab_size"]) and np.isfinite(logits).all()
+
+
 def test_cli_table_profile_and_json(tiny, tmp_path, capsys):
     out = tmp_path / "g.json"
     code = graphs.main([f"a={tiny.artifact_dir}", f"b={tiny.artifact_dir}:bind", "--steps", "3",

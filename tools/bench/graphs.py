@@ -114,7 +114,9 @@ class Runner:
     def __init__(self, candidate: Candidate, model: dict, width: int, valid: int, seed: int = 0, batch: int = 1):
         self.c = candidate
         rng = np.random.default_rng(seed)
-        nh, hd, D, L = model["num_heads"], model["head_dim"], model["hidden_size"], model["num_layers"]
+        # The K/V hold the KV heads only under grouped-query attention (the manifest's num_kv_heads)
+        nh = model.get("num_kv_heads") or model["num_heads"]
+        hd, D, L = model["head_dim"], model["hidden_size"], model["num_layers"]
         self.dtype = np.dtype(model["dtype"])
         self.layers = [f"layer_{i:02d}" for i in range(L)]
         B = self.batch = batch
