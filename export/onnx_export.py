@@ -41,7 +41,7 @@ from runtime.manifest import GraphSpec, TensorSpec, layer_name
 from runtime.modeling import SkipOPT, graph_module
 
 from .quantize import QuantConfig, quantize_graph
-from .weights import SharedWeights, fold_weight_transposes, tie_head
+from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head
 
 PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
 # Trace sizes: every traced dim >= 2 and distinct, so none is specialised. A layer's valid past
@@ -166,6 +166,7 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
     if spec.name == "head" and precision == "float":
         tie_head(proto)  # a quantized head keeps its own (much smaller) copy instead
     fold_weight_transposes(proto)
+    fuse_sibling_matmuls(proto)  # q/k/v and gate/up (or fc1 alone): one MatMul each
     if precision != "float":
         q = config.quant
         proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.errors import InvalidArgumentError
-from runtime.manifest import WEIGHT_FORMATS as WEIGHTS
+from runtime.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 
 from .plan import BLOCK_SIZE, QUANT_BITS
 from .weights import fold_weight_transposes
@@ -237,12 +237,12 @@ def _constant_matmuls(proto) -> list[tuple]:
 
 def dequantized_weights(proto) -> dict[str, np.ndarray]:
     """The float weight (K, N) each quantized MatMul multiplies by, keyed by the weight's name before
-    quantization (``q_proj.weight.T``), computed by ONNX Runtime itself: the node (and, in the QDQ
-    form, its DequantizeLinear) run on an identity matrix. For tests that replace a reference's
-    weights by exactly what the quantized graph uses."""
+    quantization (``q_proj.weight.T``; a fused one split into its parts), computed by ONNX Runtime
+    itself: the node (and, in the QDQ form, its DequantizeLinear) run on an identity matrix. For
+    tests that replace a reference's weights by exactly what the quantized graph uses."""
     import onnx
     import onnxruntime as ort
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     inits = {t.name: t for t in proto.graph.initializer}
     producers = {o: n for n in proto.graph.node for o in n.output}
@@ -268,7 +268,8 @@ def dequantized_weights(proto) -> dict[str, np.ndarray]:
         model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         out[weight] = session.run(None, {a_name: np.eye(k, dtype=dtype)})[0]
-    return out
+    widths = {n: numpy_helper.to_array(t) for n, t in inits.items() if n.endswith(WIDTHS)}
+    return split_fused({**out, **widths})
 
 
 def _elem_type(proto, node) -> int:

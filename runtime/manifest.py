@@ -25,9 +25,33 @@ WEIGHT_FORMATS = ("float", "int8", "int4")
 # A linear weight W that a graph stores transposed, in the (in, out) layout MatMul reads, is named
 # W + TRANSPOSED ("q_proj.weight.T"): export.weights writes it, the torch backend reads it back.
 TRANSPOSED = ".T"
+# Sibling projections of one input (q/k/v; gate/up) are one MatMul on their (in, out) weights
+# concatenated along the output axis, named W1 + FUSED + W2 ... ("self_attn.q_proj.weight.T+
+# self_attn.k_proj.weight.T+..."); the Split after it reads each part's width from the int64
+# initializer named the same + WIDTHS (export.weights.fuse_sibling_matmuls, ``split_fused``).
+FUSED = "+"
+WIDTHS = ":widths"
 MANIFEST_NAME = "manifest.json"
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
+
+
+def split_fused(weights: dict) -> dict:
+    """``weights`` (initializer name -> array) with every fused weight replaced by its parts,
+    split along the last (output) axis by the widths stored beside it; the widths go too."""
+    import numpy as np
+
+    out = {n: w for n, w in weights.items() if not n.endswith(WIDTHS)}
+    for name in [n for n in out if FUSED in n]:
+        widths = weights.get(name + WIDTHS)
+        if widths is None:
+            raise ArtifactError(f"fused weight {name!r} has no {name + WIDTHS!r} beside it: the graph "
+                                f"was modified or comes from another export; {REBUILD_HINT}")
+        parts = name.split(FUSED)
+        array = out.pop(name)
+        for part, piece in zip(parts, np.split(array, np.cumsum(widths)[:-1], axis=-1)):
+            out[part] = piece
+    return out
 
 
 @dataclass

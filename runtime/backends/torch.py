@@ -29,7 +29,7 @@ import torch
 from ..errors import ArtifactError, InvalidArgumentError
 from ..families import family_named
 from ..kvcache import ArrayStorage, KVCache
-from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest
+from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
 from .base import Backend, DecodeStep, run_decode
 from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
 
@@ -45,14 +45,15 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
 
     The exporter keeps one initializer per distinct tensor value and names the others as outputs of
     ``Identity(kept)`` nodes (e.g. ``Identity(q_proj.bias) -> k_proj.bias`` when both are zero);
-    a linear weight is stored transposed as ``W.T`` (the layout MatMul reads). External data
-    files are read from the graph's own directory (the artifact directory).
+    a linear weight is stored transposed as ``W.T`` (the layout MatMul reads), sibling ones fused
+    into one (``runtime.manifest.split_fused``). External data files are read from the graph's own
+    directory (the artifact directory).
     """
     import onnx
     from onnx import numpy_helper
 
     proto = onnx.load(str(path), load_external_data=True)
-    weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    weights = split_fused({t.name: numpy_helper.to_array(t) for t in proto.graph.initializer})
     for name in [n for n in weights if n.endswith(TRANSPOSED)]:  # stored as MatMul reads them
         weights[name[: -len(TRANSPOSED)]] = weights.pop(name).T
     alias = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity"}

@@ -20,9 +20,10 @@ ort = pytest.importorskip("onnxruntime")
 # runtime.graph_ops the TorchScript exporter's shape arithmetic left OPT 70, Llama 3 117, SmolLM2 117,
 # Qwen2 120 and Qwen3 119 (Shape/Gather/Unsqueeze/Concat per .view, Range-indexed Gathers for the
 # probabilities' split and the positions, Range/LessOrEqual/And for the causal mask, Split/Neg/Concat
-# for RoPE's rotate_half); now OPT 48 (10 MatMuls, 6 bias Adds, 2 LayerNorms, a Softmax, ...) and
-# the Llama family 67-72.
-MAX_NODES = {"opt": 48, "llama3": 69, "smollm2": 67, "qwen2": 72, "qwen3": 69}
+# for RoPE's rotate_half); then OPT 48 (10 MatMuls, 6 bias Adds, 2 LayerNorms, a Softmax, ...) and
+# the Llama family 67-72; with q/k/v and gate/up each one MatMul and a Split
+# (export.weights.fuse_sibling_matmuls), OPT 47 and the Llama family 66-71.
+MAX_NODES = {"opt": 47, "llama3": 68, "smollm2": 66, "qwen2": 71, "qwen3": 68}
 PAGE = 8
 
 
@@ -68,6 +69,33 @@ def test_layer_graph_has_few_nodes_after_onnxruntime_optimizations(layer, tmp_pa
     assert "Range" not in ops and "LessOrEqual" not in ops
     if variant == "opt":
         assert "Unsqueeze" not in ops
+
+
+def test_sibling_projections_are_one_matmul_whose_parts_read_back_as_the_modules_weights(layer):
+    """q/k/v (and Llama's gate/up) are one MatMul on concatenated weights, then a Split; the torch
+    backend's reader gives back each module weight exactly."""
+    from runtime.backends.torch import read_graph_weights
+
+    variant, model, path = layer
+    proto = onnx.load(str(path))
+    inits = {t.name for t in proto.graph.initializer}
+    products = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    assert len(products) == 4  # qkv, out, fc1 / gate+up, fc2 / down
+    assert "q_proj.weight.T+" in products[0].input[1] or "self_attn.q_proj.weight.T+" in products[0].input[1]
+    found = read_graph_weights(path)
+    for name, tensor in model.graph_layer(0).state_dict().items():
+        np.testing.assert_array_equal(found[name], tensor.numpy(), err_msg=name)
+
+
+def test_a_fused_weight_without_its_widths_is_refused():
+    from runtime.errors import ArtifactError
+    from runtime.manifest import split_fused
+
+    w = np.zeros((4, 6), np.float32)
+    assert [a.shape for a in split_fused({"a.T+b.T": w, "a.T+b.T:widths": np.array([2, 4])}).values()] \
+        == [(4, 2), (4, 4)]
+    with pytest.raises(ArtifactError, match=r"fused weight 'a.T\+b.T' has no 'a.T\+b.T:widths' beside it"):
+        split_fused({"a.T+b.T": w})
 
 
 def _inputs(model, batch, sequence, pasts, pads, seed):
