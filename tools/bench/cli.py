@@ -21,7 +21,7 @@ from . import machine, prepare, report, results, rows as rows_mod, targets as ta
 from .prompts import make_prompts
 from .runner import OPTIMUM_WORKER, Job, run_all, schedule
 
-ARCHS = ("opt-125m", "opt-1.3b", "tiny-random", "qwen3-0.6b")  # random weights at these shapes
+ARCHS = ("opt-125m", "opt-1.3b", "tiny-random", "qwen3-0.6b", "smollm2-360m")  # random weights at these shapes
 OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
 
 
