@@ -71,8 +71,11 @@ class GraphCheck:
 def ort_session(path: Path, threads: int = 1):
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads  # tiny graphs: one thread beats two (docs/design.md section 7)
+    from runtime.backends.onnxruntime import new_session_options
+
+    opts = new_session_options(ort)
+    if opts.use_per_session_threads:  # else the process's shared pool (a spin=True load made it)
+        opts.intra_op_num_threads = threads  # tiny graphs: one thread beats two (docs/design.md section 7)
     opts.log_severity_level = 3
     # One run per shape: packing the weights would only add a second copy of them (the head's
     # is the largest tensor of the model) while verify holds the PyTorch model too.

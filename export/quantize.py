@@ -244,6 +244,8 @@ def dequantized_weights(proto) -> dict[str, np.ndarray]:
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
+    from runtime.backends.onnxruntime import new_session_options
+
     inits = {t.name: t for t in proto.graph.initializer}
     producers = {o: n for n in proto.graph.node for o in n.output}
     out = {}
@@ -266,7 +268,8 @@ def dequantized_weights(proto) -> dict[str, np.ndarray]:
             [helper.make_tensor_value_info(n.output[0], _elem_type(proto, n), None)],
             [inits[i] for i in needed])
         model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model.SerializeToString(), new_session_options(ort),
+                                       providers=["CPUExecutionProvider"])
         out[weight] = session.run(None, {a_name: np.eye(k, dtype=dtype)})[0]
     widths = {n: numpy_helper.to_array(t) for n, t in inits.items() if n.endswith(WIDTHS)}
     return split_fused({**out, **widths})

@@ -65,32 +65,80 @@ def _x86_cpu_only(providers) -> bool:
     return names == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
-SPIN_US = 50  # spin=True: longest busy-wait of an idle worker (µs); a layer's operators come µs
-# apart, and ONNX Runtime's default duration cost 2x more than this beside a busy process
+SPIN_US = 50  # spin=True without the shared pool: longest busy-wait of an idle worker (µs); a
+# layer's operators come µs apart, and ONNX Runtime's default duration cost 2x more than this
+# beside a busy process
+
+_POOL_LOCK = threading.Lock()
+_POOL_THREADS: list = []  # [intra-op threads] of this process's shared pool, once a spin=True load made it
+
+
+def _make_shared_pool(threads: int | None) -> bool:
+    """ONNX Runtime's global intra-op thread pool, ``threads`` threads (None: one per physical
+    core), made once per process; False where this ONNX Runtime cannot make it."""
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import set_global_thread_pool_sizes
+    except ImportError:  # an ONNX Runtime without the binding
+        return False
+    with _POOL_LOCK:
+        if not _POOL_THREADS:
+            try:
+                set_global_thread_pool_sizes(threads or 0, 1)
+            except Exception:  # made by other code of this process: not ours to share
+                return False
+            _POOL_THREADS.append(threads)
+    return True
+
+
+def new_session_options(ort):
+    """A SessionOptions every ONNX Runtime session of the toolkit starts from: once a spin=True
+    load made the shared pool, ONNX Runtime refuses any session with a pool of its own
+    ("use_per_session_threads must be false when using a global thread pool"), so every later
+    session of the process (other loads, export's checks) runs on the shared pool too."""
+    opts = ort.SessionOptions()
+    if _POOL_THREADS:
+        opts.use_per_session_threads = False
+    return opts
 
 
 def session_options(ort, threads: int | None = None, spin: bool = False):
     """The SessionOptions every graph's session gets (tools.bench.graphs starts from them too)."""
-    opts = ort.SessionOptions()
+    # spin=True, for a device of its own: every graph runs on ONE pool of workers that busy-wait
+    # between operators, across the boundaries of the graphs' runs, as a peer's single-graph
+    # session does. A decode step on SmolLM2-360M shapes (int4, 2 threads) took 19.5 ms against
+    # 21.4 with a spinning pool per graph and 24.5 with sleeping ones (docs/benchmarks.md, "One
+    # spinning pool"). Beside a busy process spinning costs more than it gives (1.4x slower per
+    # step there), hence not the default. The pool is the process's, and there is no other once
+    # it exists: see new_session_options.
+    if spin:
+        _make_shared_pool(threads)
+    opts = new_session_options(ort)
     opts.log_severity_level = 3
     # One CPU arena for every session of the process, not one per graph: each arena keeps the
     # high-water mark of its own graph's largest run, so 14 graphs' prefills held ~400 MB on
     # OPT-125m at batch 4 x 512 tokens, against ~200 MB for one shared arena (export.measure).
     _register_shared_cpu_arena(ort)
     opts.add_session_config_entry("session.use_env_allocators", "1")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if _POOL_THREADS:
+        if _POOL_THREADS[0] != threads or not spin:
+            warnings.warn(
+                f"spin={spin}, threads={threads}: this process's ONNX Runtime sessions all run on the "
+                f"spinning pool of threads={_POOL_THREADS[0]} that its first spin=True load made "
+                f"(ONNX Runtime allows no other pool beside it, nor a new size); load with spin=True "
+                f"in a process of its own for other settings", stacklevel=_outside_runtime())
+        return opts
     # One session per graph means one thread pool per graph. By default its workers sleep
     # whenever they wait: pools left spinning for ONNX Runtime's default duration stole the
     # running graph's cores (7.7x slower per token on 2 cores), and a spinning worker competes with
-    # any other process for them (1.2x-2x slower per step beside one busy process). spin=True, for
-    # a device of its own: workers busy-wait for the next parallel operator for at most SPIN_US,
-    # and stop when the run returns (force_spinning_stop: the guard where an older ONNX Runtime
-    # lacks the duration key). On 2 idle cores it ran a step 0-15% faster, varying run to run
-    # (docs/benchmarks.md, "Spinning").
+    # any other process for them (1.2x-2x slower per step beside one busy process). Where the
+    # shared pool cannot be had, spin=True spins each graph's pool for at most SPIN_US and stops
+    # it when the run returns (force_spinning_stop: the guard where an older ONNX Runtime lacks
+    # the duration key).
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if spin:
         opts.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
         opts.add_session_config_entry("session.force_spinning_stop", "1")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         opts.intra_op_num_threads = threads
     return opts

@@ -43,7 +43,7 @@ from ..errors import SkipDecodeError
 from ..kvcache import KVCache, KVStorage
 from ..manifest import Manifest
 from .base import DecodeStep, run_layers
-from .onnxruntime import OnnxRuntimeBackend, _import_ort
+from .onnxruntime import OnnxRuntimeBackend, _import_ort, new_session_options
 
 _PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 _ONNX_TYPE = {"float32": 1, "float16": 10}  # TensorProto.FLOAT, FLOAT16
@@ -248,7 +248,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         super().__init__(directory, manifest, providers=providers, threads=threads, spin=spin,
                          huge_pages=huge_pages)
         self._bindings = {name: s.io_binding() for name, s in self._sessions.items()}
-        opts = ort.SessionOptions()
+        opts = new_session_options(ort)
         opts.log_severity_level = 3
         self._helpers = {k: ort.InferenceSession(str(helper_graph_file(k, manifest.dtype)), opts,
                                                  providers=providers) for k in HELPERS}

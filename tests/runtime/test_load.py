@@ -122,10 +122,58 @@ def _spin_settings(generator) -> set[tuple[str, str | None]]:
     return {tuple(entry(s.get_session_options(), k) for k in keys) for s in generator.backend._sessions.values()}
 
 
-def test_spin_reaches_every_session_and_changes_no_token(artifact_dir):
-    # Default: every graph's workers sleep whenever they wait; spin=True: they busy-wait at most
-    # SPIN_US, and stop when their graph's run returns, so the pools of the graphs not running
-    # never compete for the cores.
+_SPIN_SCRIPT = """
+import json, sys, warnings
+import runtime
+art = sys.argv[1]
+def pools(g):
+    return sorted({str(s.get_session_options().use_per_session_threads) for s in g.backend._sessions.values()})
+def run(name, **options):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with runtime.load(art, check_hashes=False, max_batch=1, **options) as g:
+            out[name] = [pools(g), g.generate("Hello, my name is", 8, ignore_eos=True).token_ids,
+                         [str(w.message) for w in caught]]
+out = {}
+with runtime.load(art, check_hashes=False, max_batch=1, threads=2) as before:
+    run("sleeping", threads=2)
+    run("shared", threads=2, spin=True)
+    run("later", threads=2)
+    run("resized", threads=1, spin=True)
+    out["before"] = [pools(before), before.generate("Hello, my name is", 8, ignore_eos=True).token_ids]
+print(json.dumps(out))
+"""
+
+
+def test_spin_runs_every_graph_on_one_shared_pool_and_changes_no_token(artifact_dir):
+    """spin=True: the graphs' sessions run on ONE spinning pool, the process's: the first spin=True
+    load makes it at its threads, and ONNX Runtime then allows no session a pool of its own, so
+    every later load shares it, with a warning that says so. Sessions made before keep theirs.
+    A fresh process: the pool is once per process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SPIN_SCRIPT, str(artifact_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    plain = out["sleeping"][1]
+    assert out["sleeping"][0] == ["True"] and out["sleeping"][2] == []
+    assert out["shared"][0] == ["False"] and out["shared"][2] == []
+    for name, spin, threads in (("later", False, 2), ("resized", True, 1)):
+        assert out[name][0] == ["False"]
+        assert out[name][2] == [f"spin={spin}, threads={threads}: this process's ONNX Runtime sessions all run "
+                                f"on the spinning pool of threads=2 that its first spin=True load made (ONNX "
+                                f"Runtime allows no other pool beside it, nor a new size); load with "
+                                f"spin=True in a process of its own for other settings"]
+    assert out["before"][0] == ["True"]
+    assert plain == out["shared"][1] == out["later"][1] == out["resized"][1] == out["before"][1]
+
+
+def test_spin_without_the_shared_pool_spins_each_graph_briefly(artifact_dir, monkeypatch):
+    from runtime.backends import onnxruntime as backend
+
+    monkeypatch.setattr(backend, "_make_shared_pool", lambda threads: False)  # an ONNX Runtime without it
     with runtime.load(artifact_dir, check_hashes=False, max_batch=1) as sleeping, \
             runtime.load(artifact_dir, check_hashes=False, max_batch=1, spin=True) as spinning:
         assert _spin_settings(spinning) == {("1", str(SPIN_US), "1")}

@@ -18,8 +18,11 @@ step's floor is the layers' and head's bytes over it (the embedding is a lookup:
 row of its table; the rows' K/V is not counted, which matters at a large ``--batch``).
 
 Options: ``noprepack`` (``session.disable_prepacking``: MatMul/Gemm read the weights as stored
-instead of MLAS's packed copy), ``spin`` (the backend's ``spin=True``: worker threads busy-wait
-briefly for the next operator instead of sleeping), ``huge`` (the backend's ``huge_pages=True``: the
+instead of MLAS's packed copy), ``spin`` (the backend's ``spin=True``: the graphs of every spin
+candidate on the process's one pool, whose workers busy-wait for the next operator instead of
+sleeping; loaded after the others, which keep pools of their own, but whose steps then compete
+with that pool's spinning worker: compare spin candidates with each other, or in runs of their
+own), ``huge`` (the backend's ``huge_pages=True``: the
 packed weights moved onto 2 MiB pages), ``bind`` (IOBinding with outputs bound once to
 preallocated buffers). Without options a candidate's sessions are the backend's.
 """
@@ -275,10 +278,13 @@ def _main(args) -> int:
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
     bw = bandwidth_mod.measure(args.threads, array_bytes=args.bandwidth_mib << 20)
-    runners = []
-    for c in candidates:
+    runners = {}
+    # spin candidates last: the first makes the process's one spinning pool, after which ONNX
+    # Runtime gives no session a pool of its own (runtime.backends.onnxruntime.new_session_options)
+    for c in sorted(candidates, key=lambda c: "spin" in c.options):
         model = load(ort, c, args.threads, profile_dir)
-        runners.append(Runner(c, model, args.width, args.valid, batch=args.batch))
+        runners[c.name] = Runner(c, model, args.width, args.valid, batch=args.batch)
+    runners = [runners[c.name] for c in candidates]
     for _ in range(args.warmup):
         for r in runners:
             r.step(record=False)
