@@ -72,9 +72,12 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "
                    f"{atol:g} rtol {rtol:g}")
     for kind in sorted({r.weights for r in results} - {"float"}):
-        worst = max((r for r in results if r.weights == kind), key=lambda r: r.rel_error)
-        detail += (f", {kind}: relative error {worst.rel_error:.2e} ({worst.graph}), tolerance "
-                   f"{parity.QUANT_TOLERANCES[kind]:g}")
+        mine = [r for r in results if r.weights == kind]
+        worst = max(mine, key=lambda r: r.weight_error)
+        diff = max(mine, key=lambda r: r.max_abs_diff)
+        detail += (f", {kind}: weights' relative error {worst.weight_error:.2e} ({worst.graph}), tolerance "
+                   f"{parity.QUANT_TOLERANCES[kind]:g}; max |diff| {diff.max_abs_diff:.2e} ({diff.graph}) "
+                   f"against the module with those weights, tolerance atol {atol:g} rtol {rtol:g}")
     report.add("graphs", not bad, detail + (f"; failed: {', '.join(bad)}" if bad else ""))
     if manifest.quantized:
         report.add("weights", True, f"{manifest.weights_label}: greedy tokens and logits below may "

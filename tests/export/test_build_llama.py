@@ -138,7 +138,7 @@ def test_weight_only_quantization_decodes_close_to_float(tmp_path_factory, weigh
         gen.close()
     ref = hf_logits[0].numpy()
     rel = np.linalg.norm(first - ref) / np.linalg.norm(ref)
-    # each graph is within QUANT_TOLERANCES (build checked); through 5 layers and the head of random
+    # each graph's weights are within QUANT_TOLERANCES (build checked); through 5 layers and the head of random
     # weights the errors add up, yet stay far from what a wrong graph gives (~1)
     assert rel < {"int8": 0.05, "int4": 0.5}[weights]
 

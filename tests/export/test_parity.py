@@ -37,13 +37,23 @@ def test_polygraphys_elementwise_rule_at_the_stated_tolerances(artifact_dir, hea
     assert failed.max_abs_diff == pytest.approx(3 * bound, rel=0.05)
 
 
-def test_quantized_rule_is_relative_l2_per_output(artifact_dir, head_cases):
-    """The float head judged as if int8: the quantization bound is the L2 error relative to the output."""
+def test_quantized_rule_is_the_graphs_own_weights_then_their_error(artifact_dir, head_cases):
+    """A quantized graph passes when it equals the module with its own weights at the float
+    tolerances and those weights are within QUANT_TOLERANCES of the float ones; its outputs'
+    error against the float module is reported beside. The float head stands in for one here."""
     manifest, head, cases = head_cases
-    check = parity.compare(head, cases, artifact_dir, manifest.dtype, "int8")
-    assert check.passed and check.rel_error < 1e-5 and check.rel_tolerance == parity.QUANT_TOLERANCES["int8"]
-    scaled = copy.deepcopy(cases)
-    scaled[0].expected[0] *= 1.1  # 10% off everywhere: > 3% relative L2
-    check = parity.compare(head, scaled, artifact_dir, manifest.dtype, "int8")
-    assert not check.passed and check.rel_error == pytest.approx(0.1 / 1.1, rel=1e-3)
-
+    tolerance = parity.QUANT_TOLERANCES["int8"]
+    quantized = copy.deepcopy(cases)
+    for case in quantized:
+        case.float_expected = [e * 1.1 for e in case.expected]  # the float module: 10% away
+        case.weight_error = 0.5 * tolerance
+    check = parity.compare(head, quantized, artifact_dir, manifest.dtype, "int8")
+    assert check.passed and check.max_abs_diff < 1e-4 and check.rel_tolerance == tolerance
+    assert check.rel_error == pytest.approx(0.1 / 1.1, rel=1e-3)  # reported, not judged
+    assert "int8 weights' error 1.00e-02 (tolerance 0.02); max |diff|" in check.line() and check.line().endswith("ok")
+    for case in quantized:
+        case.weight_error = 3 * tolerance
+    check = parity.compare(head, quantized, artifact_dir, manifest.dtype, "int8")
+    assert not check.passed and check.worst == "its weights: relative error 6.00e-02"
+    check = parity.compare(head, _nudged(quantized, 1.0), artifact_dir, manifest.dtype, "int8")
+    assert not check.passed  # off the module with its own weights: a wiring bug
