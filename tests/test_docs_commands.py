@@ -125,6 +125,11 @@ RULES = [
     ("python -m tools.bench --render", "parse", "re-renders the results a full run left in .bench/"),
     ("python -m tools.bench", "parse", LONG),
     ("python -m export build$", "parse", DEMO_BUILD),
+    # the ONNX Runtime GenAI peer (docs/benchmarks.md, issue 28): D, A32, G... are the section's directories
+    ("python -m venv --system-site-packages V", "setup", "the GenAI peer's own venv, never the project's"),
+    ("V/bin/pip install onnxruntime-genai", "setup", "the GenAI peer's own venv, never the project's"),
+    ("python -m export build --model D ", "parse", "exports the random checkpoint of the line before it"),
+    ("python -m runtime A ", "parse", LONG + " (SmolLM2-360M's shape, rounds against the peer)"),
 ]
 
 
