@@ -200,6 +200,9 @@ class KVCache:
         self.storage.close()
 
 
+ROW_SLICES = 4  # ArrayStorage.write: up to this many host rows are written a row at a time
+
+
 def _copy(array):
     """A copy of a numpy array or a torch tensor."""
     return array.clone() if hasattr(array, "clone") else array.copy()
@@ -282,6 +285,14 @@ class ArrayStorage(KVStorage):
 
     def write(self, layer, new_key, new_value, src, dst, positions):
         T = new_key.shape[2]
+        if len(src) <= ROW_SLICES and isinstance(new_key, np.ndarray):
+            # A few host rows: a basic slice per row, 2.3 µs a layer at one row against 8.2 for the
+            # one fancy-indexed write below (level at 8 rows); a decode step writes every layer.
+            keys, values = self.keys[layer], self.values[layer]
+            for s, d, p in zip(src.tolist(), dst.tolist(), positions.tolist()):
+                keys[d, :, :, p:p + T] = new_key[s].swapaxes(1, 2)  # (nh, hd, T) <- (nh, T, hd)
+                values[d, :, p:p + T] = new_value[s]  # (nh, T, hd)
+            return
         with self.scope():
             at = self.index(dst[:, None])  # (R, 1)
             where = self.index(positions[:, None] + np.arange(T))  # (R, T)

@@ -115,3 +115,26 @@ def test_rows_holding_nothing_bind_one_page_of_zeros():
     fill(cache, rows, 2, 2.0)  # once it holds something, it binds the width like the others
     assert cache.bound(rows.start, rows.stop) == 3 * PAGE
     assert not cache.storage.zeros_flat.any()  # nothing ever writes the zeros
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7])  # at, under and over ROW_SLICES: both ways of writing
+def test_a_write_lands_each_rows_new_positions_at_its_own_length(rows):
+    from runtime.kvcache import ROW_SLICES
+
+    assert 3 <= ROW_SLICES < 7
+    storage = ArrayStorage(L, NH, HD, lambda shape: np.zeros(shape, np.float32))
+    storage.allocate(8, 16, 16)
+    rng = np.random.default_rng(rows)
+    T = 2
+    new_key, new_value = (rng.standard_normal((rows + 1, NH, T, HD)).astype(np.float32) for _ in range(2))
+    src = np.arange(1, rows + 1)  # batch row 0 skipped the layer: not written
+    dst = np.arange(rows) + 1
+    positions = np.arange(rows) * 2 + 1
+    storage.write(1, new_key, new_value, src, dst, positions)
+    keys, values = np.zeros_like(storage.keys[1]), np.zeros_like(storage.values[1])
+    for s, d, p in zip(src, dst, positions):
+        keys[d, :, :, p:p + T] = new_key[s].transpose(0, 2, 1)
+        values[d, :, p:p + T] = new_value[s]
+    np.testing.assert_array_equal(storage.keys[1], keys)
+    np.testing.assert_array_equal(storage.values[1], values)
+    assert not storage.keys[0].any()  # other layers untouched
