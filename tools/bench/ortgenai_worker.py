@@ -1,7 +1,7 @@
 """ONNX Runtime GenAI as a benchmark peer, run with the python of a venv that has onnxruntime-genai.
 
     PYTHON tools/bench/ortgenai_worker.py build HF_DIR OUT_DIR --precision int4 [--threads 2]
-    PYTHON tools/bench/ortgenai_worker.py measure OUT_DIR [--prompt 32] [--new 128]   # one JSON line
+    PYTHON tools/bench/ortgenai_worker.py measure OUT_DIR [--prompt 32] [--new 128] [--batch 1]  # one JSON line
 
 ``build`` runs GenAI's own model builder on the checkpoint (``-e cpu``: fused QKV,
 GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits at accuracy level 4 for int4)
@@ -38,7 +38,7 @@ def build(hf_dir: str, out_dir: str, precision: str, threads: int) -> None:
     config_path.write_text(json.dumps(config, indent=4))
 
 
-def measure(out_dir: str, prompt: int, new: int) -> dict:
+def measure(out_dir: str, prompt: int, new: int, batch: int = 1) -> dict:
     import numpy as np
     import onnxruntime_genai as og
 
@@ -46,17 +46,18 @@ def measure(out_dir: str, prompt: int, new: int) -> dict:
     model = og.Model(out_dir)
     loaded = time.perf_counter() - began
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=prompt + new, min_length=prompt + new, do_sample=False)
+    params.set_search_options(max_length=prompt + new, min_length=prompt + new, do_sample=False, batch_size=batch)
     generator = og.Generator(model, params)
     start = time.perf_counter()
-    generator.append_tokens(np.arange(100, 100 + prompt, dtype=np.int32).reshape(1, prompt))
+    generator.append_tokens(np.tile(np.arange(100, 100 + prompt, dtype=np.int32), (batch, 1)))  # (B, prompt)
     times = []
     for _ in range(new):
         t = time.perf_counter()
         generator.generate_next_token()
         times.append(time.perf_counter() - t)
     first = times[0] + (time.perf_counter() - start - sum(times))  # the prompt's token, prefill included
-    return {"engine": f"onnxruntime-genai {og.__version__}", "load_s": loaded, "first_token_ms": first * 1e3,
+    return {"engine": f"onnxruntime-genai {og.__version__}", "batch": batch, "load_s": loaded,
+            "first_token_ms": first * 1e3,
             "decode_ms_per_token": statistics.mean(times[1:]) * 1e3,
             "decode_ms_median": statistics.median(times[1:]) * 1e3, "new_tokens": len(times)}
 
@@ -72,12 +73,14 @@ def main(argv=None) -> int:
     m = sub.add_parser("measure", help="decode ms/token at batch 1, one JSON line")
     m.add_argument("out_dir")
     m.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
-    m.add_argument("--new", type=int, default=128, help="tokens generated (default 128)")
+    m.add_argument("--new", type=int, default=128, help="tokens generated per row (default 128)")
+    m.add_argument("--batch", type=int, default=1, help="rows, each the same prompt (default 1); a decode "
+                                                         "token's ms is then a step's")
     args = p.parse_args(argv)
     if args.command == "build":
         build(args.hf_dir, args.out_dir, args.precision, args.threads)
     else:
-        print(json.dumps(measure(args.out_dir, args.prompt, args.new)))
+        print(json.dumps(measure(args.out_dir, args.prompt, args.new, args.batch)))
     return 0
 
 
