@@ -395,3 +395,90 @@ def test_quantized_rows_floor_counts_their_own_weight_bytes():
     assert 0.150 < layer / model["layer_bytes"] < 0.165 and 0.150 < head / model["head_bytes"] < 0.165
     assert row_weight_bytes("ort-int4head", model) == (model["layer_bytes"], head)
     assert 0.28 < row_weight_bytes("ort-int8", model)[0] / model["layer_bytes"] < 0.30
+
+
+# -- the ONNX Runtime GenAI peer ----------------------------------------------------------------
+
+
+def test_ortgenai_rows_are_full_depth_peers_run_by_their_worker_in_their_venv(tmp_path):
+    assert rows_mod.parse_backend("ortgenai-int4", {}) == [rows_mod.Row("ortgenai-int4", None)]
+    with pytest.raises(ValueError, match="ortgenai runs the plain model only: use ortgenai or ortgenai@full"):
+        rows_mod.parse_backend("ortgenai@2", {})
+    job = runner.Job("smollm2-360m", rows_mod.Shape(1, 32), rows_mod.Row("ortgenai", None), {"k": 1}, "/venv/python")
+    assert runner.command(job) == ["/venv/python", str(runner.ORTGENAI_WORKER), "bench", '{"k": 1}']
+    env = venv.ensure(tmp_path / "venv", create=False, peer=venv.ORTGENAI)
+    assert not env.available and "no virtual environment" in env.reason
+    env = venv.probe(sys.executable, venv.ORTGENAI)  # the project's own environment has no GenAI
+    if not env.available:
+        assert "cannot import onnxruntime_genai" in env.reason
+
+
+def test_ortgenai_int4_floor_counts_its_symmetric_blocks_and_rows_name_it():
+    from tools.bench.cli import model_info
+    from tools.bench.results import row_weight_bytes
+
+    model = model_info({"dtype": "float32", "hidden_size": 2048, "ffn_dim": 8192, "vocab_size": 50272})
+    assert row_weight_bytes("ortgenai", model) == (model["layer_bytes"], model["head_bytes"])
+    ours, genai = row_weight_bytes("ort-int4", model), row_weight_bytes("ortgenai-int4", model)
+    assert genai[0] < ours[0] and genai[1] < ours[1]  # no zero points
+    data = _data([(1, "ort", None, 1.0, 0.29, 24), (1, "ortgenai", None, 1.0, 0.2, 24)])
+    data["ortgenai"] = {"available": True, "python": "/v/bin/python", "versions": {"onnxruntime-genai": "0.18.0"}}
+    rows = {r.backend: r for r in results.build_rows(data)}
+    assert report.table_cells(rows["ort"])[-1] == "0.69x ortgenai"
+    page = report.render(data, list(rows.values()), targets.evaluate(list(rows.values())), None)
+    assert "- ONNX Runtime GenAI peer: its own venv (`/v/bin/python`): onnxruntime-genai 0.18.0" in page
+
+
+class _FakeGenAI:
+    """onnxruntime_genai's API as ortgenai_worker.bench uses it: a model whose every token is 7."""
+
+    __version__ = "0.0-fake"
+
+    class Model:
+        def __init__(self, directory):
+            self.directory = directory
+
+    class Tokenizer:
+        def __init__(self, model):
+            pass
+
+        def encode(self, text):
+            return np.arange(len(text.split()), dtype=np.int32)
+
+    class GeneratorParams:
+        def __init__(self, model):
+            self.options = {}
+
+        def set_search_options(self, **options):
+            self.options = options
+
+    class Generator:
+        def __init__(self, model, params):
+            self.params, self.ids = params, None
+
+        def append_tokens(self, ids):
+            assert ids.shape[0] == self.params.options["batch_size"]
+            self.ids = ids
+
+        def generate_next_token(self):
+            self.ids = np.concatenate([self.ids, np.full((self.ids.shape[0], 1), 7, np.int32)], axis=1)
+            assert self.ids.shape[1] <= self.params.options["max_length"]
+
+
+def test_ortgenai_worker_bench_makes_the_record_every_row_makes(tmp_path, monkeypatch):
+    from tools.bench import ortgenai_worker
+
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"num_hidden_layers": 5}}}))
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", _FakeGenAI)
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+    spec = {"ortgenai_dir": str(tmp_path), "prompts": ["a b c", "d e f"], "new_tokens": 6, "warmup_tokens": 2}
+    record = ortgenai_worker.bench(spec)
+    assert record["generated_tokens"] == 6 and record["prompt_tokens"] == 3
+    assert len(record["step_s"]) == 5 and record["layers_per_step"] == [5] * 5
+    assert record["decode_s"] == pytest.approx(sum(record["step_s"])) and record["prefill_s"] > 0
+    assert record["versions"] == {"onnxruntime-genai": "1.0", "onnxruntime": "1.0"}
+    stats.round_figures(record, 2)  # what tools.bench makes of it
+    with pytest.raises(SystemExit, match=r"GenAI's tokenizer gives the prompts \[1, 3\] tokens"):
+        ortgenai_worker.bench({**spec, "prompts": ["a b c", "d"]})

@@ -1,8 +1,9 @@
 """``python -m tools.bench``: measured wall-clock speedup of SkipDecode, and the peers, side by side.
 
 One interleaved run on the same weights, prompts and thread settings: transformers generate,
-this project's torch and ONNX Runtime backends at full depth and under SkipDecode policies, and
-Optimum's ORTModelForCausalLM (in its own venv). Writes a Markdown page and a PNG plot.
+this project's torch and ONNX Runtime backends at full depth and under SkipDecode policies,
+Optimum's ORTModelForCausalLM and ONNX Runtime GenAI at fp32 and int4 (each in its own venv).
+Writes a Markdown page and a PNG plot.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from runtime.errors import SkipDecodeError
 from . import bandwidth as bandwidth_mod
 from . import machine, prepare, report, results, rows as rows_mod, targets as targets_mod, venv
 from .prompts import make_prompts
-from .runner import OPTIMUM_WORKER, Job, run_all, schedule
+from .runner import OPTIMUM_WORKER, ORTGENAI_WORKER, Job, run_all, schedule
 
 ARCHS = ("opt-125m", "opt-1.3b", "tiny-random", "qwen3-0.6b", "smollm2-360m")  # random weights at these shapes
 OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
@@ -63,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimum-python", help="python of an environment with optimum-onnx (default: "
                                             "create WORK_DIR/optimum-venv)")
     p.add_argument("--no-optimum-venv", action="store_true", help="never create the Optimum venv")
+    p.add_argument("--ortgenai-python", help="python of an environment with onnxruntime-genai (default: "
+                                             "create WORK_DIR/ortgenai-venv over this environment's packages)")
+    p.add_argument("--no-ortgenai-venv", action="store_true", help="never create the ONNX Runtime GenAI venv")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed (default 900)")
     p.add_argument("--render", metavar="RESULTS_JSON",
                    help="re-render the page and plot from a saved run's raw results; measures nothing")
@@ -139,14 +143,15 @@ def measure(args, argv: list[str], log) -> dict:
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
     data["bandwidth"] = bandwidth_mod.as_record(bandwidth_mod.measure(args.threads))
 
-    optimum_env = None
-    if any(row.backend == "optimum" for _, _, row in planned):
-        optimum_env = venv.ensure(work / "optimum-venv", args.optimum_python,
-                                  create=not args.no_optimum_venv, log=log)
-        data["optimum"] = {"available": optimum_env.available, "python": optimum_env.python,
-                           "versions": optimum_env.versions, "reason": optimum_env.reason}
-        if not optimum_env.available:
-            log(f"Optimum rows unavailable: {optimum_env.reason}")
+    envs = {}  # peer key ("optimum", "ortgenai") -> its venv.PeerEnv, for the peers the rows need
+    for key, peer, python, no_venv in (("optimum", venv.OPTIMUM, args.optimum_python, args.no_optimum_venv),
+                                       ("ortgenai", venv.ORTGENAI, args.ortgenai_python, args.no_ortgenai_venv)):
+        if any(rows_mod.VENV_PEERS.get(row.backend) == key for _, _, row in planned):
+            env = envs[key] = venv.ensure(work / peer.directory, python, create=not no_venv, log=log, peer=peer)
+            data[key] = {"available": env.available, "python": env.python, "versions": env.versions,
+                         "reason": env.reason}
+            if not env.available:
+                log(f"{peer.name} rows unavailable: {env.reason}")
 
     from transformers import AutoTokenizer
 
@@ -158,13 +163,16 @@ def measure(args, argv: list[str], log) -> dict:
         info = model_info(prepared.config)
         data["models"][arch] = info
         L = info["num_layers"]
-        optimum_dir, optimum_reason = None, ""
-        if any(a == arch and row.backend == "optimum" for a, _, row in planned):
-            if optimum_env.available:
-                optimum_dir, optimum_reason = prepare.prepare_optimum(
-                    prepared, optimum_env.python, OPTIMUM_WORKER, args.seed, log=log)
+        peer_dirs = {}  # backend -> (its peer's export of this checkpoint or None, why not)
+        for backend in sorted({row.backend for a, _, row in planned if a == arch} & set(rows_mod.VENV_PEERS)):
+            env = envs[rows_mod.VENV_PEERS[backend]]
+            if not env.available:
+                peer_dirs[backend] = (None, env.reason)
+            elif backend == "optimum":
+                peer_dirs[backend] = prepare.prepare_optimum(prepared, env.python, OPTIMUM_WORKER, args.seed, log=log)
             else:
-                optimum_reason = optimum_env.reason
+                peer_dirs[backend] = prepare.prepare_ortgenai(prepared, env.python, ORTGENAI_WORKER,
+                                                              rows_mod.ORTGENAI[backend], args.threads, args.seed, log=log)
         tokenizer = AutoTokenizer.from_pretrained(str(prepared.hf_dir))
         pols = {}
         for a, shape, row in planned:
@@ -175,14 +183,17 @@ def measure(args, argv: list[str], log) -> dict:
             if not row.is_full:
                 pols[f"{row.speedup:g}x"] = {**policy.to_dict(), "theoretical": theoretical}
             artifact = prepared.variants.get(row.backend, prepared.artifact_dir)
+            peer_dir, peer_reason = peer_dirs.get(row.backend, (None, ""))
             spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(artifact),
-                    "optimum_dir": str(optimum_dir) if optimum_dir else None,
+                    "optimum_dir": str(peer_dir) if row.backend == "optimum" and peer_dir else None,
+                    "ortgenai_dir": str(peer_dir) if row.backend in rows_mod.ORTGENAI and peer_dir else None,
                     "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
                     "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens,
                     "threads": args.threads, "pad_token_id": info["pad_token_id"],
                     "policy": policy.to_dict() if row.backend in rows_mod.RUNTIME else None}
-            unavailable = optimum_reason if row.backend == "optimum" and not optimum_dir else ""
-            jobs.append(Job(arch, shape, row, spec, optimum_env.python if optimum_env else None, unavailable))
+            unavailable = peer_reason if row.backend in peer_dirs and not peer_dir else ""
+            env = envs.get(rows_mod.VENV_PEERS.get(row.backend))
+            jobs.append(Job(arch, shape, row, spec, env.python if env else None, unavailable))
             data["jobs"].append({"arch": arch, "batch": shape.batch, "prompt": shape.prompt,
                                  "backend": row.backend, "speedup": row.speedup, "theoretical": theoretical,
                                  "policy": spec["policy"], "unavailable": unavailable})

@@ -2,17 +2,19 @@
 
     PYTHON tools/bench/ortgenai_worker.py build HF_DIR OUT_DIR --precision int4 [--threads 2]
     PYTHON tools/bench/ortgenai_worker.py measure OUT_DIR [--prompt 32] [--new 128] [--batch 1]  # one JSON line
+    PYTHON tools/bench/ortgenai_worker.py bench SPEC_JSON     # a tools.bench row's record, one JSON line
 
 ``build`` runs GenAI's own model builder on the checkpoint (``-e cpu``: fused QKV,
 GroupQueryAttention, SkipSimplifiedLayerNormalization, MatMulNBits at accuracy level 4 for int4)
 and pins its session to ``--threads`` intra-op threads: left to itself on the 2-core build
 machines it ran int4 decode at 29.5 ms/token against 16.5 with 2 threads (docs/benchmarks.md).
-``measure`` decodes ``--new`` greedy tokens after a ``--prompt``-token prompt of fixed ids at
-batch 1, EOS not stopping it (a random model's argmax can be EOS), and prints the mean ms of a
+``measure`` decodes ``--new`` greedy tokens after a ``--prompt``-token prompt of fixed ids in
+each of ``--batch`` rows, EOS not stopping it (a random model's argmax can be EOS), and prints the mean ms of a
 decode token (every token after the first), as ``python -m runtime --json`` reports its
-``decode_seconds`` over its steps, and their median.
+``decode_seconds`` over its steps, and their median. ``bench`` is ``python -m tools.bench``'s
+``ortgenai`` / ``ortgenai-int4`` rows.
 
-Standalone: it imports only the venv's packages, never this project. Set up the venv with
+Standalone: it imports only the venv's packages and ``hf_generate.py`` beside it, never this project. Set up the venv with
 ``python -m venv --system-site-packages VENV && VENV/bin/pip install onnxruntime-genai`` (the
 builder reads the checkpoint with the torch and transformers already installed); a peer, never
 a dependency of the project.
@@ -22,11 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hf_generate import peak_rss_bytes, timing_record  # noqa: E402  (standard library only)
 
 
 def build(hf_dir: str, out_dir: str, precision: str, threads: int) -> None:
@@ -62,6 +69,47 @@ def measure(out_dir: str, prompt: int, new: int, batch: int = 1) -> dict:
             "decode_ms_median": statistics.median(times[1:]) * 1e3, "new_tokens": len(times)}
 
 
+def bench(spec: dict) -> dict:
+    """tools.bench's row: ``spec["prompts"]`` (text, one per row, the same token count each) through
+    GenAI's own tokenizer, ``warmup_tokens`` untimed, then ``new_tokens`` timed, greedy, EOS ignored;
+    the record hf_generate.timing_record makes for the other rows."""
+    from importlib.metadata import version
+
+    import numpy as np
+    import onnxruntime_genai as og
+
+    began = time.perf_counter()
+    model = og.Model(spec["ortgenai_dir"])
+    tokenizer = og.Tokenizer(model)
+    load_s = time.perf_counter() - began
+    config = json.loads((Path(spec["ortgenai_dir"]) / "genai_config.json").read_text())
+    layers = config["model"]["decoder"]["num_hidden_layers"]
+
+    def generate(new: int) -> dict:
+        start = time.perf_counter()  # from prompt strings in hand, as for the other rows
+        rows = [tokenizer.encode(p) for p in spec["prompts"]]
+        if len({len(r) for r in rows}) != 1:
+            raise SystemExit(f"GenAI's tokenizer gives the prompts {sorted({len(r) for r in rows})} tokens; "
+                             f"the rows need one length")
+        ids = np.array(rows, dtype=np.int32)  # (B, prompt)
+        params = og.GeneratorParams(model)
+        total = ids.shape[1] + new
+        params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=len(rows))
+        generator = og.Generator(model, params)
+        generator.append_tokens(ids)
+        stamps = []
+        for _ in range(new):
+            generator.generate_next_token()
+            stamps.append(time.perf_counter())
+        return timing_record(start, stamps, new, ids.shape[1])
+
+    generate(spec["warmup_tokens"])
+    record = generate(spec["new_tokens"])
+    record.update(load_s=load_s, peak_rss_bytes=peak_rss_bytes(), layers_per_step=[layers] * len(record["step_s"]),
+                  versions={k: version(k) for k in ("onnxruntime-genai", "onnxruntime")})
+    return record
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ortgenai_worker.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -76,13 +124,18 @@ def main(argv=None) -> int:
     m.add_argument("--new", type=int, default=128, help="tokens generated per row (default 128)")
     m.add_argument("--batch", type=int, default=1, help="rows, each the same prompt (default 1); a decode "
                                                          "token's ms is then a step's")
+    r = sub.add_parser("bench", help="one tools.bench row from its JSON spec")
+    r.add_argument("spec", help="the row's spec as JSON (tools.bench.cli)")
     args = p.parse_args(argv)
     if args.command == "build":
         build(args.hf_dir, args.out_dir, args.precision, args.threads)
+    elif args.command == "bench":
+        print(json.dumps(bench(json.loads(args.spec))))
     else:
         print(json.dumps(measure(args.out_dir, args.prompt, args.new, args.batch)))
     return 0
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

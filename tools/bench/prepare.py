@@ -106,25 +106,43 @@ def _shape(hf_dir: Path, manifest) -> dict:
     return {"ffn_dim": int(config["intermediate_size"]), "layer_bytes": layer * size, "head_bytes": head * size}
 
 
+def _peer_export(out: Path, stamp: dict, command: list[str], what: str, log, timeout: float
+                 ) -> tuple[Path | None, str]:
+    """A peer's export of the checkpoint into ``out`` by ``command`` (its worker, in its venv), once
+    per ``stamp``: (out, "") or (None, why it failed)."""
+    if _stamped(out, stamp):
+        return out, ""
+    log(f"{what} into {out}")
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{what} failed: {exc}"
+    if done.returncode != 0:
+        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
+        return None, f"{what} failed: {lines[-1] if lines else 'exit ' + str(done.returncode)}"
+    _stamp(out, stamp)
+    return out, ""
+
+
 def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0, log=print,
                     timeout: float = 3600) -> tuple[Path | None, str]:
     """Optimum's export of the same checkpoint: (directory, "") or (None, why it failed)."""
     out = prepared.hf_dir.parent / "optimum"
-    stamp = {"arch": prepared.arch, "seed": seed, "python": python}
-    if _stamped(out, stamp):
-        return out, ""
-    log(f"exporting {prepared.hf_dir} with Optimum into {out}")
-    shutil.rmtree(out, ignore_errors=True)
-    try:
-        done = subprocess.run([python, str(worker), "export", str(prepared.hf_dir), str(out)],
-                              capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"Optimum export failed: {exc}"
-    if done.returncode != 0:
-        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
-        return None, f"Optimum export failed: {lines[-1] if lines else 'exit ' + str(done.returncode)}"
-    _stamp(out, stamp)
-    return out, ""
+    return _peer_export(out, {"arch": prepared.arch, "seed": seed, "python": python},
+                        [python, str(worker), "export", str(prepared.hf_dir), str(out)],
+                        "Optimum export", log, timeout)
+
+
+def prepare_ortgenai(prepared: Prepared, python: str, worker: Path, precision: str, threads: int,
+                     seed: int = 0, log=print, timeout: float = 3600) -> tuple[Path | None, str]:
+    """ONNX Runtime GenAI's build of the same checkpoint at ``precision`` (its model builder, its
+    session pinned to ``threads``): (directory, "") or (None, why it failed)."""
+    out = prepared.hf_dir.parent / f"ortgenai-{precision}"
+    stamp = {"arch": prepared.arch, "seed": seed, "python": python, "precision": precision, "threads": threads}
+    return _peer_export(out, stamp, [python, str(worker), "build", str(prepared.hf_dir), str(out), "--precision",
+                                     precision, "--threads", str(threads)],
+                        f"ONNX Runtime GenAI build ({precision})", log, timeout)
 
 
 def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=()) -> Prepared:

@@ -102,6 +102,9 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         "- Optimum peer: " + (
             f"its own venv (`{opt.get('python')}`): " + ", ".join(f"{k} {x}" for k, x in opt.get("versions", {}).items())
             if opt.get("available") else f"unavailable: {opt.get('reason', 'not requested')}"),
+        *([f"- ONNX Runtime GenAI peer: " + (
+            f"its own venv (`{genai['python']}`): " + ", ".join(f"{k} {x}" for k, x in genai["versions"].items())
+            if genai["available"] else f"unavailable: {genai['reason']}")] if (genai := data.get("ortgenai")) else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
         f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at the real OPT shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and Optimum's "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from runtime.kvcache import bound_width
 
 from . import stats
-from .rows import FULL_ONLY, QUANTIZED, RUNTIME
+from .rows import FULL_ONLY, ORTGENAI, QUANTIZED, RUNTIME
 
 PAGE_SIZE = 32  # runtime rows' KV page when a run's model info predates recording it
 
@@ -107,8 +107,10 @@ def row_kv_bytes(backend: str, model: dict, batch: int, prompt: int, new_tokens:
 def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     """(one layer's, the head's) weight bytes as the row's own export stores them: float, or for the
     quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: BLOCK_SIZE, a
-    scale of the model's dtype and a zero point per block); biases and layer norms stay float."""
-    layers, head = QUANTIZED.get(backend, ("float", "float"))
+    scale of the model's dtype and a zero point per block; GenAI's int4 has no zero points);
+    biases and layer norms stay float."""
+    genai = ORTGENAI.get(backend, "fp32")
+    layers, head = QUANTIZED.get(backend, ("float", "float") if genai == "fp32" else (genai, genai))
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
     from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes  # the quantized rows' exports use BLOCK_SIZE
@@ -119,7 +121,7 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     def matmuls(shapes, precision):
         if precision == "float":
             return sum(k * n for k, n in shapes) * size
-        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BLOCK_SIZE, size, symmetric=False)
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BLOCK_SIZE, size, symmetric=backend in ORTGENAI)
                    for k, n in shapes)
 
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms

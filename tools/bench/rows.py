@@ -25,12 +25,17 @@ BACKENDS = {
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
     "ort-int8head": "this project, ONNX Runtime backend, int8 head, float layers",
     "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block 32)",
+    "ortgenai": "ONNX Runtime GenAI, fp32 (its model builder, `-e cpu`: fused QKV, GroupQueryAttention)",
+    "ortgenai-int4": "ONNX Runtime GenAI, int4 (its builder: MatMulNBits, block 32, symmetric, accuracy level 4)",
 }
 # The quantized rows run their own export of the same checkpoint: backend -> (layers, head) weights
 # (export.build.BuildOptions.weights / head_weights).
 QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "ort-int8": ("int8", "int8"),
              "ort-int8head": ("float", "int8")}
-FULL_ONLY = ("hf", "optimum")  # peers: the plain model only
+# ONNX Runtime GenAI's rows: backend -> its builder's precision (tools/bench/ortgenai_worker.py)
+ORTGENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
+FULL_ONLY = ("hf", "optimum", *ORTGENAI)  # peers: the plain model only
+VENV_PEERS = {"optimum": "optimum", **{b: "ortgenai" for b in ORTGENAI}}  # backend -> the venv its worker runs in
 RUNTIME = ("torch", "ort", "ort-spin", "ort-nospin", *QUANTIZED)  # this project's runtime: SkipDecode policies apply
 ORT = ("ort", "ort-spin", "ort-nospin", *QUANTIZED)
 

@@ -16,8 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .rows import ORTGENAI
+
 REPO = Path(__file__).resolve().parents[2]
 OPTIMUM_WORKER = Path(__file__).resolve().parent / "optimum_worker.py"
+ORTGENAI_WORKER = Path(__file__).resolve().parent / "ortgenai_worker.py"
 
 
 @dataclass
@@ -26,7 +29,7 @@ class Job:
     shape: object  # rows.Shape
     row: object  # rows.Row
     spec: dict  # what the worker gets
-    python: str | None = None  # interpreter for the optimum worker
+    python: str | None = None  # interpreter of a peer's worker (its own venv)
     unavailable: str = ""  # set: the job is not run and this is the reason
 
     @property
@@ -57,6 +60,8 @@ def command(job: Job) -> list[str]:
     spec = json.dumps(job.spec)
     if job.row.backend == "optimum":
         return [job.python, str(OPTIMUM_WORKER), "measure", spec]
+    if job.row.backend in ORTGENAI:
+        return [job.python, str(ORTGENAI_WORKER), "bench", spec]
     return [sys.executable, "-m", "tools.bench.worker", spec]
 
 

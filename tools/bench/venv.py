@@ -1,6 +1,12 @@
-"""The Optimum peer's own virtual environment: optimum-onnx pins transformers < 4.58, so it can
-never share this project's environment. The tool creates it (once) or is pointed at one with
-``--optimum-python``; when neither works the Optimum row is reported unavailable with the reason.
+"""The peers' own virtual environments: a peer never shares this project's environment.
+
+* Optimum: optimum-onnx pins transformers < 4.58, so it needs its own packages throughout.
+* ONNX Runtime GenAI: its wheel alone, over this environment's packages (``--system-site-packages``:
+  its model builder reads the checkpoint with the torch and transformers already here, and it runs
+  on the same onnxruntime as this project's rows).
+
+The tool creates a peer's venv (once) or is pointed at one (``--optimum-python``,
+``--ortgenai-python``); when neither works the peer's rows are reported unavailable with the reason.
 """
 
 from __future__ import annotations
@@ -11,19 +17,29 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_DIR = Path(".bench") / "optimum-venv"
+
+@dataclass(frozen=True)
+class Peer:
+    name: str  # as the page and the log say it
+    directory: str  # the venv's folder under the work directory
+    requirements: tuple[str, ...]  # what pip installs into it
+    imports: str  # the module a working venv imports
+    packages: tuple[str, ...]  # whose versions the page records
+    system_site_packages: bool = False
+
+
 # torch is pinned: an unpinned torch resolves the CUDA build and several GB of dependencies; the
 # machines this project runs on have a local CPU wheel of exactly this version that pip finds.
-REQUIREMENTS = ("optimum-onnx", "onnxruntime", "transformers<4.58", "torch==2.13.0")
-PROBE = ("import json, optimum.onnxruntime, onnxruntime, transformers, torch\n"
-         "from importlib.metadata import version\n"
-         "print(json.dumps({k: version(k) for k in ('optimum-onnx', 'onnxruntime', 'transformers', "
-         "'torch')}))")
+OPTIMUM = Peer("Optimum", "optimum-venv", ("optimum-onnx", "onnxruntime", "transformers<4.58", "torch==2.13.0"),
+               "optimum.onnxruntime", ("optimum-onnx", "onnxruntime", "transformers", "torch"))
+ORTGENAI = Peer("ONNX Runtime GenAI", "ortgenai-venv", ("onnxruntime-genai",), "onnxruntime_genai",
+                ("onnxruntime-genai", "onnxruntime", "transformers", "torch"), system_site_packages=True)
+DEFAULT_DIR = Path(".bench") / OPTIMUM.directory
 
 
 @dataclass
-class OptimumEnv:
-    python: str | None  # interpreter to run optimum_worker.py with; None when unavailable
+class PeerEnv:
+    python: str | None  # interpreter to run the peer's worker with; None when unavailable
     versions: dict  # package -> version inside the venv
     reason: str = ""  # why it is unavailable ("" when it is available)
 
@@ -32,41 +48,48 @@ class OptimumEnv:
         return self.python is not None
 
 
-def probe(python: str) -> OptimumEnv:
-    """Check that ``python`` imports Optimum's ONNX Runtime classes; report the versions."""
+def _probe_code(peer: Peer) -> str:
+    return (f"import json, {peer.imports}\n"
+            "from importlib.metadata import version\n"
+            f"print(json.dumps({{k: version(k) for k in {peer.packages!r}}}))")
+
+
+def probe(python: str, peer: Peer = OPTIMUM) -> PeerEnv:
+    """Check that ``python`` imports the peer; report the versions."""
     try:
-        done = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([python, "-c", _probe_code(peer)], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return OptimumEnv(None, {}, f"{python} could not be run: {exc}")
+        return PeerEnv(None, {}, f"{python} could not be run: {exc}")
     if done.returncode != 0:
-        return OptimumEnv(None, {}, f"{python} cannot import optimum.onnxruntime: {_last_line(done.stderr)}")
-    return OptimumEnv(python, json.loads(done.stdout.strip().splitlines()[-1]))
+        return PeerEnv(None, {}, f"{python} cannot import {peer.imports}: {_last_line(done.stderr)}")
+    return PeerEnv(python, json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def ensure(directory: Path = DEFAULT_DIR, python: str | None = None, create: bool = True,
-           log=print) -> OptimumEnv:
-    """The Optimum environment: ``python`` if given, else ``directory``'s venv, created if missing."""
+           log=print, peer: Peer = OPTIMUM) -> PeerEnv:
+    """The peer's environment: ``python`` if given, else ``directory``'s venv, created if missing."""
     if python:
-        return probe(python)
+        return probe(python, peer)
     venv_python = Path(directory) / "bin" / "python"
     if venv_python.exists():
-        env = probe(str(venv_python))
+        env = probe(str(venv_python), peer)
         if env.available or not create:
             return env
     elif not create:
-        return OptimumEnv(None, {}, f"no virtual environment at {directory} and --no-optimum-venv given")
-    log(f"creating the Optimum virtual environment in {directory} (once; pip install "
-        f"{' '.join(REQUIREMENTS)})")
-    steps = ([sys.executable, "-m", "venv", str(directory)],
-             [str(venv_python), "-m", "pip", "install", "--quiet", *REQUIREMENTS])
+        return PeerEnv(None, {}, f"no virtual environment at {directory} and creating it was turned off")
+    log(f"creating the {peer.name} virtual environment in {directory} (once; pip install "
+        f"{' '.join(peer.requirements)})")
+    make = [sys.executable, "-m", "venv", *(["--system-site-packages"] if peer.system_site_packages else []),
+            str(directory)]
+    steps = (make, [str(venv_python), "-m", "pip", "install", "--quiet", *peer.requirements])
     for cmd in steps:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return OptimumEnv(None, {}, f"`{' '.join(cmd)}` failed: {exc}")
+            return PeerEnv(None, {}, f"`{' '.join(cmd)}` failed: {exc}")
         if done.returncode != 0:
-            return OptimumEnv(None, {}, f"`{' '.join(cmd)}` failed: {_last_line(done.stderr or done.stdout)}")
-    return probe(str(venv_python))
+            return PeerEnv(None, {}, f"`{' '.join(cmd)}` failed: {_last_line(done.stderr or done.stdout)}")
+    return probe(str(venv_python), peer)
 
 
 def _last_line(text: str) -> str:
