@@ -105,10 +105,10 @@ def session_options(ort, threads: int | None = None, spin: bool = False):
     """The SessionOptions every graph's session gets (tools.bench.graphs starts from them too)."""
     # spin=True, for a device of its own: every graph runs on ONE pool of workers that busy-wait
     # between operators, across the boundaries of the graphs' runs, as a peer's single-graph
-    # session does. A decode step on SmolLM2-360M shapes (int4, 2 threads) took 19.5 ms against
-    # 21.4 with a spinning pool per graph and 24.5 with sleeping ones (docs/benchmarks.md, "One
-    # spinning pool"). Beside a busy process spinning costs more than it gives (1.4x slower per
-    # step there), hence not the default. The pool is the process's, and there is no other once
+    # session does. A decode step on SmolLM2-360M shapes (int4, 2 threads) took 20.5-21.4 ms
+    # against 22.4-23.1 with a spinning pool per graph and 25.6-27.2 with sleeping ones
+    # (docs/benchmarks.md, "One spinning pool"). Beside a busy process spinning costs more than it
+    # gives (1.4x slower per step there), hence not the default. The pool is the process's, and there is no other once
     # it exists: see new_session_options.
     if spin:
         _make_shared_pool(threads)
