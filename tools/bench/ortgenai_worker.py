@@ -45,6 +45,21 @@ def build(hf_dir: str, out_dir: str, precision: str, threads: int) -> None:
     config_path.write_text(json.dumps(config, indent=4))
 
 
+def _token_stamps(og, model, ids, new: int) -> list[float]:
+    """Greedy ``new`` tokens after the prompts ``ids`` (B, prompt) int32, EOS ignored: the time each
+    token was ready (the first's includes the prefill)."""
+    total = ids.shape[1] + new
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=ids.shape[0])
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    stamps = []
+    for _ in range(new):
+        generator.generate_next_token()
+        stamps.append(time.perf_counter())
+    return stamps
+
+
 def measure(out_dir: str, prompt: int, new: int, batch: int = 1) -> dict:
     import numpy as np
     import onnxruntime_genai as og
@@ -52,21 +67,14 @@ def measure(out_dir: str, prompt: int, new: int, batch: int = 1) -> dict:
     began = time.perf_counter()
     model = og.Model(out_dir)
     loaded = time.perf_counter() - began
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=prompt + new, min_length=prompt + new, do_sample=False, batch_size=batch)
-    generator = og.Generator(model, params)
     start = time.perf_counter()
-    generator.append_tokens(np.tile(np.arange(100, 100 + prompt, dtype=np.int32), (batch, 1)))  # (B, prompt)
-    times = []
-    for _ in range(new):
-        t = time.perf_counter()
-        generator.generate_next_token()
-        times.append(time.perf_counter() - t)
-    first = times[0] + (time.perf_counter() - start - sum(times))  # the prompt's token, prefill included
+    ids = np.tile(np.arange(100, 100 + prompt, dtype=np.int32), (batch, 1))  # (B, prompt)
+    stamps = _token_stamps(og, model, ids, new)
+    times = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"engine": f"onnxruntime-genai {og.__version__}", "batch": batch, "load_s": loaded,
-            "first_token_ms": first * 1e3,
-            "decode_ms_per_token": statistics.mean(times[1:]) * 1e3,
-            "decode_ms_median": statistics.median(times[1:]) * 1e3, "new_tokens": len(times)}
+            "first_token_ms": (stamps[0] - start) * 1e3,  # the prompt's token, prefill included
+            "decode_ms_per_token": statistics.mean(times) * 1e3,
+            "decode_ms_median": statistics.median(times) * 1e3, "new_tokens": len(stamps)}
 
 
 def bench(spec: dict) -> dict:
@@ -92,16 +100,7 @@ def bench(spec: dict) -> dict:
             raise SystemExit(f"GenAI's tokenizer gives the prompts {sorted({len(r) for r in rows})} tokens; "
                              f"the rows need one length")
         ids = np.array(rows, dtype=np.int32)  # (B, prompt)
-        params = og.GeneratorParams(model)
-        total = ids.shape[1] + new
-        params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=len(rows))
-        generator = og.Generator(model, params)
-        generator.append_tokens(ids)
-        stamps = []
-        for _ in range(new):
-            generator.generate_next_token()
-            stamps.append(time.perf_counter())
-        return timing_record(start, stamps, new, ids.shape[1])
+        return timing_record(start, _token_stamps(og, model, ids, new), new, ids.shape[1])
 
     generate(spec["warmup_tokens"])
     record = generate(spec["new_tokens"])
@@ -118,7 +117,7 @@ def main(argv=None) -> int:
     b.add_argument("out_dir")
     b.add_argument("--precision", choices=["fp32", "int4"], default="int4")
     b.add_argument("--threads", type=int, default=2, help="intra-op threads of its session (default 2)")
-    m = sub.add_parser("measure", help="decode ms/token at batch 1, one JSON line")
+    m = sub.add_parser("measure", help="decode ms/token (a step's at --batch rows), one JSON line")
     m.add_argument("out_dir")
     m.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
     m.add_argument("--new", type=int, default=128, help="tokens generated per row (default 128)")

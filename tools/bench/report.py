@@ -81,11 +81,18 @@ def keep_notes(previous: str | None) -> str:
     return "_No analysis written yet._"
 
 
+def peer_line(name: str, peer: dict) -> str:
+    """The page's line on a peer's venv (``tools.bench.venv``): its python and versions, or why not."""
+    if peer.get("available"):
+        versions = ", ".join(f"{k} {x}" for k, x in peer.get("versions", {}).items())
+        return f"- {name} peer: its own venv (`{peer.get('python')}`): {versions}"
+    return f"- {name} peer: unavailable: {peer.get('reason', 'not requested')}"
+
+
 def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: str | None,
            previous: str | None = None) -> str:
     m, bw = data["machine"], data["bandwidth"]
     v = m["versions"]
-    opt = data.get("optimum", {})
     lines = [
         "# Benchmarks: SkipDecode's measured wall-clock speedup, and the peers",
         "",
@@ -99,12 +106,8 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         f"- Machine: {m['cpu']}, {m['cores']} cores, "
         f"{_f(m.get('memory_gib'), '.0f')} GiB memory; Python {m['python']}; torch {v['torch']}, "
         f"onnxruntime {v['onnxruntime']}, transformers {v['transformers']}, numpy {v['numpy']}.",
-        "- Optimum peer: " + (
-            f"its own venv (`{opt.get('python')}`): " + ", ".join(f"{k} {x}" for k, x in opt.get("versions", {}).items())
-            if opt.get("available") else f"unavailable: {opt.get('reason', 'not requested')}"),
-        *([f"- ONNX Runtime GenAI peer: " + (
-            f"its own venv (`{genai['python']}`): " + ", ".join(f"{k} {x}" for k, x in genai["versions"].items())
-            if genai["available"] else f"unavailable: {genai['reason']}")] if (genai := data.get("ortgenai")) else []),
+        peer_line("Optimum", data.get("optimum", {})),
+        *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
         f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at the real OPT shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and Optimum's "

@@ -109,8 +109,8 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: BLOCK_SIZE, a
     scale of the model's dtype and a zero point per block; GenAI's int4 has no zero points);
     biases and layer norms stay float."""
-    genai = ORTGENAI.get(backend, "fp32")
-    layers, head = QUANTIZED.get(backend, ("float", "float") if genai == "fp32" else (genai, genai))
+    genai = (ORTGENAI[backend],) * 2 if ORTGENAI.get(backend) == "int4" else None  # its builder quantizes both
+    layers, head = QUANTIZED.get(backend) or genai or ("float", "float")
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
     from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes  # the quantized rows' exports use BLOCK_SIZE
