@@ -65,7 +65,7 @@ def inspect(path) -> GGUFInfo:
     path = Path(path)
     try:
         reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # ValueError (bad magic, tensor data past the end), struct/numpy errors
+    except Exception as exc:  # ValueError (bad magic, a tensor past the file's end), numpy's errors
         raise CorruptCheckpointError(
             f"cannot read {path} as GGUF ({first_line(exc)}): the file is truncated, corrupted or "
             f"not GGUF; copy it again from where it came from") from exc
@@ -75,11 +75,6 @@ def inspect(path) -> GGUFInfo:
             f"{path.name} holds a {arch!r} model; GGUF import supports the architectures "
             f"{', '.join(ARCHITECTURES)} (Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3)")
     types = Counter(t.tensor_type for t in reader.tensors)
-    for t in reader.tensors:  # the table fits the file, but the last tensor may still be cut short
-        if t.data.nbytes != int(t.n_bytes):
-            raise CorruptCheckpointError(
-                f"{path.name} is truncated: tensor {t.name} has {t.data.nbytes} of its {t.n_bytes} "
-                f"bytes; copy the file again from where it came from")
     unsupported = sorted(t.name for t in types if not _dequantizable(t))
     if unsupported:
         raise UnsupportedModelError(
@@ -88,7 +83,7 @@ def inspect(path) -> GGUFInfo:
             f"llama-quantize, e.g. Q8_0 or Q4_K_M) or pass the Hugging Face checkpoint directory")
     file_type = _field(reader, "general.file_type")
     try:
-        quantization = gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        quantization = gguf.LlamaFileType(int(file_type)).name.split("_", 1)[1]  # MOSTLY_Q4_1: Q4_1
     except (TypeError, ValueError):  # absent or unknown: the commonest tensor type says it
         quantization = max(types, key=types.get).name
     eos = tuple(dict.fromkeys(int(v) for key in EOS_KEYS if (v := _field(reader, key)) is not None))
