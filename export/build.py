@@ -137,7 +137,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
             f"checkpoint) for a real model.")
     log(f"loading {source.describe()} as {options.dtype}")
     started = time.perf_counter()
-    hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed)
+    hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed,
+                                          progress=options.progress)
     gguf_entry = gguf.source_entry(source.location) if source.kind == "gguf" else {}
     if gguf_entry:
         log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")

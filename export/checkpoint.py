@@ -131,15 +131,16 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         f"Known aliases: {known}")
 
 
-def load(source: ModelSource, dtype=None, seed: int = 0):
-    """Load (or build, for random sources) the model and tokenizer: (OPTForCausalLM, tokenizer)."""
+def load(source: ModelSource, dtype=None, seed: int = 0, progress: bool = True):
+    """Load (or build, for random sources) the model and tokenizer: (OPTForCausalLM, tokenizer).
+    ``progress``: transformers' own bars (a GGUF's dequantization) on stderr."""
     import torch
 
     dtype = dtype or torch.float32
     if source.kind == "random":
         return build_random(source.location, dtype=dtype, seed=seed)
     if source.kind == "gguf":
-        return gguf.load(source.location, dtype)
+        return gguf.load(source.location, dtype, progress)
     from transformers import AutoConfig, AutoTokenizer
 
     try:

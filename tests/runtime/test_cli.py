@@ -23,7 +23,9 @@ from runtime.version import __version__
     (["--max-new-tokens", "100"], "exceeds max_length 64 of this Generator (the model's max_position_embeddings is 64); lower max_new_tokens to at most"),
     (["--device", "tpu", "--backend", "torch"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (["--device", "tpu"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
-    (["--spin", "--backend", "torch"], "error: --spin applies to --backend onnxruntime (its thread pools), not torch")])
+    (["--spin", "--backend", "torch"], "error: --spin applies to --backend onnxruntime (its thread pools), not torch"),
+    (["--system", "Be brief."], "error: --system goes with --chat (a system message of a chat); add --chat"),
+    (["--chat"], "error: --chat needs a chat template, and this artifact's tokenizer has none")])
 def test_user_errors_exit_2_with_one_line(artifact_dir, capsys, argv, message):
     assert main([str(artifact_dir), "Hello", "--no-check-hashes", *argv]) == 2
     err = capsys.readouterr().err
