@@ -1,0 +1,61 @@
+"""tools.evaluate.perplexity: full depth is transformers' own perplexity, the layers reported are
+the policy's, and bad input gets one line."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from export.checkpoint import build_tokenizer
+from runtime.families import skip_model
+from tests.families import tiny_model
+from tools.evaluate import perplexity as ppl
+
+TEXT = " ".join(f"the {w} cafe serves food near the river, rated {n} of 5." for n, w in
+                enumerate(["Eagle", "Mill", "Punter", "Wrestlers", "Phoenix", "Olive"] * 4))
+SETTINGS = ppl.Settings(prompt_tokens=8, tokens=16, windows=5, batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    hf = tiny_model("smollm2")
+    ids = ppl.windows(build_tokenizer(), TEXT, SETTINGS)
+    return hf, skip_model(hf), ids
+
+
+def test_full_depth_is_transformers_perplexity(setup):
+    hf, model, ids = setup
+    (row,) = ppl.measure(model, ids, ppl.policies(model.num_layers, [1], SETTINGS), SETTINGS, progress=False)
+    p = SETTINGS.prompt_tokens
+    with torch.no_grad():
+        logits = hf(ids).logits[:, p - 1:-1]  # each scored token from the position before it
+    expected = math.exp(float(F.cross_entropy(logits.flatten(0, 1), ids[:, p:].flatten())))
+    assert ids.shape == (5, 24) and row.layers_per_token == model.num_layers
+    assert row.perplexity == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_skip_policy_reports_its_own_layers_and_changes_the_perplexity(setup):
+    _, model, ids = setup
+    policies = ppl.policies(model.num_layers, [1, 2], SETTINGS)
+    full, half = ppl.measure(model, ids, policies, SETTINGS, progress=False)
+    # the first scored token comes from the full-depth prompt, the others from decode steps 0 ...
+    budgets = [model.num_layers] + [policies[2].budget(g) for g in range(SETTINGS.tokens - 1)]
+    assert half.layers_per_token == pytest.approx(sum(budgets) / len(budgets))
+    assert half.perplexity != pytest.approx(full.perplexity, rel=1e-3)
+    assert "| 2x | SkipPolicy(L=5, layers" in ppl.table([full, half])
+
+
+def test_a_text_shorter_than_one_window_is_refused(tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    with pytest.raises(ppl.PerplexityError, match=r"the text has \d+ tokens, fewer than one window of 24 "
+                                                  r"\(--prompt-tokens 8 \+ --tokens 16\)"):
+        ppl.windows(build_tokenizer(), short.read_text(), SETTINGS)
+    data = tmp_path / "pairs.csv"
+    data.write_text("mr,ref\na,b\n")
+    assert ppl.main(["--model", "tiny-random", "--text", str(data), "--column", "text", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {data} has no column 'text'; its columns: mr, ref\n"
+    assert ppl.main(["--model", "tiny-random", "--text", str(short), "--windows", "0", "-q"]) == 2
+    assert capsys.readouterr().err == "error: --windows must be >= 1, got 0\n"

@@ -1,0 +1,174 @@
+"""``python -m tools.evaluate.perplexity``: what a skip policy does to a model's perplexity.
+
+A held text is cut into windows of ``--prompt-tokens`` + ``--tokens`` tokens. The prompt runs at
+full depth; each following token is scored as if the model had generated it, through the layers
+its decode step runs under the policy (the budget decays over ``--tokens`` steps, as a generation
+of that length with ``--speedup``). One dense pass per batch computes it (tools.finetune's masked
+forward, which equals step-by-step decoding: tests/tools/test_finetune.py). Prints a Markdown table:
+speedup, policy, layers per scored token, perplexity, and its ratio to full depth.
+
+Example (the real SmolLM2-135M-Instruct on the E2E development references):
+
+  python -m tools.evaluate.perplexity --model smollm2-135m-instruct --text data/e2e/devset.csv.gz \\
+      --column ref --speedups 1 1.3 2 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+
+from runtime import cli
+from runtime.errors import SkipDecodeError
+
+
+class PerplexityError(SkipDecodeError):
+    """A text too short for one window, or a column the data lacks."""
+
+
+@dataclass(frozen=True)
+class Row:
+    speedup: float
+    policy: str  # SkipPolicy's one-line description
+    layers_per_token: float  # mean layers run per scored token (the first from the full-depth prompt)
+    perplexity: float
+
+
+@dataclass
+class Settings:
+    prompt_tokens: int = 32  # each window's prompt, run at full depth (the paper's prefill)
+    tokens: int = 128  # scored tokens per window; the policy decays over them (its horizon)
+    windows: int = 32  # windows taken from the start of the text: prompt_tokens + tokens each
+    batch_size: int = 8  # windows per forward pass
+    warmup_layers: int = 1  # bottom layers every step runs (the paper's setting)
+
+
+def read_text(path, column: str | None) -> str:
+    """A .txt file's text, or a .csv/.jsonl (.gz) column's unique values in file order, one per line."""
+    from pathlib import Path
+
+    from tools.finetune.data import read_rows
+
+    path = Path(path)
+    if column is None:
+        if not path.is_file():
+            raise PerplexityError(f"text file {path} does not exist")
+        return path.read_text(encoding="utf-8")
+    rows = read_rows(path)
+    if column not in rows[0]:
+        raise PerplexityError(f"{path} has no column {column!r}; its columns: {', '.join(rows[0])}")
+    return "\n".join(dict.fromkeys(str(r[column]).strip() for r in rows if str(r[column]).strip()))
+
+
+def windows(tokenizer, text: str, settings: Settings):
+    """(N, prompt_tokens + tokens) token ids: consecutive windows from the text's start."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    width = settings.prompt_tokens + settings.tokens
+    n = min(settings.windows, len(ids) // width)
+    if n < 1:
+        raise PerplexityError(f"the text has {len(ids)} tokens, fewer than one window of {width} "
+                              f"(--prompt-tokens {settings.prompt_tokens} + --tokens {settings.tokens}); "
+                              f"pass a longer text or smaller windows")
+    return torch.tensor(ids[:n * width]).view(n, width)
+
+
+def policies(num_layers: int, speedups, settings: Settings) -> dict:
+    """{speedup: SkipPolicy}: each over ``settings.tokens`` steps, as a generation of that length
+    picks it for ``--speedup``; an impossible one raises PolicyError."""
+    from runtime.policy import SkipPolicy
+
+    return {s: SkipPolicy.for_speedup(num_layers, s, horizon=settings.tokens, warmup_layers=settings.warmup_layers)
+            for s in speedups}
+
+
+def measure(model, ids, policies: dict, settings: Settings, progress: bool = True) -> list[Row]:
+    """Perplexity of ``ids``' scored tokens under each policy of ``policies`` ({speedup: policy})."""
+    import torch
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
+    from tools.finetune.skip import layer_mask, skip_forward
+
+    p, T = settings.prompt_tokens, ids.shape[1]
+    rows = []
+    bar = tqdm(total=len(policies) * math.ceil(len(ids) / settings.batch_size), desc="perplexity",
+               unit="batch", disable=not progress)
+    for speedup, policy in policies.items():
+        nll, count, layers = 0.0, 0, 0
+        for batch in ids.split(settings.batch_size):
+            B = batch.shape[0]
+            mask = layer_mask([policy] * B, torch.full((B,), p), T)  # (B, T, L)
+            with torch.no_grad():
+                logits = skip_forward(model, batch, torch.ones_like(batch), mask)  # (B, T, V)
+            # position t's logits predict token t+1: the prompt's last predicts the first scored token
+            scored = logits[:, p - 1:T - 1].float()  # (B, tokens, V)
+            nll += float(F.cross_entropy(scored.flatten(0, 1), batch[:, p:].flatten(), reduction="sum"))
+            count += scored.shape[0] * scored.shape[1]
+            layers += int(mask[:, p - 1:T - 1].sum())
+            bar.update()
+        rows.append(Row(speedup, str(policy), layers / count, math.exp(nll / count)))
+    bar.close()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    full = next((r.perplexity for r in rows if r.speedup == 1), rows[0].perplexity)
+    lines = ["| speedup | policy | layers / token | perplexity | x full depth |", "|---|---|---|---|---|"]
+    lines += [f"| {r.speedup:g}x | {r.policy} | {r.layers_per_token:.1f} | {r.perplexity:.2f} | "
+              f"{r.perplexity / full:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Settings()
+    p = argparse.ArgumentParser(prog="python -m tools.evaluate.perplexity",
+                                description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("--model", required=True,
+                   help="what `python -m export build --model` takes: alias, GGUF file, checkpoint directory")
+    p.add_argument("--text", required=True, help="a .txt file, or a .csv/.jsonl (.gz) with --column")
+    p.add_argument("--column", help="the column of a .csv/.jsonl whose unique values make the text")
+    p.add_argument("--speedups", type=float, nargs="+", default=[1, 1.3, 2, 3], metavar="S",
+                   help="horizon speedups, 1 = full depth (default 1 1.3 2 3)")
+    p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens,
+                   help=f"each window's full-depth prompt (default {d.prompt_tokens})")
+    p.add_argument("--tokens", type=int, default=d.tokens,
+                   help=f"scored tokens per window, the policy's horizon (default {d.tokens})")
+    p.add_argument("--windows", type=int, default=d.windows, help=f"windows scored (default {d.windows})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"windows per pass (default {d.batch_size})")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    return cli.run(lambda: _run(args))
+
+
+def _run(args) -> int:
+    import torch
+
+    from export import checkpoint
+    from runtime.families import skip_model
+
+    for name in ("prompt_tokens", "tokens", "windows", "batch_size"):
+        if getattr(args, name) < 1:
+            raise PerplexityError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    settings = Settings(args.prompt_tokens, args.tokens, args.windows, args.batch_size)
+    text = read_text(args.text, args.column)
+    progress = cli.progress(args.quiet)
+    hf_model, tokenizer = checkpoint.load(checkpoint.resolve(args.model), dtype=torch.float32, progress=progress)
+    model = skip_model(hf_model).eval()
+    ids = windows(tokenizer, text, settings)
+    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress)
+    print(f"{args.model}: {ids.shape[0]} windows of {settings.prompt_tokens} prompt + {settings.tokens} "
+          f"scored tokens from {args.text}" + (f" ({args.column})" if args.column else ""))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
