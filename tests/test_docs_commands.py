@@ -45,6 +45,8 @@ RECIPE = "needs the demo recipe's intermediate checkpoints (tools/e2e/recipe.sh:
 DEMO_BUILD = "the quick start's build of the demo model with other options; that build runs here"
 SERVER = "a server: runs until stopped; tests/runtime/test_serve.py starts it and sends it requests"
 PLACEHOLDER = "DIR and OUT stand for the reader's own directories"
+REAL = ("the real SmolLM2-135M-Instruct (a minute): tests/test_real_model.py exports it once and chats with it "
+        "through the CLI and the openai client")
 DEMO_PROMPT = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
 QUICK_BUILD = "python -m export build --out artifacts/opt-e2e-skipdecode"
 QUICK_RUN = f'python -m runtime artifacts/opt-e2e-skipdecode "{DEMO_PROMPT}" --speedup 2'
@@ -104,6 +106,10 @@ RULES = [
     ("python -m export build --out DIR", "parse", DEMO_BUILD),
     ("python -m export build --model OUT", "parse", PLACEHOLDER),
     ("python -m export build --model opt-125m --random-weights", "parse", LONG + " (exports OPT-125m)"),
+    ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
+    ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
+    ("python -m tools.evaluate.perplexity --model smollm2-135m-instruct", "parse", REAL + "; tools.evaluate."
+     "perplexity's own tests: tests/tools/test_perplexity.py"),
     ("python -m export build --model opt-1.3b", "parse", HUB),
     ("python -m export verify artifacts/opt-1.3b", "parse", HUB),
     ("python -m engines build", "parse", TRT),
