@@ -43,6 +43,7 @@ class GGUFInfo:
     quantization: str  # general.file_type's name (Q4_1, Q8_0, F16 ...), else the commonest tensor type
     tensor_types: dict[str, int]  # tensor type name -> tensors of that type
     eos_token_ids: tuple[int, ...]  # every id of EOS_KEYS the file names, EOS first
+    head_dim: int | None  # ARCH.attention.key_length: q/k's width per head, where the file names it
 
 
 def installed_instruct() -> Path:
@@ -88,7 +89,9 @@ def inspect(path) -> GGUFInfo:
     except (TypeError, ValueError):  # absent or unknown: the commonest tensor type says it
         quantization = max(types, key=types.get).name
     eos = tuple(dict.fromkeys(int(v) for key in EOS_KEYS if (v := _field(reader, key)) is not None))
-    return GGUFInfo(path, arch, quantization, {t.name: n for t, n in types.items()}, eos)
+    key_length = _field(reader, f"{arch}.attention.key_length")
+    return GGUFInfo(path, arch, quantization, {t.name: n for t, n in types.items()}, eos,
+                    None if key_length is None else int(key_length))
 
 
 def load(path, dtype, progress: bool = True):
@@ -102,16 +105,26 @@ def load(path, dtype, progress: bool = True):
 
     folder, name = str(info.path.parent), info.path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if info.head_dim is not None:  # transformers 5.x leaves it at the config class's default (Qwen3: 128)
+        config.head_dim = info.head_dim
     family = family_of(config, str(path))  # sliding windows, RoPE scaling ...: refused before the weights
     try:
         with _quiet_dequantization(not progress):
-            model = family.model_class().from_pretrained(folder, gguf_file=name, dtype=dtype)
+            model = family.model_class().from_pretrained(folder, gguf_file=name, config=config, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # the checks above passed: a malformed tensor or metadata value
         raise CorruptCheckpointError(
             f"cannot load {info.path.name} ({first_line(exc)}): a tensor or metadata field is "
             f"malformed; copy the file again from where it came from") from exc
     # The weights are float now: a saved config must not tell transformers they are GGUF-quantized.
+    backend = tokenizer.backend_tokenizer
+    if type(tokenizer).__name__.startswith("Qwen2Tokenizer") and backend.normalizer is None:
+        # transformers' GGUF converter leaves Qwen's NFC out, which Qwen's own tokenizer.json and
+        # the Qwen2Tokenizer class (reading the artifact's directory) apply: put it back, so that the
+        # artifact's tokenizer.json alone encodes as both do (runtime.tokenizer, no transformers)
+        from tokenizers import normalizers
+
+        backend.normalizer = normalizers.NFC()
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     if info.eos_token_ids:
@@ -136,19 +149,30 @@ def source_entry(path) -> dict:
 
 @contextlib.contextmanager
 def _quiet_dequantization(quiet: bool):
-    """transformers' GGUF loader draws its own tqdm bar, which neither its progress-bar switch nor
-    an argument turns off; ``quiet`` (build -q) replaces that bar with a disabled one meanwhile."""
+    """``quiet`` (build -q): no bars from transformers meanwhile. Its "Loading weights" bar follows
+    its process-wide switch (restored after); its GGUF loader draws a tqdm bar of its own, which no
+    switch or argument turns off, so that one is replaced by a disabled one."""
     import functools
     from unittest import mock
 
     from tqdm.auto import tqdm
     from transformers import modeling_gguf_pytorch_utils as loader
+    from transformers.utils import logging as hf_logging
 
-    if not quiet or not hasattr(loader, "tqdm"):  # another transformers: its bar stays
+    if not quiet:
         yield
         return
-    with mock.patch.object(loader, "tqdm", functools.partial(tqdm, disable=True)):
-        yield
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        if hasattr(loader, "tqdm"):  # another transformers may name it otherwise: its bar stays
+            with mock.patch.object(loader, "tqdm", functools.partial(tqdm, disable=True)):
+                yield
+        else:
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _dequantizable(qtype) -> bool:
