@@ -152,9 +152,10 @@ class Engine:
                 raise EngineClosedError(
                     "this Generator is driven by a step loop (Generator.stepper()); add the request "
                     "there, or close the stepper first")
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+            queued, free = self._queued()
+            if self.max_queue is not None and not free and queued >= self.max_queue:
                 raise QueueFullError(
-                    f"{len(self.waiting)} requests are already waiting (max_queue {self.max_queue}); "
+                    f"{queued} requests are already waiting for a row (max_queue {self.max_queue}); "
                     f"retry later or load with a larger max_queue / max_batch")
             request.stats.num_layers = self.num_layers
             self.waiting.append(request)
@@ -162,6 +163,19 @@ class Engine:
                 self.thread = threading.Thread(target=self._run, name="skipdecode-engine", daemon=True)
                 self.thread.start()
             self.lock.notify()
+
+    def _queued(self) -> tuple[int, int]:
+        """(requests that wait for a row, rows free after the rest are seated). Waiting requests are
+        seated in arrival order as rows are free, one prefill at a time; one that gets a row at once
+        is not queued, though its prefill has not begun (nor are its rows beyond the free ones: they
+        join as its first rows end). Called under the lock."""
+        free, queued = self.cache.free, 0
+        for r in self.waiting:
+            if free:
+                free -= min(free, r.rows - r.admitted)
+            else:
+                queued += 1
+        return queued, free
 
     def cancel(self, request: Request) -> None:
         with self.lock:

@@ -223,8 +223,8 @@ class CompletionServer:
         except QueueFullError as exc:
             engine = self.gen.engine
             raise RequestError(
-                f"the server is at capacity: its {self.gen.max_batch} rows are busy and {engine.max_queue} "
-                f"requests already wait (--max-batch {self.gen.max_batch}, --max-queue {engine.max_queue}); "
+                f"the server is at capacity: its {self.gen.max_batch} rows are taken and {engine.max_queue} "
+                f"requests already wait for one (--max-batch {self.gen.max_batch}, --max-queue {engine.max_queue}); "
                 f"retry after {self.config.retry_after} s, or start the server with a larger --max-queue or "
                 f"--max-batch", None, 503, "queue_full", "server_error",
                 retry_after=self.config.retry_after) from exc

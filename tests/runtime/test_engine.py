@@ -208,7 +208,7 @@ def test_queue_limit_and_close(artifact_dir):
         running = gen.stream(PROMPTS[0], 20, ignore_eos=True)
         wait_for(lambda: gen.engine.running)  # seated: the worker now blocks in its prefill's head
         waiting = gen.stream(PROMPTS[1], 20, ignore_eos=True)
-        with pytest.raises(QueueFullError, match="1 requests are already waiting \\(max_queue 1\\)"):
+        with pytest.raises(QueueFullError, match="1 requests are already waiting for a row \\(max_queue 1\\)"):
             gen.stream(PROMPTS[2], 4)
         gen.engine.close(cancel=True, timeout=0)
         gate.step(100)
@@ -219,6 +219,32 @@ def test_queue_limit_and_close(artifact_dir):
     with pytest.raises(EngineClosedError, match="this Generator is closed"):
         gen.stream(PROMPTS[0], 2)
     gen.close()
+
+
+@pytest.mark.parametrize("max_queue", [0, 2])
+def test_the_queue_counts_only_requests_without_a_row(artifact_dir, max_queue):
+    """An idle Generator with 4 rows takes 4 requests at once whatever max_queue is (they wait for
+    their prefill, not for a row), then max_queue more, then refuses; every accepted one finishes."""
+    gen = runtime.load(artifact_dir, max_batch=4, max_queue=max_queue, threads=1)
+    gate = Gate(gen.engine.backend)
+    gen.engine.backend = gate
+    try:
+        streams = [gen.stream(f"{PROMPTS[k % 3]} {k}", 3, ignore_eos=True) for k in range(4 + max_queue)]
+        with pytest.raises(QueueFullError, match=f"^{max_queue} requests are already waiting for a row "
+                                                 f"\\(max_queue {max_queue}\\)"):
+            gen.stream(PROMPTS[0], 3)
+        gate.step(1000)
+        assert [len(list(s)) for s in streams] == [3] * len(streams)
+    finally:
+        gate.step(1000)
+        gen.close()
+
+
+def test_a_request_larger_than_the_free_rows_starts_with_max_queue_0(artifact_dir):
+    """Rows beyond the free ones join as the first end: the request is running, not queued."""
+    with runtime.load(artifact_dir, max_batch=2, max_queue=0, threads=1) as gen:
+        result = gen.generate([f"{PROMPTS[k % 3]} {k}" for k in range(5)], 3, ignore_eos=True)
+        assert [len(ids) for ids in result.token_ids] == [3] * 5
 
 
 def test_context_manager_waits_for_running_requests(artifact_dir):
