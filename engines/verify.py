@@ -5,7 +5,8 @@ Polygraphy's TensorRT runner (``TrtRunner`` on the plan, that profile selected) 
 runner (``OnnxrtRunner`` on the graph the plan was built from) run the same inputs at the profile's
 opt shapes, the shapes TensorRT tuned its kernels for; ``Comparator.run`` feeds both from one
 Polygraphy ``DataLoader`` (so an INT32 binding of TensorRT 8.x gets the same ids as ONNX Runtime's
-INT64 input), and ``compare_accuracy`` judges them with ``SimpleCompareFunc`` at ``TOLERANCE``.
+INT64 input), and ``compare_accuracy`` judges them with numpy's ``allclose`` rule at ``TOLERANCE``
+(``export.parity.compare_func``).
 
 Inputs: ids inside the vocabulary and an all-ones attention mask (no row fully masked); hidden
 states and the past K/V keep Polygraphy's default uniform [0, 1], as ``tools.trtexec --polygraphy``
