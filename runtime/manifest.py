@@ -268,7 +268,55 @@ def _check_hashes(directory: Path, files: dict[str, dict], full: bool) -> None:
         record_hashes(directory, hashes)  # all matched: the next load skips them
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_model(m: Manifest, path: Path) -> None:
+    """The model entry is one the graphs can run: positive sizes, token ids inside the vocabulary,
+    the layers' declared K/V and hidden shapes those sizes, a default policy SkipPolicy accepts."""
+    from .errors import PolicyError
+    from .policy import SkipPolicy
+
+    info = m.model
+    sizes = {k: getattr(info, k) for k in ("num_layers", "hidden_size", "num_heads", "head_dim", "vocab_size",
+                                         "max_position_embeddings")}
+    if info.num_kv_heads is not None:
+        sizes["num_kv_heads"] = info.num_kv_heads
+    bad = {k: v for k, v in sizes.items() if not _is_count(v)}
+    if bad:
+        raise ArtifactError(f"{path}: model {bad} must be ints >= 1; {REBUILD_HINT}")
+    if info.num_heads % info.kv_heads:
+        raise ArtifactError(f"{path}: model num_heads {info.num_heads} is not a multiple of num_kv_heads "
+                            f"{info.kv_heads}; {REBUILD_HINT}")
+    ids = {k: getattr(info, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids.update({f"eos_token_ids[{i}]": v for i, v in enumerate(info.eos_token_ids or [])})
+    outside = {k: v for k, v in ids.items()
+               if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < info.vocab_size}
+    if outside:
+        raise ArtifactError(f"{path}: token ids {outside} are outside the vocabulary (0 to "
+                            f"{info.vocab_size - 1}); {REBUILD_HINT}")
+    kv, hd, hidden = info.kv_heads, info.head_dim, info.hidden_size
+    shapes = {"past_key": [kv, hd], "past_value": [kv, hd], "hidden_states": [hidden]}
+    for g in m.graphs[1:-1]:
+        for t in g.inputs:
+            fixed = [d for d in t.dims if isinstance(d, int)]
+            if t.name in shapes and fixed != shapes[t.name]:
+                raise ArtifactError(
+                    f"{path}: {g.name}'s {t.name} has dims {t.dims}, but the model entry says "
+                    f"{t.name} sizes {shapes[t.name]} (num_kv_heads / head_dim / hidden_size); {REBUILD_HINT}")
+    p = m.policy
+    try:
+        shape = {k: p[k] for k in ("decay", "exponent", "prefill") if k in p}
+        SkipPolicy(info.num_layers, p["max_layers"], p["min_layers"], p.get("warmup_layers", 1),
+                   p.get("horizon") or 128, **shape)
+    except (KeyError, TypeError, PolicyError) as exc:
+        why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ArtifactError(f"{path}: policy {p} is not a valid skip policy ({why}); {REBUILD_HINT}") from None
+
+
 def _check_structure(m: Manifest, path: Path) -> None:
+    _check_model(m, path)
     expected = ["embed", *(layer_name(i) for i in range(m.model.num_layers)), "head"]
     names = [g.name for g in m.graphs]
     if names != expected:

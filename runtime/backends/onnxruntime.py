@@ -192,6 +192,14 @@ class OnnxRuntimeBackend(Backend):
                 f"{spec.file} has inputs {names[0]} and outputs {names[1]}, but the manifest says "
                 f"{expected[0]} and {expected[1]}: graph and manifest come from different exports; "
                 f"rebuild the artifact with `python -m export build`")
+        for arg, t in zip([*session.get_inputs(), *session.get_outputs()], [*spec.inputs, *spec.outputs]):
+            # sizes both name (the graph's own may be symbolic where ONNX shape inference lost them)
+            fixed = [(a, b) for a, b in zip(arg.shape, t.dims) if isinstance(a, int) and isinstance(b, int)]
+            if len(arg.shape) != len(t.dims) or any(a != b for a, b in fixed):
+                raise ArtifactError(
+                    f"{spec.file}'s {t.name} has dims {list(arg.shape)}, but the manifest says {t.dims}: "
+                    f"graph and manifest come from different exports; rebuild the artifact with "
+                    f"`python -m export build`")
         return session
 
     def kv_storage(self) -> ArrayStorage:

@@ -1,5 +1,6 @@
 import json
 import platform
+import re
 import shutil
 import warnings
 
@@ -90,6 +91,43 @@ def test_graph_io_names_are_checked_against_the_manifest(copy):
         runtime.load(copy)
     assert "layer_00.onnx has inputs ['hidden_states', 'attention_mask', 'past_key', 'past_value']" in str(info.value)
     assert "graph and manifest come from different exports" in str(info.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["policy"].pop("min_layers"), "policy {'max_layers': 6, 'warmup_layers': 1, 'horizon': None} "
+                                               "is not a valid skip policy (no 'min_layers')"),
+    (lambda d: d["policy"].update(min_layers=9), "is not a valid skip policy (min_layers (9) must be <= "
+                                                  "max_layers (6): the budget only decays)"),
+    (lambda d: d["model"].update(num_heads=0), "model {'num_heads': 0} must be ints >= 1"),
+    (lambda d: d["model"].update(eos_token_id=99999), "token ids {'eos_token_id': 99999} are outside the "
+                                                      "vocabulary (0 to 511)"),
+])
+def test_a_manifest_that_parses_but_is_wrong_is_refused_at_load(copy, change, message):
+    edit_manifest(copy, change)
+    with pytest.raises(ArtifactError) as info:
+        runtime.load(copy)
+    assert message in str(info.value) and "rebuild" in str(info.value)
+
+
+def test_a_wrong_head_dim_is_refused_at_load_in_the_manifest_or_against_the_graph(copy):
+    model = json.loads((copy / MANIFEST_NAME).read_text())["model"]
+    kv, hd = model["num_kv_heads"] or model["num_heads"], model["head_dim"]
+    edit_manifest(copy, lambda d: d["model"].update(head_dim=hd - 1))
+    with pytest.raises(ArtifactError, match=re.escape(f"layer_00's past_key has dims ['batch', {kv}, {hd}, "
+                                                      f"'past_sequence'], but the model entry says past_key "
+                                                      f"sizes [{kv}, {hd - 1}]")):
+        runtime.load(copy)
+
+    def everywhere(d):  # edited consistently in the manifest: the graph file itself still differs
+        for g in d["graphs"][1:-1]:
+            for t in g["inputs"] + g["outputs"]:
+                t["dims"] = [hd - 1 if x == hd else x for x in t["dims"]]
+
+    edit_manifest(copy, everywhere)
+    with pytest.raises(ArtifactError, match=re.escape(
+            f"layer_00.onnx's past_key has dims ['batch', {kv}, {hd}, 'past_sequence'], but the manifest says "
+            f"['batch', {kv}, {hd - 1}, 'past_sequence']: graph and manifest come from different exports")):
+        runtime.load(copy)
 
 
 def test_layer_count_mismatch(copy):
