@@ -44,7 +44,6 @@ from runtime.errors import InvalidArgumentError
 from runtime.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 
 from .plan import BLOCK_SIZE, QUANT_BITS
-from .weights import fold_weight_transposes
 
 FORMATS = ("matmulnbits", "qdq")
 DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
@@ -192,6 +191,8 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer)
+
+    from .weights import fold_weight_transposes  # onnx: `export plan` imports this module without it
 
     fold_weight_transposes(proto)
     targets = _constant_matmuls(proto)

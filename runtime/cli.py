@@ -8,6 +8,8 @@ own usage errors also exit 2. A traceback therefore always means a bug.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import sys
 import warnings
@@ -17,6 +19,14 @@ from .errors import SkipDecodeError
 from .version import __version__
 
 USER_ERROR = 2  # exit code of every user error, the same as argparse's usage errors
+# The extra (pyproject's optional-dependencies) that installs each optional package a command may
+# import: a command run without it says which to install, in one line, instead of a traceback
+EXTRAS = {"torch": "export", "transformers": "export", "onnx": "export", "polygraphy": "export",
+          "gguf": "export", "accelerate": "export", "onnx_ir": "quant", "onnxruntime": "cpu",
+          "starlette": "serve", "uvicorn": "serve", "anyio": "serve", "httpx": "serve",
+          "prometheus_client": "serve", "jinja2": "serve", "ray": "ray", "sacrebleu": "eval",
+          "rouge_score": "eval", "matplotlib": "bench"}
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}  # where a write fails for want of space, not for a bug
 BROKEN_PIPE = 128 + 13  # stdout's reader left (`| head`): what a shell reports for a tool killed by SIGPIPE
 
 
@@ -59,6 +69,21 @@ def run(body: Callable[[], int | None]) -> int:
         # Python's own advice: point stdout at /dev/null so the interpreter's last flush stays silent
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").split(".")[0]
+        if package not in EXTRAS:
+            raise  # not an optional package: a bug
+        print(f"error: this command needs the package {package}, which is not installed: "
+              f"pip install 'skipdecode-edge[{EXTRAS[package]}]'", file=sys.stderr)
+        return USER_ERROR
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        where = f" {exc.filename}" if exc.filename else " standard output"
+        print(f"error: cannot write{where}: {exc.strerror}; free some space or write elsewhere", file=sys.stderr)
+        with contextlib.suppress(OSError):  # the interpreter's last flush of stdout would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return USER_ERROR
     finally:
         warnings.showwarning = shown
 

@@ -159,3 +159,41 @@ def test_one_name_per_concept_with_the_old_spellings_kept():
     assert export_parser().parse_args(["plan", "--weight-format", "int8"]).weights == "int8"
     assert bench_parser().parse_args(["--new-tokens", "7"]).max_new_tokens == 7
     assert bench_parser().parse_args([]).max_new_tokens == 128
+
+
+def _without(packages, code):
+    """Run ``code`` in a child Python where importing any of ``packages`` fails, as on an install
+    without their extra (the runtime-only `[cpu]` install of a Jetson)."""
+    import subprocess
+    import sys
+
+    hide = "; ".join(f"sys.modules[{p!r}] = None" for p in packages)
+    return subprocess.run([sys.executable, "-c", f"import sys; {hide}; {code}"], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_missing_extra_is_one_line_naming_it(artifact_dir):
+    done = _without(["torch"], "from runtime.__main__ import main; "
+                               f"sys.exit(main([{str(artifact_dir)!r}, 'x', '--backend', 'torch']))")
+    assert done.returncode == 2 and done.stderr == (
+        "error: this command needs the package torch, which is not installed: pip install "
+        "'skipdecode-edge[export]'\n"), done.stderr
+    done = _without(["torch", "onnx"], "from export.__main__ import main; "
+                                       "sys.exit(main(['build', '--model', 'tiny-random', '-q']))")
+    assert done.returncode == 2 and done.stderr.startswith("error: this command needs the package "), done.stderr
+    # the plan is arithmetic: it needs neither
+    done = _without(["torch", "onnx", "transformers"], "from export.__main__ import main; "
+                                                       "sys.exit(main(['plan', 'opt-125m', '--tokens', '256']))")
+    assert done.returncode == 0 and "opt-125m" in done.stdout, done.stderr
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_disk_under_stdout_is_one_line(artifact_dir):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "runtime", str(artifact_dir), "Hello", "--max-new-tokens", "2"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr == (
+        "error: cannot write standard output: No space left on device; free some space or write elsewhere\n")
