@@ -188,7 +188,7 @@ def arch_from_alias(name: str) -> Arch:
     key = name.lower().split("/")[-1]
     if key not in OPT_ARCHS:
         raise ModelNotFoundError(f"unknown model {name!r}: pass an artifact directory or one of "
-                                 f"{', '.join(OPT_ARCHS)}")
+                                 f"{', '.join([*OPT_ARCHS, *published.PUBLISHED])}")
     layers, hidden, heads, ffn, proj, pre_ln = OPT_ARCHS[key]
     return Arch(key, layers, hidden, heads, ffn, proj, OPT_VOCAB_SIZE, 2048, pre_ln)
 

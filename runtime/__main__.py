@@ -154,7 +154,8 @@ def _run(args) -> int:
     if args.system is not None and not args.chat:
         raise InvalidArgumentError("--system goes with --chat (a system message of a chat); add --chat")
     sampling = _sampling(args)
-    max_batch = args.max_batch or min(len(args.prompts), DEFAULT_MAX_BATCH)
+    # None: the prompts' number; 0 or less goes to load, which refuses it as the API does
+    max_batch = min(len(args.prompts), DEFAULT_MAX_BATCH) if args.max_batch is None else args.max_batch
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:

@@ -124,6 +124,7 @@ def test_cli_fit_table_lists_every_alias_and_device(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["opt-7b"], "unknown model 'opt-7b': pass an artifact directory or one of opt-125m"),
+    (["nosuch"], "opt-66b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, qwen3-0.6b, qwen3-1.7b, smollm2-135m, smollm2-360m"),
     (["opt-125m", "--tokens", "0"], "tokens must be a positive int, got 0"),
     (["opt-125m", "--tokens", "4096"], "--tokens 4096 exceeds max_position_embeddings 2048 of opt-125m"),
     (["opt-125m", "--tokens", "64", "--prompt", "65"], "--prompt 65 exceeds --tokens 64"),
