@@ -46,6 +46,8 @@ ALIASES = {name: f"{HUB_ORG}/{name}" for name in OPT_ARCHS}
 OPT_VOCAB_SIZE = 50272  # every public OPT checkpoint's embedding rows
 TINY_RANDOM = "tiny-random"  # a random 8-layer OPT built offline: fast, for tests and smoke runs
 DEMO_MODEL = "opt-e2e-skipdecode"  # the default: the trained demo model that ships in models/
+# Any of these makes a directory's tokenizer (fast, byte-level BPE's pair, SentencePiece's model)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
 SKIPDECODE_JSON = "skipdecode.json"  # written by tools.finetune: the policy horizon it trained for
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -154,6 +156,11 @@ def load(source: ModelSource, dtype=None, seed: int = 0, progress: bool = True):
                 f"its directory: --model /path/to/{source.location.split('/')[-1]}") from exc
         raise UnsupportedModelError(f"cannot read the config of {source.location}: {exc}") from exc
     family = family_of(config, source.spec)  # an unsupported family or feature: refused before the weights load
+    if source.kind == "local" and not any((Path(source.location) / f).is_file() for f in TOKENIZER_FILES):
+        # transformers 5 would build an empty tokenizer (one token) without a word
+        raise UnsupportedModelError(
+            f"{source.location} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from where "
+            f"the checkpoint came from (its tokenizer's save_pretrained writes them into the directory)")
     model = load_weights(source.location, dtype, family.model_class())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location)

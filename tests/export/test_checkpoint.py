@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -90,6 +91,21 @@ def test_truncated_weights_name_the_file(tmp_path, capsys, keep):
     assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err
     assert f"error: cannot read the weights in {weights}" in err and "Traceback" not in err, err
+
+
+def test_a_checkpoint_without_tokenizer_files_says_so(tmp_path, capsys):
+    from export.__main__ import main as export_main
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln")
+    for f in ckpt.iterdir():
+        if f.name not in ("config.json", "generation_config.json", "model.safetensors"):
+            f.unlink()
+    message = (f"{ckpt} has no tokenizer files (tokenizer.json, vocab.json, tokenizer.model): copy them from "
+               f"where the checkpoint came from")
+    with pytest.raises(UnsupportedModelError, match=re.escape(message)):
+        checkpoint.load(checkpoint.resolve(str(ckpt)))
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "out"), "-q"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}") and not (tmp_path / "out").exists()
 
 
 def test_random_weights_of_real_shapes_get_a_tokenizer_of_the_models_vocabulary():
