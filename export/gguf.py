@@ -116,7 +116,6 @@ def load(path, dtype, progress: bool = True):
         raise CorruptCheckpointError(
             f"cannot load {info.path.name} ({first_line(exc)}): a tensor or metadata field is "
             f"malformed; copy the file again from where it came from") from exc
-    # The weights are float now: a saved config must not tell transformers they are GGUF-quantized.
     backend = tokenizer.backend_tokenizer
     if type(tokenizer).__name__.startswith("Qwen2Tokenizer") and backend.normalizer is None:
         # transformers' GGUF converter leaves Qwen's NFC out, which Qwen's own tokenizer.json and
@@ -125,8 +124,12 @@ def load(path, dtype, progress: bool = True):
         from tokenizers import normalizers
 
         backend.normalizer = normalizers.NFC()
+    # The weights are float now: nothing may tell transformers they are GGUF-quantized (a saved
+    # config, or save_pretrained, which refuses a model its GGUF quantizer calls unserializable)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
     if info.eos_token_ids:
         model.generation_config = GenerationConfig.from_dict(
             {**model.generation_config.to_dict(), "eos_token_id": list(info.eos_token_ids)})

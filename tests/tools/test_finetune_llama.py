@@ -61,3 +61,17 @@ def test_training_resumes_exactly_and_export_build_accepts_the_result(tmp_path):
         assert len(gen.generate("name[Place 1]", 4, ignore_eos=True).token_ids[0]) == 4
     finally:
         gen.close()
+
+
+def test_fine_tuning_starts_from_a_gguf_file(tmp_path):
+    """--model takes what export build takes: a GGUF file (here a tiny Qwen3 written as llama.cpp
+    lays it out) trains, and the checkpoint it writes exports."""
+    from export.build import BuildOptions, build
+    from export.checkpoint import build_tokenizer
+    from tests.export.test_gguf import write_checkpoint_gguf
+
+    gguf = write_checkpoint_gguf(tiny_model("qwen3"), build_tokenizer(), tmp_path / "tiny.gguf")
+    out = train(_config(gguf, tmp_path, epochs=1, speedups=(1.0, 2.0), horizon=6))
+    assert '"horizon": 6' in (out / "skipdecode.json").read_text()
+    manifest = build(BuildOptions(model=str(out), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    assert manifest.model.architecture == "qwen3" and manifest.source["kind"] == "local"

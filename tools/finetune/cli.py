@@ -1,4 +1,4 @@
-"""``python -m tools.finetune``: fine-tune an OPT checkpoint under SkipDecode policies."""
+"""``python -m tools.finetune``: fine-tune a checkpoint (OPT or the Llama family) under SkipDecode policies."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from .train import TrainConfig, train
 def _parser() -> argparse.ArgumentParser:
     p = cli.parser(
         "python -m tools.finetune",
-        "Fine-tune an OPT checkpoint with the SkipDecode policy applied as at inference\n"
-        "(prompt at full depth, one decaying budget per generated position). Writes a\n"
-        "Hugging Face directory that `python -m export build --model DIR` accepts.")
-    p.add_argument("--model", required=True, help="Hugging Face OPT checkpoint directory to start from")
+        "Fine-tune a checkpoint (OPT, Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3) with the SkipDecode\n"
+        "policy applied as at inference (prompt at full depth, one decaying budget per generated\n"
+        "position). Writes a Hugging Face directory that `python -m export build --model DIR` accepts.")
+    p.add_argument("--model", required=True,
+                   help="what to start from, as `python -m export build --model` takes it: a Hugging Face "
+                        "checkpoint directory, a GGUF file, or an alias (smollm2-135m-instruct)")
     p.add_argument("--train", required=True, help="CSV or JSONL of (prompt, target) pairs")
     p.add_argument("--val", help="held-out pairs: validation loss per policy after each epoch")
     p.add_argument("--out", required=True, help="output directory (checkpoint-N/ folders go inside)")

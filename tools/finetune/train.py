@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from export.build import swap_into_place
-from export.checkpoint import SKIPDECODE_JSON, read_skipdecode_json
+from export.checkpoint import SKIPDECODE_JSON
 from runtime.families import skip_model
 from runtime.modeling import SkipOPT
 from runtime.errors import SkipDecodeError
@@ -34,7 +34,7 @@ class TrainError(SkipDecodeError):
 
 @dataclass
 class TrainConfig:
-    model: str  # Hugging Face OPT directory to start from
+    model: str  # what to start from: a checkpoint directory, a GGUF file or an alias (export's --model)
     train: str  # CSV / JSONL of (prompt, target) pairs
     out: str  # where the fine-tuned checkpoint goes (and checkpoint-N/ folders while training)
     val: str | None = None  # held-out pairs: loss per policy after each epoch
@@ -74,19 +74,17 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _load(model_dir: str):
-    from transformers import AutoConfig, AutoTokenizer
+def _load(spec: str):
+    """(model, tokenizer, skipdecode.json's fields) of anything `export build --model` takes: a
+    checkpoint directory (a run's checkpoint-N too), a GGUF file, an alias (smollm2-135m-instruct),
+    a hub id; of a supported family (runtime.families), checked before the weights load."""
+    from export import checkpoint
 
-    from export.checkpoint import load_weights
-    from runtime.families import family_of
-
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise TrainError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    family = family_of(AutoConfig.from_pretrained(path), str(path))  # OPT or the Llama family, checked
-    model = load_weights(path, torch.float32, family.model_class())  # a truncated weights file: a typed error naming it
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer, read_skipdecode_json(path)
+    source = checkpoint.resolve(spec)
+    if source.kind == "random":
+        raise TrainError(f"--model {spec} is a randomly initialised model; pass a checkpoint to fine-tune")
+    model, tokenizer = checkpoint.load(source, dtype=torch.float32)  # a truncated file: a typed error naming it
+    return model, tokenizer, checkpoint.skipdecode_training(source)
 
 
 def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict | None) -> None:
