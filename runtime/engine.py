@@ -235,7 +235,7 @@ class Engine:
                 for r in [*self.running, *self.waiting]:
                     self._end(r, EngineClosedError("the Generator was closed while this request ran"))
             for r in [r for r in (*self.running, *self.waiting) if r.cancelled]:
-                self._end(r, None)
+                self._end(r, _result(r, "cancelled"))  # what it has so far: a stepper's handle keeps it
             if self.prefill is None:
                 self._admit()
         if self.prefill is not None:
@@ -396,10 +396,15 @@ class Engine:
             r.events.put(event)
         for r in dict.fromkeys(s.request for s in seqs):
             if r.done:
-                result = GenerationResult([s.text for s in r.seqs], [d.tokens for d in r.detok], r.stats,
-                                          r.policy, [s.reason for s in r.seqs], r.token_logprobs)
                 with self.lock:
-                    self._end(r, result)
+                    self._end(r, _result(r))
+
+
+def _result(r: Request, unfinished: str | None = None) -> GenerationResult:
+    """The request's result: each row's text and tokens so far, and why it ended (``unfinished``
+    for a row still running: "cancelled")."""
+    return GenerationResult([s.text for s in r.seqs], [d.tokens for d in r.detok], r.stats, r.policy,
+                            [s.reason or unfinished for s in r.seqs], r.token_logprobs)
 
 
 def _first_stop(text: str, stops: list[str], new_from: int = 0) -> int | None:

@@ -14,7 +14,7 @@ import numpy as np
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
 from . import validate
-from .engine import _DONE, AUTO, Engine, Request
+from .engine import _DONE, AUTO, Engine, EngineClosedError, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
@@ -251,6 +251,8 @@ class Stepper:
     def __init__(self, generator: Generator):
         self._generator, engine = generator, generator.engine
         with engine.lock:
+            if engine.closing:
+                raise EngineClosedError("this Generator is closed; load the artifact again")
             if engine.thread is not None or engine.stepper is not None:
                 raise InvalidArgumentError(
                     "this Generator is already driven by " + ("another stepper" if engine.stepper else
@@ -270,7 +272,8 @@ class Stepper:
         return handle
 
     def cancel(self, handle: StepRequest) -> None:
-        """End ``handle``'s request at the next step; its rows go to the others."""
+        """End ``handle``'s request at the next step; its rows go to the others. Its ``result`` then
+        holds the tokens it had, with finish reason "cancelled" for the rows still running."""
         self._engine.cancel(handle._request)
 
     def step(self) -> list[tuple[StepRequest, TokenEvent]]:

@@ -95,7 +95,7 @@ class GenerationResult:
     token_ids: list[list[int]]  # generated ids per prompt, up to and including EOS / stop
     stats: GenerationStats
     policy: SkipPolicy
-    finish_reasons: list[str] = field(default_factory=list)  # per row: "eos", "stop" or "length"
+    finish_reasons: list[str] = field(default_factory=list)  # per row: "eos", "stop", "length" or "cancelled"
     logprobs: list[list[TokenLogprob]] | None = None  # per row, per generated token (logprobs=k asked)
 
     def layers_of_row(self, row: int) -> list[tuple[int, ...]]:
