@@ -192,7 +192,9 @@ def main(args) -> int:
     from .cli import bind, check_args
 
     check_args(args)
-    bind(args.host, args.port).close()  # a port in use or a bad host: one line now, not a Ray traceback
+    probe = bind(args.host, args.port)  # a port in use or a bad host: one line now, not a Ray traceback
+    port = probe.getsockname()[1]  # --port 0: the free port the OS picked, which Ray's proxy then takes
+    probe.close()
     manifest = load_manifest(args.directory, check_hashes=False)  # the replicas check the hashes
     if args.speedup is not None:
         try:
@@ -216,14 +218,14 @@ def main(args) -> int:
     try:
         gpus = ray.cluster_resources().get("GPU", 0) > 0
         settings = settings_from_args(args, gpus)
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": args.host, "port": port})
         try:
             serve.run(application(settings), name=APP_NAME, route_prefix="/")
         except Exception as exc:  # noqa: BLE001 - a replica that could not start: Ray says why
             raise SkipDecodeError(f"the replicas did not start: {_why(serve, exc)}") from None
         where = "GPU" if gpus else f"{settings.num_cpus:g} CPU"
         print(f"serving {args.model_name or manifest_name(args.directory)!r} from {settings.replicas} "
-              f"replica(s) on Ray Serve ({where} each) on http://{args.host}:{args.port}"
+              f"replica(s) on Ray Serve ({where} each) on http://{args.host}:{port}"
               f"{' (API key required)' if args.api_key else ''}", flush=True)
         stop.wait()
         print("Shutting down", flush=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,16 +34,26 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def replicas(artifact_dir):
-    """The CLI serving ``artifact_dir`` from 2 replicas of 1 thread each; yields (url, process)."""
-    port = free_port()
+    """The CLI serving ``artifact_dir`` from 2 replicas of 1 thread each on --port 0 (any free port:
+    the URL is the one it prints); yields (url, process)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime", "serve", str(artifact_dir), "--replicas", "2", "--threads", "1",
-         "--port", str(port), "--max-batch", "4"],
+         "--port", "0", "--max-batch", "4"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "SKIPDECODE_API_KEY": KEY})
-    url = f"http://127.0.0.1:{port}"
+    watchdog = threading.Timer(240, proc.kill)  # a start that never prints its URL ends the read below
+    watchdog.start()
+    seen, url = [], None
+    for line in proc.stdout:
+        seen.append(line)
+        if m := re.search(r" on (http://127\.0\.0\.1:\d+)", line):
+            url = m.group(1)
+            break
+    watchdog.cancel()
+    proc.printed = seen  # what the fixture read of its output, up to the URL
     try:
         try:
+            assert url is not None and not url.endswith(":0"), "".join(seen)
             wait_healthy(url, proc, timeout=240)
         except RuntimeError as exc:
             pytest.fail(f"{exc}: {proc.stdout.read() if proc.poll() is not None else ''}")
@@ -117,7 +129,7 @@ def test_sigterm_shuts_the_replicas_down_and_exits_0(replicas):
     url, proc = replicas
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0
-    out = proc.stdout.read()
+    out = "".join(proc.printed) + proc.stdout.read()
     assert "from 2 replica(s) on Ray Serve" in out and "Shutting down" in out and KEY not in out, out
     assert "Traceback" not in out, out
     with pytest.raises(httpx.TransportError):
