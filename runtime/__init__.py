@@ -8,12 +8,13 @@
 from .errors import (ArtifactError, InputTooLongError, ModelNotFoundError, PolicyError,
                      SkipDecodeError, VerificationError)
 from .engine import EngineClosedError, QueueFullError
+from .generation_config import GenerationConfig
 from .generator import GenerationStream, Generator, StepRequest, Stepper, generate, load
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 from .policy import SkipPolicy
 
 __all__ = [
-    "load", "generate", "Generator", "GenerationResult", "GenerationStats", "GenerationStream", "Stepper",
+    "load", "generate", "Generator", "GenerationConfig", "GenerationResult", "GenerationStats", "GenerationStream", "Stepper",
     "StepRequest",
     "TokenEvent", "StepStats", "SkipPolicy", "EngineClosedError", "QueueFullError", "SkipDecodeError", "ArtifactError", "InputTooLongError",
     "ModelNotFoundError", "PolicyError", "VerificationError",

@@ -13,9 +13,9 @@ import sys
 from . import cli
 from .backends import BACKENDS
 from .errors import InvalidArgumentError, PolicyError
+from .generation_config import GenerationConfig
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
-from .sampling import SamplingConfig
 
 SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
 
@@ -58,7 +58,7 @@ def _parser():
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
                     help="skip the sha256 of files changed since they were last verified (sizes are still checked)")
-    d = SamplingConfig()
+    d = GenerationConfig()  # the defaults, from their one place
     s = p.add_argument_group("sampling (greedy unless --do-sample; the other options apply only with it)")
     s.add_argument("--do-sample", action="store_true", help="sample each token instead of taking the most likely")
     # None in the parser: a value the user gave is told apart from the default (a warning without --do-sample)
@@ -118,9 +118,7 @@ def _sampling(args) -> dict:
         flags = ", ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in given.items())
         print(f"warning: {flags} only apply with --do-sample; decoding greedily (pass --do-sample, "
               f"or leave them out)", file=sys.stderr)
-    d = SamplingConfig()
-    return {"do_sample": args.do_sample, "seed": args.seed,
-            **{name: given.get(name, getattr(d, name)) for name in SAMPLING}}
+    return {"do_sample": args.do_sample, "seed": args.seed, **given}
 
 
 def _chat_prompts(gen, prompts: list[str], system: str | None) -> list[str]:
@@ -160,10 +158,10 @@ def _run(args) -> int:
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
     try:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
-        result = gen.generate(texts, args.max_new_tokens, speedup=args.speedup, policy=policy,
-                              decay=args.decay, exponent=args.exponent, prefill=args.prefill,
-                              ignore_eos=args.ignore_eos, stop_strings=args.stop,
-                              streamer=_print_text if args.stream else None, **sampling)
+        config = GenerationConfig(args.max_new_tokens, speedup=args.speedup, policy=policy, decay=args.decay,
+                                  exponent=args.exponent, prefill=args.prefill, ignore_eos=args.ignore_eos,
+                                  stop_strings=args.stop, **sampling)
+        result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)
     finally:
         gen.close()
     if args.json:

@@ -42,6 +42,7 @@ from .backends import Backend
 from .backends.base import DecodeStep, run_layers
 from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
+from .generation_config import GenerationConfig
 from .kvcache import KVCache
 from .policy import SkipPolicy
 from .sampling import SamplingConfig, penalize, select, token_logprob
@@ -91,6 +92,7 @@ class Request:
     stops: list[str]
     detok: list[IncrementalDetokenizer]
     logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
+    config: GenerationConfig | None = None  # what it was made from, as the caller gave it
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, _DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)

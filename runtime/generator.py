@@ -18,7 +18,7 @@ from .engine import _DONE, AUTO, Engine, EngineClosedError, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
-from .sampling import SamplingConfig
+from .generation_config import GenerationConfig
 from .stats import GenerationResult, TokenEvent
 from .tokenizer import load_tokenizer
 
@@ -121,37 +121,36 @@ class Generator:
         return policy_for(self.manifest, max_new_tokens, policy, speedup, decay=decay,
                           exponent=exponent, prefill=prefill)
 
-    def stream(self, prompts: str | Sequence[str], max_new_tokens: int = 32, **kwargs) -> GenerationStream:
+    def stream(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, **kwargs) -> GenerationStream:
         """Like ``generate``, but yields a TokenEvent per step as tokens are produced."""
         request = self.request(prompts, max_new_tokens, **kwargs)
         self.engine.submit(request)
         return GenerationStream(self.engine, request)
 
-    def request(self, prompts: str | Sequence[str], max_new_tokens: int = 32, *, policy=None,
-                speedup: float | None = None, decay: str | None = None, exponent: float | None = None,
-                prefill: str | None = None, do_sample: bool = False, temperature: float = 1.0,
-                top_k: int = 50, top_p: float = 1.0, seed: int | None = None,
-                eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
-                stop_strings: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
-                frequency_penalty: float = 0.0, logprobs: int | None = None) -> Request:
+    def request(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, *,
+                config: GenerationConfig | None = None, **kwargs) -> Request:
         """The engine request of a ``generate`` call, checked and tokenized (not yet submitted).
 
-        ``prompts`` may also be token ids (a list of lists of ints), run as given. ``logprobs=k``
-        records every generated token's log-probability and its k most likely alternatives
-        (``GenerationResult.logprobs``, ``TokenEvent.logprobs``)."""
+        The generation's arguments are ``config`` (a GenerationConfig; default: its defaults) with
+        ``max_new_tokens`` and the keyword arguments (GenerationConfig's field names) applied over
+        it. ``prompts`` may also be token ids (a list of lists of ints), run as given.
+        ``logprobs=k`` records every generated token's log-probability and its k most likely
+        alternatives (``GenerationResult.logprobs``, ``TokenEvent.logprobs``)."""
+        if max_new_tokens is not None:
+            kwargs["max_new_tokens"] = max_new_tokens
+        c = GenerationConfig.build(config, **kwargs)
         vocab = self.manifest.model.vocab_size
         ids = _token_id_rows(prompts, vocab)
         prompts = ids if ids is not None else validate.check_prompts(prompts)
-        max_new_tokens = validate.check_max_new_tokens(max_new_tokens)
-        eos = validate.check_eos(eos_token_id, vocab, self.manifest.model.eos_ids, ignore_eos)
-        stops = validate.check_stop_strings(stop_strings)
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= vocab):
+        max_new_tokens = validate.check_max_new_tokens(c.max_new_tokens)
+        eos = validate.check_eos(c.eos_token_id, vocab, self.manifest.model.eos_ids, c.ignore_eos)
+        stops = validate.check_stop_strings(c.stop_strings)
+        if c.logprobs is not None and (isinstance(c.logprobs, bool) or not isinstance(c.logprobs, int)
+                                       or not 0 <= c.logprobs <= vocab):
             raise InvalidArgumentError(f"logprobs must be None or an int in [0, {vocab}] (the vocabulary), "
-                                       f"got {logprobs!r}")
-        sampling = SamplingConfig(do_sample, temperature, top_k, top_p, seed, presence_penalty, frequency_penalty)
-        chosen = self.policy_for(max_new_tokens, policy, speedup, decay=decay, exponent=exponent,
-                                 prefill=prefill)
+                                       f"got {c.logprobs!r}")
+        chosen = self.policy_for(max_new_tokens, c.policy, c.speedup, decay=c.decay, exponent=c.exponent,
+                                 prefill=c.prefill)
         if ids is not None:
             width = max(map(len, ids))
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -169,17 +168,18 @@ class Generator:
                               limit_name=f"max_length {{limit}} of this Generator (the model's "
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
-        return Request(input_ids, attention_mask, max_new_tokens, chosen, sampling, eos, stops,
-                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts], logprobs)
+        return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
+                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c)
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).
         See ``Stepper``."""
         return Stepper(self)
 
-    def generate(self, prompts, max_new_tokens: int = 32, *, streamer: Callable[[TokenEvent], None] | None = None,
-                 **kwargs) -> GenerationResult:
-        """Generate for a batch of prompts. See ``runtime.generate`` for the arguments."""
+    def generate(self, prompts, max_new_tokens: int | None = None, *,
+                 streamer: Callable[[TokenEvent], None] | None = None, **kwargs) -> GenerationResult:
+        """Generate for a batch of prompts: ``config=`` a GenerationConfig and/or its fields as
+        keyword arguments (``max_new_tokens`` default 32). See ``runtime.generate``."""
         with self.stream(prompts, max_new_tokens, **kwargs) as stream:
             for event in stream:
                 if streamer is not None:
@@ -262,7 +262,7 @@ class Stepper:
         self._engine = engine
         self._requests: list[StepRequest] = []
 
-    def add(self, prompts, max_new_tokens: int = 32, **kwargs) -> StepRequest:
+    def add(self, prompts, max_new_tokens: int | None = None, **kwargs) -> StepRequest:
         """Queue a request; its rows join at the next steps, as KV rows free up."""
         if self._engine.stepper is not self:
             raise InvalidArgumentError("this stepper is closed")
@@ -401,25 +401,22 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
                      prefill_chunk=prefill_chunk)
 
 
-def generate(model, prompts, max_new_tokens: int = 32, **kwargs) -> GenerationResult:
+def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> GenerationResult:
     """Generate text with SkipDecode.
 
     model: an artifact directory or a Generator from ``runtime.load``.
-    prompts: a string or a list of strings (batched with left padding).
-    max_new_tokens: tokens to generate per prompt.
-    speedup / policy: a theoretical speedup target (e.g. 2 picks min/max layers for L/2 layers on
-        average over max_new_tokens steps), or a SkipPolicy / dict of its fields; neither = the
-        artifact's default policy (full depth unless set at export).
-    decay ("linear" | "power"), exponent, prefill ("full" | "policy"): the policy's shape (SkipPolicy's
-        fields of those names), overriding the artifact's; with speedup, the target is met under it.
-    prompts may also be token ids: a list of lists of ints, run as given (no BOS added).
-    do_sample, temperature, top_k, top_p, seed: sampling, as in transformers.
-    presence_penalty, frequency_penalty: OpenAI's penalties on the tokens generated so far.
-    logprobs: k to record each generated token's log-probability and its k most likely tokens
-        (``result.logprobs``); None records none.
-    eos_token_id (int or list; default the model's), ignore_eos, stop_strings: when a row ends. A
-        row stopped by a stop string keeps it, with the rest of the token that completed it (as
-        transformers: text == decode(token_ids)); the server leaves it out, as OpenAI.
+    prompts: a string or a list of strings (batched with left padding), or token ids (a list of
+        lists of ints, run as given: no BOS added).
+    The generation's arguments: ``config=`` a GenerationConfig, and/or its fields as keyword
+        arguments (runtime/generation_config.py says what each does and its default):
+        max_new_tokens (32); the skip policy: speedup (a horizon speedup target, e.g. 2 picks
+        min/max layers for L/2 layers on average over the decode steps) or policy (a SkipPolicy or
+        a dict of its fields), neither = the artifact's default (full depth unless set at export),
+        and decay, exponent, prefill (the policy's shape, overriding the artifact's); sampling as
+        in transformers (do_sample, temperature, top_k, top_p, seed) with OpenAI's
+        presence_penalty and frequency_penalty; when a row ends (eos_token_id, ignore_eos,
+        stop_strings: a row stopped by a stop string keeps it, with the rest of the token that
+        completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
     threads, spin, huge_pages, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.

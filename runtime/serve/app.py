@@ -219,7 +219,7 @@ class CompletionServer:
     def _submit(self, req: CompletionRequest) -> GenerationStream:
         """Submit to the engine at once; its refusals become the HTTP errors they mean."""
         try:
-            return self.gen.stream(req.rows, req.max_tokens, **req.generate_kwargs())
+            return self.gen.stream(req.rows, config=req.generation_config())
         except QueueFullError as exc:
             engine = self.gen.engine
             raise RequestError(

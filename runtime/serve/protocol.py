@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..detokenize import IncrementalDetokenizer
 from ..errors import SkipDecodeError
+from ..generation_config import GenerationConfig
 from ..sampling import PENALTY_RANGE
 from ..stats import GenerationResult, TokenLogprob
 
@@ -69,14 +70,14 @@ class CompletionRequest:
         """The engine's rows: each prompt n times; choice i is row i (OpenAI's index order)."""
         return [p for p in self.prompts for _ in range(self.n)]
 
-    def generate_kwargs(self) -> dict:
-        """Keyword arguments of ``Generator.stream`` / ``runtime.generate`` for this request."""
+    def generation_config(self) -> GenerationConfig:
+        """This request as the runtime's GenerationConfig (OpenAI's temperature 0 is greedy)."""
         greedy = self.temperature == 0
-        return dict(speedup=self.speedup, policy=self.policy, do_sample=not greedy,
-                    temperature=1.0 if greedy else self.temperature, top_k=self.top_k,
-                    top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
-                    stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
-                    frequency_penalty=self.frequency_penalty, logprobs=self.logprobs)
+        return GenerationConfig(self.max_tokens, speedup=self.speedup, policy=self.policy, do_sample=not greedy,
+                                temperature=1.0 if greedy else self.temperature, top_k=self.top_k,
+                                top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
+                                stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
+                                frequency_penalty=self.frequency_penalty, logprobs=self.logprobs)
 
 
 # Fields OpenAI defines that this server accepts only at their neutral value: the message says why.

@@ -31,9 +31,9 @@ def test_import_runtime_stays_light():
 def test_defaults_are_openai_and_greedy_is_temperature_0():
     req = parse_completion({"prompt": "hi"}, "m", max_batch=8)
     assert (req.max_tokens, req.temperature, req.top_p, req.top_k, req.stream) == (16, 1.0, 1.0, 0, False)
-    assert req.generate_kwargs()["do_sample"] is True
+    assert req.generation_config().do_sample is True
     greedy = parse_completion({"prompt": "hi", "temperature": 0}, "m", max_batch=8, default_speedup=2)
-    assert greedy.generate_kwargs()["do_sample"] is False and greedy.speedup == 2.0
+    assert greedy.generation_config().do_sample is False and greedy.speedup == 2.0
 
 
 def test_bool_is_not_a_number():
@@ -46,7 +46,7 @@ def test_policy_object_takes_the_decay_shape_and_generates_as_generate_does(gene
     policy = {"max_layers": 5, "min_layers": 2, "decay": "power", "exponent": 2.0, "prefill": "policy"}
     req = parse_completion({"prompt": "hi", "temperature": 0, "policy": policy}, "m", max_batch=8)
     assert req.policy == policy
-    ours = generator.generate(["hello there"], 6, **{**req.generate_kwargs(), "stop_strings": None})
+    ours = generator.generate(["hello there"], 6, config=req.generation_config(), stop_strings=None)
     chosen = generator.policy_for(6, policy=policy)
     assert (chosen.decay, chosen.exponent, chosen.prefill) == ("power", 2.0, "policy")
     assert ours.token_ids == generator.generate(["hello there"], 6, policy=chosen).token_ids
