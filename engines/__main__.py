@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
 
 def _verify(args) -> int:
-    from export.parity import polygraphy_version
+    from runtime.compare import polygraphy_version
 
     from .verify import TOLERANCE, trt_runner, verify_engines
 

@@ -6,7 +6,7 @@ runner (``OnnxrtRunner`` on the graph the plan was built from) run the same inpu
 opt shapes, the shapes TensorRT tuned its kernels for; ``Comparator.run`` feeds both from one
 Polygraphy ``DataLoader`` (so an INT32 binding of TensorRT 8.x gets the same ids as ONNX Runtime's
 INT64 input), and ``compare_accuracy`` judges them with numpy's ``allclose`` rule at ``TOLERANCE``
-(``export.parity.compare_func``).
+(``runtime.compare.compare_func``).
 
 Inputs: ids inside the vocabulary and an all-ones attention mask (no row fully masked); hidden
 states and the past K/V keep Polygraphy's default uniform [0, 1], as ``tools.trtexec --polygraphy``
@@ -89,7 +89,7 @@ def check_engine(spec: GraphSpec, profile: Profile, engine, onnx: Path, vocab_si
     from polygraphy.comparator import Comparator
     from polygraphy.logger import G_LOGGER
 
-    from export.parity import compare_func, ort_session
+    from runtime.compare import compare_func, ort_session
 
     reference = OnnxrtRunner(lambda: ort_session(onnx), name=f"onnxruntime:{spec.name}")
     with G_LOGGER.verbosity(G_LOGGER.CRITICAL):  # Polygraphy logs every output's statistics at INFO

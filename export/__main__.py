@@ -12,7 +12,7 @@ from runtime.errors import PolicyError
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 from .gguf import INSTALL_COMMAND, INSTRUCT_ALIAS
 from .published import ALIASES as LLAMA_ALIASES
-from .plan import BLOCK_SIZE
+from .quantize import BLOCK_SIZE
 from .quantize import FORMATS, WEIGHTS
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}

@@ -28,7 +28,7 @@ from . import checkpoint, gguf, parity
 from runtime.families import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
-from .plan import BLOCK_SIZE
+from .quantize import BLOCK_SIZE
 from .quantize import QuantConfig, tensorrt_readers
 
 TOKENIZER_DIR = "tokenizer"

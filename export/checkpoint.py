@@ -319,7 +319,7 @@ def random_config(arch: str, vocab_size: int):
 
 def build_random(arch: str, dtype=None, seed: int = 0):
     if arch in published.PUBLISHED:  # a Llama-family shape
-        return published.build_random(arch, dtype=dtype, seed=seed)
+        return _build_published(arch, dtype=dtype, seed=seed)
     import torch
     from transformers import OPTForCausalLM
 
@@ -330,3 +330,16 @@ def build_random(arch: str, dtype=None, seed: int = 0):
     torch.manual_seed(seed)
     model = OPTForCausalLM(config).to(dtype or torch.float32).eval()
     return model, tokenizer
+
+
+def _build_published(alias: str, dtype=None, seed: int = 0):
+    """A randomly initialised model of ``alias``'s published shape and a tokenizer of its vocabulary size."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shape = published.PUBLISHED[alias]
+    tokenizer = build_tokenizer(pad_to=shape.vocab)
+    config = shape.config(bos=tokenizer.bos_token_id, eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    return model.eval(), tokenizer

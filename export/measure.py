@@ -16,7 +16,7 @@ from pathlib import Path
 from runtime.errors import SkipDecodeError
 
 
-def _status_bytes(field: str) -> int:
+def status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -52,9 +52,9 @@ def _prompt(tokenizer, length: int) -> str:
 def probe(directory, batch: int, tokens: int, prompt: int) -> dict:
     import runtime
 
-    baseline = _status_bytes("VmRSS")
+    baseline = status_bytes("VmRSS")
     gen = runtime.load(directory, backend="onnxruntime", max_batch=batch, max_length=tokens)
-    loaded = _status_bytes("VmRSS")
+    loaded = status_bytes("VmRSS")
     text = _prompt(gen.tokenizer, prompt)
     prompt_len = len(gen.tokenizer(text)["input_ids"])
     new = tokens - prompt_len
@@ -63,7 +63,7 @@ def probe(directory, batch: int, tokens: int, prompt: int) -> dict:
     gen.generate([text] * batch, max_new_tokens=new, ignore_eos=True)
     resident = resident_by_mapping()
     gen.close()
-    return {"baseline_rss_bytes": baseline, "loaded_rss_bytes": loaded, "peak_rss_bytes": _status_bytes("VmHWM"),
+    return {"baseline_rss_bytes": baseline, "loaded_rss_bytes": loaded, "peak_rss_bytes": status_bytes("VmHWM"),
             "resident_after_generate_bytes": resident,
             "rows": batch, "positions": prompt_len + new, "prompt_tokens": prompt_len}
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from runtime.compare import compare_func, ort_session, polygraphy_version  # noqa: F401 - export's API too
 from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
@@ -77,24 +78,6 @@ class GraphCheck:
                     f"{self.atol:g}, rtol {self.rtol:g}); outputs vs float {self.rel_error:.2e}  {status}")
         return (f"{self.graph:<10} max |diff| {self.max_abs_diff:.2e}  "
                 f"(atol {self.atol:g}, rtol {self.rtol:g})  {status}")
-
-
-def ort_session(path: Path, threads: int = 1):
-    import onnxruntime as ort
-
-    from runtime.backends.onnxruntime import new_session_options
-
-    opts = new_session_options(ort)
-    if opts.use_per_session_threads:  # else the process's shared pool (a spin=True load made it)
-        opts.intra_op_num_threads = threads  # tiny graphs: one thread beats two (docs/design.md section 7)
-    opts.log_severity_level = 3
-    # One run per shape: packing the weights would only add a second copy of them (the head's
-    # is the largest tensor of the model) while verify holds the PyTorch model too.
-    opts.add_session_config_entry("session.disable_prepacking", "1")
-    # ONNX Runtime fuses a QDQ int4 weight + MatMul into MatMulNBits with int8 activations (accuracy
-    # level 4) unless told otherwise; the check is of the graph as written, in float.
-    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
 @dataclass
@@ -177,31 +160,6 @@ def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int, directory: Path
 
 
 REFERENCE = "pytorch"  # the runner name of the reference outputs in Polygraphy's results
-
-
-def polygraphy_version() -> str:
-    """Polygraphy's version, for reports: the comparisons below are its Comparator's."""
-    import polygraphy
-
-    return polygraphy.__version__
-
-
-def compare_func(atol: float, rtol: float):
-    """The compare function given to Polygraphy's ``compare_accuracy``: numpy's ``allclose`` rule, the
-    one users know and the tolerances state (every element within ``atol + rtol * |reference|``, the
-    reference being the second run; same shapes; NaN fails). Polygraphy's own SimpleCompareFunc
-    judges each element against atol and rtol apart (within the larger of the two), up to 2x stricter
-    where both count: it failed correct graphs of real checkpoints, whose activations are large."""
-    def allclose(ours, reference) -> dict[str, bool]:
-        out = {}
-        for name, expected in reference.items():
-            got = np.asarray(ours[name], dtype=np.float32) if name in ours else None
-            expected = np.asarray(expected, dtype=np.float32)
-            out[name] = got is not None and got.shape == expected.shape and bool(
-                np.allclose(got, expected, atol=atol, rtol=rtol, equal_nan=False))
-        return out
-
-    return allclose
 
 
 def _relative_l2(got, expected) -> float:

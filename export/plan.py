@@ -39,15 +39,11 @@ from runtime.errors import ModelNotFoundError, SkipDecodeError
 from runtime.kvcache import pages_width
 
 from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
+from .quantize import BLOCK_SIZE, QUANT_BITS  # noqa: F401 - the planner's, and its callers' from here
 
 GiB = 1024**3
 WEIGHT_FORMATS = ("fp32", "fp16", "int8", "int4")
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "float32": 4, "float16": 2}
-QUANT_BITS = {"int8": 8, "int4": 4}
-# Weights per quantization scale along K: ONNX Runtime's quantizer CLI default, and what keeps int4
-# within ~1 BLEU on the demo model (docs/quality.md). Every default block size of export, plan and
-# tools.bench is this one.
-BLOCK_SIZE = 32
 # Runtime overhead of one process on the ONNX Runtime CPU backend: Python, numpy, onnxruntime,
 # tokenizers, one session per graph and the tokenizer. Measured here (x86, 2026-11-23, after the
 # runtime stopped importing torch and transformers): `python -m export plan DIR --measure --tokens
@@ -184,7 +180,7 @@ def arch_from_alias(name: str) -> Arch:
     from . import published
 
     if (alias := published.alias_of(name)) is not None:  # a Llama-family alias
-        return published.plan_arch(alias, published.PUBLISHED[alias].fields())
+        return plan_arch(alias, published.PUBLISHED[alias].fields())
     key = name.lower().split("/")[-1]
     if key not in OPT_ARCHS:
         raise ModelNotFoundError(f"unknown model {name!r}: pass an artifact directory or one of "
@@ -205,7 +201,7 @@ def arch_from_artifact(directory) -> Arch:
         from . import published
 
         try:
-            return published.plan_arch(str(directory), json.loads(config_path.read_text()))
+            return plan_arch(str(directory), json.loads(config_path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
             raise PlanError(f"cannot read the model's shape from {config_path} ({exc}); re-export with "
                             f"`python -m export build`") from exc
@@ -385,3 +381,47 @@ def parse_gib(text: str) -> int:
     if not value >= 0:
         raise PlanError(f"--reserve {text!r} is not a size in GiB; pass e.g. --reserve 2 or 1.5GiB")
     return int(value * GiB)
+
+
+# -- the Llama family's shapes (export.published) ------------------------------------------------
+
+
+def weight_tensors(config: dict) -> tuple[tuple[str, tuple[int, int], bool], ...]:
+    """(name, shape, quantizable) of every weight a Llama-family artifact's graphs hold, as
+    export.plan counts them (a matmul's shape is (K, N)), from config.json fields. The head is
+    "lm_head" when tied (plan counts it only when quantized: in float it is the embedding) and
+    "lm_head.untied" otherwise (always counted)."""
+    D, F, V = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    nh = config["num_attention_heads"]
+    nkv = config.get("num_key_value_heads") or nh
+    hd = config.get("head_dim") or D // nh
+    kind = config.get("model_type")
+    bias = kind == "qwen2" or bool(config.get("attention_bias"))  # Qwen2: q/k/v biases
+    out = [("embed_tokens", (V, D), False)]
+    for i in range(config["num_hidden_layers"]):
+        p = f"layers.{i}."
+        for name, n in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out.append((p + name, (D, n), True))
+            if bias:
+                out.append((p + name + ".bias", (1, n), False))
+        out.append((p + "o_proj", (nh * hd, D), True))
+        if kind == "qwen3":
+            out += [(p + "q_norm", (1, hd), False), (p + "k_norm", (1, hd), False)]
+        out += [(p + "gate_proj", (D, F), True), (p + "up_proj", (D, F), True), (p + "down_proj", (F, D), True),
+                (p + "input_layernorm", (1, D), False), (p + "post_attention_layernorm", (1, D), False)]
+    out.append(("norm", (1, D), False))
+    tied = config.get("tie_word_embeddings", kind != "llama")  # transformers' defaults
+    out.append(("lm_head" if tied else "lm_head.untied", (D, V), True))
+    return tuple(out)
+
+
+def plan_arch(name: str, config: dict):
+    """export.plan's Arch of a Llama-family shape: its K/V width (KV heads x head_dim), its weights, and
+    the MLP's activation width (gate and up outputs side by side)."""
+
+    nh = config["num_attention_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] // nh
+    kv_width = (config.get("num_key_value_heads") or nh) * hd
+    return Arch(name, config["num_hidden_layers"], config["hidden_size"], nh, 2 * config["intermediate_size"],
+                config["hidden_size"], config["vocab_size"], config["max_position_embeddings"], True,
+                kv_width=kv_width, weights=weight_tensors(config))

@@ -43,8 +43,12 @@ import numpy as np
 from runtime.errors import InvalidArgumentError
 from runtime.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 
-from .plan import BLOCK_SIZE, QUANT_BITS
 
+QUANT_BITS = {"int8": 8, "int4": 4}
+# Weights per quantization scale along K: ONNX Runtime's quantizer CLI default, and what keeps int4
+# within ~1 BLEU on the demo model (docs/quality.md). Every default block size of export, plan and
+# tools.bench is this one.
+BLOCK_SIZE = 32
 FORMATS = ("matmulnbits", "qdq")
 DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
 # "Decode at the memory floor": ONNX Runtime 1.32's CPU kernels for 8-bit weights have no float-

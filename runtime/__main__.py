@@ -92,24 +92,6 @@ def _policy(args) -> dict | None:
     return fields
 
 
-def _backend_options(args) -> dict:
-    options = {"threads": args.threads}
-    if args.spin:
-        if args.backend != "onnxruntime":
-            raise InvalidArgumentError(f"--spin applies to --backend onnxruntime (its thread pools), "
-                                       f"not {args.backend}")
-        options["spin"] = True
-    if args.backend == "torch" and args.device:
-        options["device"] = args.device
-    elif args.backend == "onnxruntime" and args.device == "cpu":
-        options["providers"] = ["CPUExecutionProvider"]  # the plain backend: numpy buffers in place
-    elif args.backend == "onnxruntime" and args.device:
-        options["device"] = args.device  # the IOBinding backend; it checks the device exists
-    elif args.backend == "tensorrt":
-        options = {"engine_dir": args.engine_dir} if args.engine_dir else {}
-    return {k: v for k, v in options.items() if v is not None}
-
-
 def _sampling(args) -> dict:
     """The sampling options, defaults filled in; those given without --do-sample are warned about
     (they change nothing then), as transformers' generate does."""
@@ -155,7 +137,7 @@ def _run(args) -> int:
     # None: the prompts' number; 0 or less goes to load, which refuses it as the API does
     max_batch = min(len(args.prompts), DEFAULT_MAX_BATCH) if args.max_batch is None else args.max_batch
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
-               max_batch=max_batch, prefill_chunk=args.prefill_chunk, **_backend_options(args))
+               max_batch=max_batch, prefill_chunk=args.prefill_chunk, **cli.backend_options(args))
     try:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         config = GenerationConfig(args.max_new_tokens, speedup=args.speedup, policy=policy, decay=args.decay,

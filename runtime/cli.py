@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import Callable
 
-from .errors import SkipDecodeError
+from .errors import InvalidArgumentError, SkipDecodeError
 from .version import __version__
 
 USER_ERROR = 2  # exit code of every user error, the same as argparse's usage errors
@@ -146,3 +146,23 @@ def prefill_chunk(text: str) -> int | str | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or a number of tokens >= 1, got {text!r}")
     return value
+
+
+def backend_options(args) -> dict:
+    """The backend options of a command line's --threads, --spin, --device, --engine-dir (the
+    runtime's and the server's, which share them), as ``runtime.load`` takes them."""
+    options = {"threads": args.threads}
+    if args.spin:
+        if args.backend != "onnxruntime":
+            raise InvalidArgumentError(f"--spin applies to --backend onnxruntime (its thread pools), "
+                                       f"not {args.backend}")
+        options["spin"] = True
+    if args.backend == "torch" and args.device:
+        options["device"] = args.device
+    elif args.backend == "onnxruntime" and args.device == "cpu":
+        options["providers"] = ["CPUExecutionProvider"]  # the plain backend: numpy buffers in place
+    elif args.backend == "onnxruntime" and args.device:
+        options["device"] = args.device  # the IOBinding backend; it checks the device exists
+    elif args.backend == "tensorrt":
+        options = {"engine_dir": args.engine_dir} if args.engine_dir else {}
+    return {k: v for k, v in options.items() if v is not None}

@@ -57,7 +57,7 @@ class QueueFullError(SkipDecodeError, RuntimeError):
     """More requests waiting than the Generator's ``max_queue``: retry later."""
 
 
-_DONE = object()  # the last item of a request's event queue, after its result or error
+DONE = object()  # the last item of a request's event queue, after its result or error
 AUTO = "auto"
 AUTO_STALL = 1.25  # "auto" chunks take about this many decode steps: a running row waits ~2.25
 AUTO_FIRST, AUTO_MIN, AUTO_MAX = 16, 4, 1024  # "auto" chunk sizes, tokens: the first one (no
@@ -93,7 +93,7 @@ class Request:
     detok: list[IncrementalDetokenizer]
     logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
     config: GenerationConfig | None = None  # what it was made from, as the caller gave it
-    events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, _DONE
+    events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
     stats: GenerationStats | None = None
@@ -224,7 +224,7 @@ class Engine:
             self.closing = True
             for r in [*self.running, *self.waiting]:
                 r.events.put(exc)
-                r.events.put(_DONE)
+                r.events.put(DONE)
             self.running, self.waiting, self.prefill = [], deque(), None
 
     # -- one round -----------------------------------------------------------------------------
@@ -288,7 +288,7 @@ class Engine:
             self.waiting.remove(request)
         if outcome is not None:
             request.events.put(outcome)
-        request.events.put(_DONE)
+        request.events.put(DONE)
 
     def _prefill_chunk(self) -> None:
         """One chunk of the joining rows' prompt through the policy's prefill layers (all, or step

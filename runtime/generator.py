@@ -14,7 +14,7 @@ import numpy as np
 from .backends import Backend, create_backend
 from .detokenize import IncrementalDetokenizer
 from . import validate
-from .engine import _DONE, AUTO, Engine, EngineClosedError, Request
+from .engine import DONE, AUTO, Engine, EngineClosedError, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
@@ -46,7 +46,7 @@ class GenerationStream:
     def __next__(self) -> TokenEvent:
         while not self._done:
             item = self._request.events.get()
-            if item is _DONE:
+            if item is DONE:
                 self._done = True
             elif isinstance(item, GenerationResult):
                 self.result = item
@@ -219,7 +219,7 @@ class StepRequest:
                 item = self._request.events.get_nowait()
             except queue.Empty:
                 return new
-            if item is _DONE:
+            if item is DONE:
                 self.done = True
             elif isinstance(item, GenerationResult):
                 self.result = item

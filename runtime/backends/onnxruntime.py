@@ -26,7 +26,7 @@ from ..kvcache import ArrayStorage
 from .base import Backend
 
 
-def _import_ort():
+def import_ort():
     try:
         import onnxruntime
     except ImportError as exc:
@@ -149,7 +149,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool = False, huge_pages: bool = False):
-        ort = _import_ort()
+        ort = import_ort()
         available = ort.get_available_providers()
         if providers is None:
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]

@@ -43,7 +43,7 @@ from ..errors import SkipDecodeError
 from ..kvcache import KVCache, KVStorage
 from ..manifest import Manifest
 from .base import DecodeStep, run_layers
-from .onnxruntime import OnnxRuntimeBackend, _import_ort, new_session_options
+from .onnxruntime import OnnxRuntimeBackend, import_ort, new_session_options
 
 _PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 _ONNX_TYPE = {"float32": 1, "float16": 10}  # TensorProto.FLOAT, FLOAT16
@@ -231,7 +231,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
                  threads: int | None = None, spin: bool = False,
                  huge_pages: bool = False):
-        ort = _import_ort()
+        ort = import_ort()
         kind, _, index = str(device).partition(":")
         if kind not in _PROVIDER:
             raise IOBindingDeviceError(f"device={device!r}: the ONNX Runtime IOBinding backend binds "

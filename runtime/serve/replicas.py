@@ -140,7 +140,7 @@ def application(settings: ReplicaSettings):
 def settings_from_args(args, gpus: bool) -> ReplicaSettings:
     """The replicas of ``python -m runtime serve``'s options; ``gpus``: the cluster has GPUs."""
     from .app import ServeConfig
-    from .cli import backend_options
+    from ..cli import backend_options
 
     threads = args.threads or 1
     max_batch = args.max_batch or 8
@@ -161,7 +161,7 @@ def settings_from_args(args, gpus: bool) -> ReplicaSettings:
 def build_app(args: dict):
     """``serve run runtime.serve.replicas:build_app directory=ART [replicas=2 threads=1 ...]``: the
     application of the server's own options (``max_batch=8`` is ``--max-batch 8``)."""
-    from .cli import check_args, parser
+    from .options import check_args, parser
 
     args = dict(args)
     directory = args.pop("directory", None)
@@ -189,7 +189,7 @@ def main(args) -> int:
     SIGTERM/Ctrl-C, then shut the application down. Checks what it can before starting Ray."""
     from ..generator import policy_for
     from ..manifest import load_manifest
-    from .cli import bind, check_args
+    from .options import bind, check_args
 
     check_args(args)
     probe = bind(args.host, args.port)  # a port in use or a bad host: one line now, not a Ray traceback

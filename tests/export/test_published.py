@@ -52,7 +52,7 @@ def test_plan_counts_every_weight_and_the_kv_heads_only(variant):
     """export plan on a Llama-family shape: fp32 weights are exactly the model's parameters (a tied
     head once), and the KV cache holds KV heads x head_dim per position, not hidden_size."""
     from export import plan as pm
-    from export.published import plan_arch
+    from export.plan import plan_arch
     from tests.families import tiny_model
 
     model = tiny_model(variant)

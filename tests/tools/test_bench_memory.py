@@ -19,10 +19,10 @@ def test_prints_a_row_per_artifact_with_its_ratio(artifact_dir, capsys):
 
 
 def test_resident_split_adds_up_to_the_rss(generator):
-    from export.measure import _status_bytes, resident_by_mapping
+    from export.measure import status_bytes, resident_by_mapping
 
     generator.generate("Hello", 4)  # an artifact's weights.bin is mapped in this process
     parts = resident_by_mapping()
-    rss = _status_bytes("VmRSS")
+    rss = status_bytes("VmRSS")
     assert all(v > 0 for v in parts.values()), parts
     assert abs(sum(parts.values()) - rss) < 0.02 * rss

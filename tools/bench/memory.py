@@ -32,11 +32,11 @@ from .runner import REPO
 _VERIFY = """
 import json, resource, sys
 from export import reference
-from export.measure import _status_bytes
+from export.measure import status_bytes
 from export.verify import verify
 waiting = []
 def run(*a, **k):
-    waiting.append(_status_bytes("VmRSS"))
+    waiting.append(status_bytes("VmRSS"))
     return _run(*a, **k)
 _run, reference.run = reference.run, run
 report = verify(sys.argv[1], log=lambda *_: None, progress=False)

@@ -97,7 +97,7 @@ def _shape(hf_dir: Path, manifest) -> dict:
     config = json.loads((hf_dir / "config.json").read_text())
     if manifest.model.architecture == "opt":
         return {"ffn_dim": int(config["ffn_dim"])}
-    from export.published import weight_tensors
+    from export.plan import weight_tensors
 
     size = 2 if manifest.dtype == "float16" else 4
     tensors = weight_tensors(config)

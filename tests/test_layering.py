@@ -1,0 +1,108 @@
+"""No circles (issue 33 part C): the toolkit's modules form no import cycle, lazy imports included;
+the top-level packages depend one way (runtime < engines < export < tools); no module takes
+another's private name. tests/runtime/test_layering.py keeps runtime free of export and engines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("runtime", "engines", "export", "tools")  # in layer order: each may import those before it
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path):
+    """(module imported, names taken from it) for every import of ``name``, at any depth."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, ()
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:  # `from pkg import module` imports the module
+                sub = f"{base}.{alias.name}"
+                yield (sub, ()) if sub in MODULES else (base, (alias.name,))
+
+
+def _ours(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {m: set() for m in MODULES}
+    for name, path in MODULES.items():
+        for target, _ in _imports(name, path):
+            t = _ours(target)
+            if t is not None and t != name and not name.startswith(t + "."):  # a package's own __init__
+                graph[name].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    assert _cycles(_graph()) == []
+
+
+def test_the_top_level_packages_depend_one_way():
+    upward = sorted((name, target) for name, targets in _graph().items() for target in targets
+                    if PACKAGES.index(target.split(".")[0]) > PACKAGES.index(name.split(".")[0]))
+    assert upward == [], f"imports of a higher layer ({' < '.join(PACKAGES)}): {upward}"
+
+
+def test_no_module_takes_another_modules_private_name():
+    taken = sorted((name, f"{target}.{n}") for name, path in MODULES.items() for target, names in _imports(name, path)
+                   for n in names if n.startswith("_") and not n.startswith("__") and _ours(target) not in (None, name))
+    assert taken == []
+
+
+def test_the_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
