@@ -18,7 +18,7 @@ from .engine import DONE, AUTO, Engine, EngineClosedError, Request
 from .errors import InvalidArgumentError, PolicyError
 from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
-from .generation_config import GenerationConfig
+from .generation_config import FIELDS, GenerationConfig
 from .stats import GenerationResult, TokenEvent
 from .tokenizer import load_tokenizer
 
@@ -421,15 +421,16 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
     threads, spin, huge_pages, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
-    load_keys = {"backend", "check_hashes", "providers", "threads", "spin", "huge_pages", "device", "cuda_graphs", "engine_dir",
-                 "max_batch", "max_length", "max_queue", "prefill_chunk"}
+    # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's
+    # and the backend's, which check it
+    load_keys = set(kwargs) - {*FIELDS, "config", "streamer"}
     if isinstance(model, Generator):
-        if load_keys & kwargs.keys():
+        if load_keys:
             raise InvalidArgumentError(
-                f"{sorted(load_keys & kwargs.keys())} apply only when model is a directory; pass them "
-                f"to runtime.load instead")
+                f"{sorted(load_keys)} apply only when model is a directory; pass them to runtime.load "
+                f"instead (generation arguments are GenerationConfig's fields: {', '.join(FIELDS)})")
         return model.generate(prompts, max_new_tokens, **kwargs)
-    load_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in load_keys}
+    load_kwargs = {k: kwargs.pop(k) for k in load_keys}
     load_kwargs.setdefault("max_batch", 1 if isinstance(prompts, str) else
                            min(max(len(prompts or ()), 1), DEFAULT_MAX_BATCH))
     generator = load(model, **load_kwargs)

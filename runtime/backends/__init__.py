@@ -45,6 +45,8 @@ def _ort_has_cuda() -> bool:
 
 
 def create_backend(name: str, directory, manifest, **options) -> Backend:
+    """The backend ``name`` on an artifact; ``options`` are its constructor's keyword arguments,
+    which are where each backend declares the options it takes (an unknown one: InvalidArgumentError)."""
     name = _ALIASES.get(name, name)
     if name == "onnxruntime":
         device = options.pop("device", None)
@@ -53,18 +55,37 @@ def create_backend(name: str, directory, manifest, **options) -> Backend:
         if device is not None:  # IOBinding: hidden states and KV on `device`, logits back
             from .onnxruntime_cuda import OnnxRuntimeIOBindingBackend
 
-            return OnnxRuntimeIOBindingBackend(directory, manifest, device=device, **options)
+            return _made(name, OnnxRuntimeIOBindingBackend, directory, manifest, dict(options, device=device))
         from .onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(directory, manifest, **options)
+        return _made(name, OnnxRuntimeBackend, directory, manifest, options, also=("device",))
     if name == "torch":
         from .torch import TorchBackend
 
-        return TorchBackend(directory, manifest, **options)
+        return _made(name, TorchBackend, directory, manifest, options)
     if name in BACKENDS:
-        return entry_point_backend(name)(directory, manifest, **options)
+        return _made(name, entry_point_backend(name), directory, manifest, options)
     raise UnknownBackendError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "BACKENDS", "BackendNotInstalledError", "ENTRY_POINT_GROUP", "create_backend",
+def backend_options(cls, also=()) -> tuple[str, ...]:
+    """The options a backend class takes: its constructor's keyword arguments after the artifact."""
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters)[3:]  # self, directory, manifest
+    return tuple(dict.fromkeys([*params, *also]))
+
+
+def _made(name: str, cls, directory, manifest, options: dict, also=()) -> Backend:
+    known = backend_options(cls, also)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        from ..errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"backend {name!r} takes the options {', '.join(known)}; "
+                                   f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not among them")
+    return cls(directory, manifest, **options)
+
+
+__all__ = ["Backend", "BACKENDS", "BackendNotInstalledError", "ENTRY_POINT_GROUP", "backend_options", "create_backend",
            "entry_point_backend"]

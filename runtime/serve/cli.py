@@ -10,10 +10,12 @@ import sys
 
 from .. import cli
 from ..errors import SkipDecodeError
-from .options import API_KEY_ENV, bind, check_args, parser  # noqa: F401 - the command's, as before
+from .options import bind, check_args, parser
 
 MISSING_EXTRA = ("error: `python -m runtime serve` needs the serve extra ({missing}); install it with "
                  "pip install -e \".[serve]\"")
+
+
 def main(argv=None, load=None) -> int:
     """Run the server until SIGTERM or Ctrl-C; 0 after a graceful shutdown.
 

@@ -235,3 +235,14 @@ def test_huge_pages_change_no_token(artifact_dir):
 def test_spin_must_be_a_bool(artifact_dir):
     with pytest.raises(InvalidArgumentError, match=r"spin must be True .* or False .*, got 'no'"):
         runtime.load(artifact_dir, spin="no")
+
+
+def test_a_backend_option_the_backend_does_not_take_is_named_with_those_it_takes(artifact_dir):
+    """Each backend declares its options once, in its constructor; runtime.load and runtime.generate
+    check against them (was: a TypeError from the constructor, or an option silently dropped)."""
+    with pytest.raises(InvalidArgumentError, match="backend 'torch' takes the options device, cuda_graphs, "
+                                                   "threads; spin is not among them"):
+        runtime.load(artifact_dir, backend="torch", spin=True)
+    with pytest.raises(InvalidArgumentError, match="backend 'onnxruntime' takes the options providers, threads, "
+                                                   "spin, huge_pages, device; bogus is not among them"):
+        runtime.generate(artifact_dir, "Hello", 2, bogus=1)
