@@ -23,9 +23,10 @@ only shrinks), so every layer it runs holds its complete past.
 Chunked prefill: while other rows decode, a joining prompt runs a chunk of its tokens per round,
 so a running row waits at most one chunk between two tokens (as vLLM's chunked prefill,
 Sarathi-Serve); with nothing decoding, the prompt runs whole. ``prefill_chunk`` is the chunk in
-tokens, or "auto": chunks sized so that one takes about ``AUTO_STALL`` decode steps, adjusted
-after every chunk to the time it took (a chunk of T tokens costs about the weights' read plus T
-tokens of compute, so the right T differs by orders of magnitude between a 2-core CPU and a GPU).
+tokens, or "auto": chunks sized so that one takes about ``AUTO_STALL`` decode steps, from a fit of
+the recent chunks' times as a fixed cost (every layer's call and weight read) plus a cost per token
+(``ChunkCosts``; the right T differs by orders of magnitude between a 2-core CPU and a GPU), and a
+prompt that would take at most ``AUTO_WHOLE`` such budgets runs whole.
 """
 
 from __future__ import annotations
@@ -62,6 +63,64 @@ AUTO = "auto"
 AUTO_STALL = 1.25  # "auto" chunks take about this many decode steps: a running row waits ~2.25
 AUTO_FIRST, AUTO_MIN, AUTO_MAX = 16, 4, 1024  # "auto" chunk sizes, tokens: the first one (no
 # timing yet), and the bounds (below 4, per-call overhead is all a chunk costs)
+AUTO_WHOLE = 2.0  # a prompt whose rest takes at most this many AUTO_STALL budgets runs whole
+
+
+class ChunkCosts:
+    """A prefill chunk's time as ``fixed + per_token * T``, fitted to the recent chunks, and the chunk
+    size that keeps a chunk within a budget.
+
+    Why affine: a chunk pays every layer's call and weight read whatever its length, then each token's
+    compute. On a small model the fixed part is most of it (a 4-token chunk of the 2.5M demo model
+    took 1.5 ms, a 20-token one 2.5 ms); a size proportional to the last chunk's time, as before,
+    shrank to 4 tokens after one short remainder chunk and split every prompt into 4-5 chunks that
+    each cost about a whole prompt. Why Theil-Sen (the median of the pairwise slopes): the times are
+    milliseconds on a shared machine, where one chunk in several is slowed by another process; a
+    least-squares line followed those spikes."""
+
+    KEEP = 24  # chunks remembered: the fit follows a change of batch or machine within a few prompts
+
+    def __init__(self):
+        from collections import deque
+
+        self.seen: deque[tuple[int, float]] = deque(maxlen=self.KEEP)  # (tokens, seconds)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.seen.append((tokens, seconds))
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token), or None until chunks of different sizes were seen."""
+        points = list(self.seen)
+        slopes = [(s2 - s1) / (t2 - t1) for k, (t1, s1) in enumerate(points) for t2, s2 in points[k + 1:]
+                  if t2 != t1]
+        if not slopes:
+            return None
+        per_token = float(np.median(slopes))
+        if per_token <= 0:
+            return None
+        fixed = float(np.median([s - per_token * t for t, s in points]))
+        return max(fixed, 0.0), per_token
+
+    def tokens(self, remaining: int, budget: float, first: bool) -> int:
+        """The next chunk's tokens, of a prompt with ``remaining`` tokens to run: all of them when
+        this is the prompt's ``first`` chunk and they take at most AUTO_WHOLE budgets (splitting
+        would spare the running rows a fraction of a step and cost another pass of every layer;
+        not decided later in a long prompt, whose later tokens cost more than the fit says, as
+        they attend to a longer past); else those whose chunk takes ``budget``, or,
+        where the fixed part alone exceeds it, those whose own compute does (the chunk then stalls
+        the running rows at most fixed + budget, its fixed cost spread over that many tokens)."""
+        fit = self.fit()
+        if fit is None:
+            if not self.seen:
+                return min(remaining, AUTO_FIRST)
+            tokens, seconds = self.seen[-1]  # one size seen so far: proportional to it
+            target = tokens * budget / seconds
+        else:
+            fixed, per_token = fit
+            if first and fixed + per_token * remaining <= AUTO_WHOLE * budget:
+                return remaining
+            target = (budget - fixed if budget > fixed else budget) / per_token
+        return min(remaining, int(min(max(target, AUTO_MIN), AUTO_MAX)))
 
 
 @dataclass(eq=False)  # identity: a row is found in the cache by what it is
@@ -133,7 +192,7 @@ class Engine:
                  max_queue: int | None = None, prefill_chunk: int | str | None = AUTO):
         self.backend, self.num_layers = backend, num_layers
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
-        self.auto_chunk = AUTO_FIRST  # tokens of the next "auto" chunk
+        self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
         self.cache = KVCache(backend.kv_storage(), max_batch, capacity, page)
         self.waiting: deque[Request] = deque()  # requests with rows not yet seated, in arrival order
@@ -300,9 +359,14 @@ class Engine:
         start, k = seqs[0].row, len(seqs)
         total = p.input_ids.shape[1]
         chunk = total - p.done
-        auto = self.prefill_chunk == AUTO and cache.decoding > 0
+        auto = self.prefill_chunk == AUTO
         if cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
-            chunk = min(chunk, self.auto_chunk if auto else self.prefill_chunk)
+            if not auto:
+                chunk = min(chunk, self.prefill_chunk)
+            elif self.step_seconds:  # about AUTO_STALL decode steps' time
+                chunk = self.chunk_costs.tokens(chunk, AUTO_STALL * self.step_seconds, first=p.done == 0)
+            else:
+                chunk = min(chunk, AUTO_FIRST)
         chunk = min(chunk, self.backend.max_tokens() or chunk)  # e.g. TensorRT engines' max_prompt
         cols = slice(p.done, p.done + chunk)
         ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
@@ -316,9 +380,8 @@ class Engine:
         logits = backend.head(hidden) if p.done == total else None  # (k, V)
         seconds = time.perf_counter() - began
         r.stats.prefill_seconds += seconds
-        if auto and self.step_seconds:  # the size that would have taken the budget, were time linear in tokens near it
-            target = chunk * AUTO_STALL * self.step_seconds / seconds
-            self.auto_chunk = int(min(max(target, AUTO_MIN), AUTO_MAX))
+        if auto:  # whole prompts too: the fit needs their sizes
+            self.chunk_costs.add(chunk, seconds)
         if logits is not None:
             with self.lock:
                 self.prefill = None

@@ -125,6 +125,8 @@ RULES = [
     ("python -m tools.bench.gemv", "parse", LONG + " (on the artifact tools.bench prepares)"),
     ("python -m tools.bench.slots --checkout /work/before", "parse", BEFORE),
     ("python -m tools.bench.gap --checkout /work/before", "parse", BEFORE),
+    ("python -m tools.bench.staggered --artifact artifacts/opt-e2e-skipdecode", "parse",
+     LONG + " (rounds of 8 generations; tests/tools/test_bench_staggered.py runs it on a tiny model)"),
     ("python -m tools.bench.startup artifacts/opt-e2e-skipdecode --runs 10 --checkout /tmp/", "parse", BEFORE),
     ("python -m tools.bench.context --before", "parse", BEFORE),
     ("python -m tools.bench.gpu", "parse", LONG + " (on a CUDA GPU; --device cpu runs the same for 8 minutes)"),

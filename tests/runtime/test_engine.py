@@ -457,3 +457,25 @@ def test_a_random_schedule_keeps_every_row_exact(artifact_dir, seed, backend):
         assert h.result.token_ids == want[k], f"call {k}"
     assert gen.engine.cache.moves > 0
     gen.close()
+
+
+def test_auto_chunks_come_from_a_fixed_plus_per_token_fit_robust_to_a_slow_chunk():
+    """The demo model's case: a chunk costs mostly its layers' fixed cost, so a short prompt runs
+    whole (splitting it cost a pass of every layer per chunk, and concurrency on small models with
+    it), and a long one is cut to the chunk that fits the budget; one chunk slowed by another
+    process does not move the fit."""
+    from runtime.engine import AUTO_WHOLE, ChunkCosts
+
+    costs = ChunkCosts()
+    assert costs.tokens(40, 2.0, first=True) == 16  # nothing measured yet: AUTO_FIRST
+    for tokens in (4, 8, 12, 16, 20, 24):
+        costs.add(tokens, 1.0 + 0.05 * tokens)  # ms: 1 fixed + 0.05 a token
+    costs.add(10, 9.0)  # a chunk another process slowed
+    fixed, per_token = costs.fit()
+    assert fixed == pytest.approx(1.0, abs=0.02) and per_token == pytest.approx(0.05, rel=0.02)
+    budget = 2.0
+    assert costs.tokens(20, budget, first=True) == 20  # 2 ms whole <= AUTO_WHOLE budgets: not split
+    assert 1.0 + 0.05 * 20 <= AUTO_WHOLE * budget
+    # a long prompt, or the rest of one: chunks that take the budget, (budget - fixed) / per_token
+    assert costs.tokens(500, budget, first=True) in (19, 20) and costs.tokens(30, budget, first=False) in (19, 20)
+    assert costs.tokens(500, 0.5, first=True) in (9, 10)  # fixed alone over the budget: budget / per_token
