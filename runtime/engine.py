@@ -110,16 +110,12 @@ class ChunkCosts:
         where the fixed part alone exceeds it, those whose own compute does (the chunk then stalls
         the running rows at most fixed + budget, its fixed cost spread over that many tokens)."""
         fit = self.fit()
-        if fit is None:
-            if not self.seen:
-                return min(remaining, AUTO_FIRST)
-            tokens, seconds = self.seen[-1]  # one size seen so far: proportional to it
-            target = tokens * budget / seconds
-        else:
-            fixed, per_token = fit
-            if first and fixed + per_token * remaining <= AUTO_WHOLE * budget:
-                return remaining
-            target = (budget - fixed if budget > fixed else budget) / per_token
+        if fit is None:  # chunks of two sizes not seen yet
+            return min(remaining, AUTO_FIRST)
+        fixed, per_token = fit
+        if first and fixed + per_token * remaining <= AUTO_WHOLE * budget:
+            return remaining
+        target = (budget - fixed if budget > fixed else budget) / per_token
         return min(remaining, int(min(max(target, AUTO_MIN), AUTO_MAX)))
 
 
