@@ -7,6 +7,7 @@ HTTP layer on top.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from ..detokenize import IncrementalDetokenizer
 from ..errors import SkipDecodeError
 from ..generation_config import GenerationConfig
+from ..policy import SkipPolicy
 from ..sampling import PENALTY_RANGE
 from ..stats import GenerationResult, TokenLogprob
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 # SkipPolicy's fields a request may set; decay/exponent/prefill: the shape options (runtime.policy)
-POLICY_FIELDS = ("max_layers", "min_layers", "warmup_layers", "horizon", "decay", "exponent", "prefill")
+# a request's "policy": SkipPolicy's own fields, the layer count aside (the model's)
+POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(SkipPolicy) if f.name != "num_layers")
 
 
 class RequestError(SkipDecodeError, ValueError):
