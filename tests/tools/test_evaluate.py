@@ -179,6 +179,10 @@ def test_notes_survive_re_rendering_from_json(tmp_path, capsys):
     again = out.read_text()
     assert "The 5x drop is the horizon's fault." in again and "_No analysis written yet._" not in again
     assert again == first.replace("_No analysis written yet._", "The 5x drop is the horizon's fault.")
+    # a section written below the analysis (docs/quality.md's quantization and real-model sections) stays
+    out.write_text(again + "\n## Weight-only quantization\n\nMeasured by hand.\n")
+    assert main(["--render", str(results), "--out", str(out)]) == 0
+    assert out.read_text() == again + "\n## Weight-only quantization\n\nMeasured by hand.\n"
     stdout = capsys.readouterr().out
     assert "targets:" in stdout and "held: tuned: BLEU at 2x" in stdout and "**" not in stdout
 

@@ -81,6 +81,14 @@ def keep_notes(previous: str | None) -> str:
     return "_No analysis written yet._"
 
 
+def keep_after_notes(previous: str | None) -> str:
+    """What a previous page holds after its notes block (hand-written sections a page keeps below its
+    analysis, e.g. docs/quality.md's), kept as it is; "" when there is none."""
+    if previous and NOTES_BEGIN in previous and NOTES_END in previous:
+        return previous.split(NOTES_BEGIN, 1)[1].split(NOTES_END, 1)[1].strip("\n")
+    return ""
+
+
 def peer_line(name: str, peer: dict) -> str:
     """The page's line on a peer's venv (``tools.bench.venv``): its python and versions, or why not."""
     if peer.get("available"):

@@ -8,7 +8,7 @@ import math
 import re
 import shlex
 
-from tools.bench.report import NOTES_BEGIN, NOTES_END, keep_notes
+from tools.bench.report import NOTES_BEGIN, NOTES_END, keep_after_notes, keep_notes
 
 from .summary import Row, Summary
 from .targets import Target
@@ -247,7 +247,8 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
         NOTES_END,
         "",
     ]
-    return "\n".join(lines)
+    after = keep_after_notes(previous)  # sections written below the analysis stay
+    return "\n".join(lines + ([after, ""] if after else []))
 
 
 def terminal_summary(summary: Summary, targets: list[Target]) -> str:
