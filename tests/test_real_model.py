@@ -19,6 +19,7 @@ pytest.importorskip("gguf")
 
 from export import gguf as gguf_import  # noqa: E402
 from runtime.errors import ModelNotFoundError  # noqa: E402
+from runtime.integrity import sha256_file  # noqa: E402
 
 ALIAS = gguf_import.INSTRUCT_ALIAS
 QUESTIONS = ["What is the capital of France?", "Give me three tips for staying healthy.",
@@ -69,7 +70,7 @@ def test_the_manifest_names_the_file_it_came_from(artifact, gguf_file):
     out, log = artifact
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert manifest["source"]["sha256"] == gguf_import.sha256(gguf_file)
+    assert manifest["source"]["sha256"] == sha256_file(gguf_file)
     assert manifest["source"]["quantization"] == "Q4_1" and manifest["source"]["kind"] == "gguf"
     model = manifest["model"]
     assert (model["num_layers"], model["num_kv_heads"], model["vocab_size"]) == (30, 3, 49152)

@@ -68,7 +68,7 @@ def create_backend(name: str, directory, manifest, **options) -> Backend:
     raise UnknownBackendError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
 
 
-def backend_options(cls, also=()) -> tuple[str, ...]:
+def accepted_options(cls, also=()) -> tuple[str, ...]:
     """The options a backend class takes: its constructor's keyword arguments after the artifact."""
     import inspect
 
@@ -77,7 +77,7 @@ def backend_options(cls, also=()) -> tuple[str, ...]:
 
 
 def _made(name: str, cls, directory, manifest, options: dict, also=()) -> Backend:
-    known = backend_options(cls, also)
+    known = accepted_options(cls, also)
     unknown = sorted(set(options) - set(known))
     if unknown:
         from ..errors import InvalidArgumentError
@@ -87,5 +87,5 @@ def _made(name: str, cls, directory, manifest, options: dict, also=()) -> Backen
     return cls(directory, manifest, **options)
 
 
-__all__ = ["Backend", "BACKENDS", "BackendNotInstalledError", "ENTRY_POINT_GROUP", "backend_options", "create_backend",
+__all__ = ["Backend", "BACKENDS", "BackendNotInstalledError", "ENTRY_POINT_GROUP", "accepted_options", "create_backend",
            "entry_point_backend"]

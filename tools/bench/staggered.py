@@ -15,13 +15,15 @@ compare two revisions, run it from each (``PYTHONPATH=CHECKOUT``) on the same ar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
 from runtime import cli
+from runtime.errors import SkipDecodeError
+
+from .checkouts import parse_options
 
 PROMPTS = ("name[The Eagle], eatType[coffee shop], food[French], area[riverside]",
            "name[Loch Fyne], food[Japanese], priceRange[cheap], near[The Rice Boat]",
@@ -62,16 +64,6 @@ def measure(generator, requests: list[tuple[str, int, float]], stagger_s: float,
     return Result(sequential, together)
 
 
-def _option(text: str) -> tuple[str, object]:
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = cli.parser("python -m tools.bench.staggered", __doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("--artifact", required=True, help="an exported artifact (e.g. the demo model's)")
@@ -83,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stagger-ms", type=float, default=4.0, help="between two starts (default 4)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; the best of each is kept (default 5)")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads (default 1)")
-    p.add_argument("--load-option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--load-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a runtime.load keyword, the value as JSON where it parses (prefill_chunk=null)")
     return p
 
@@ -98,7 +90,10 @@ def _run(args) -> int:
 
     requests = [(PROMPTS[k % len(PROMPTS)], args.new_tokens[k % len(args.new_tokens)],
                  args.speedups[k % len(args.speedups)]) for k in range(args.requests)]
-    options = dict(args.load_option)
+    try:
+        options = parse_options(args.load_option)
+    except ValueError as exc:
+        raise SkipDecodeError(f"--load-option: {exc}") from None
     with runtime.load(args.artifact, max_batch=args.requests, threads=args.threads, **options) as gen:
         result = measure(gen, requests, args.stagger_ms / 1e3, args.rounds)
     speedups = ", ".join(f"{s:g}x" for s in sorted({s for *_, s in requests}))

@@ -79,10 +79,10 @@ def windows(tokenizer, text: str, settings: Settings):
 def policies(num_layers: int, speedups, settings: Settings) -> dict:
     """{speedup: SkipPolicy}: each over ``settings.tokens`` steps, as a generation of that length
     picks it for ``--speedup``; an impossible one raises PolicyError."""
-    from runtime.policy import SkipPolicy
+    from tools.finetune.skip import PolicySampler  # the policies fine-tuning trains under, the same way
 
-    return {s: SkipPolicy.for_speedup(num_layers, s, horizon=settings.tokens, warmup_layers=settings.warmup_layers)
-            for s in speedups}
+    speedups = tuple(speedups)
+    return dict(zip(speedups, PolicySampler(num_layers, speedups, settings.tokens, settings.warmup_layers).policies()))
 
 
 def measure(model, ids, policies: dict, settings: Settings, progress: bool = True) -> list[Row]:
