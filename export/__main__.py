@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="trt: then build TensorRT engines here with `python -m engines build`'s "
                         "defaults (on a Jetson, build them on the device instead)")
     b.add_argument("--no-check", action="store_true", help="skip the check of each graph against PyTorch")
+    b.add_argument("--no-fused", action="store_true",
+                   help="write only the plain layer graphs, not their variant on ONNX Runtime's fused operators "
+                        "(GroupQueryAttention; Llama family, float32, float or MatMulNBits weights)")
     q = b.add_argument_group("weight-only quantization (ONNX Runtime's block-wise quantizer; export.quantize)")
     q.add_argument("--weights", choices=WEIGHTS, default="float",
                    help="the layers' and head's MatMul weights (default: float, the --dtype)")
@@ -148,7 +151,7 @@ def _build(args) -> int:
         random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
         page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
         block_size=args.block_size, weights_format=args.quant_format,
-        check=not args.no_check, policy=policy, progress=cli.progress(args.quiet)))
+        check=not args.no_check, fused=not args.no_fused, policy=policy, progress=cli.progress(args.quiet)))
     if args.engine == "trt":
         from engines.__main__ import main as engines_main
 

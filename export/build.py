@@ -25,6 +25,7 @@ from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
 from . import checkpoint, gguf, parity
+from . import fused as fused_layers
 from runtime.families import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
@@ -51,6 +52,7 @@ class BuildOptions:
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
+    fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
 
 
 def _token_id(value, fallback=None) -> int:
@@ -127,7 +129,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
     quant = QuantConfig(weights=options.weights, head_weights=options.head_weights,
                         block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
-                          page_size=options.page_size, quant=quant)
+                          page_size=options.page_size, quant=quant, fused=options.fused)
     if quant.quantized:  # before any work: whether the TensorRT meant to run it can read it
         log(tensorrt_readers(quant, str(out)))
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
@@ -171,6 +173,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
             for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx",
                              unit="graph", disable=not options.progress):
                 specs.append(export_graph(model, spec, tmp, config, weights))
+        why_not = config.fused_reason(hf_model.config)
+        c = hf_model.config
+        fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
+        log(f"fused layer graphs for ONNX Runtime: {'none, ' + why_not if why_not else len(fused)}")
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         hf_model.config.save_pretrained(str(tmp / "hf_config"))
@@ -181,6 +187,14 @@ def build(options: BuildOptions, log=print) -> Manifest:
                                        progress=options.progress, weights=quant.for_graph)
             for r in results:
                 log(f"  {r.line()}")
+            if fused:
+                layers = [s for s in specs if s.name.startswith("layer_")]
+                done = [fused_layers.check(model, s, f, tmp, options.dtype, quant.for_graph(s.name), config.page_size)
+                        for s, f in tqdm(list(zip(layers, fused)), desc="check fused vs torch", unit="graph",
+                                         disable=not options.progress)]
+                for r in done:
+                    log(f"  {r.line()}")
+                results += done
             parity.raise_on_failure(results)
             checks = parity.summary(results)
 
@@ -193,7 +207,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__, **gguf_entry},
-            checks=checks, weights=quant.manifest_entry())
+            checks=checks, weights=quant.manifest_entry(), fused=fused)
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export
         swap_into_place(tmp, out)

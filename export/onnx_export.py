@@ -40,6 +40,7 @@ from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
 from runtime.modeling import SkipOPT, graph_module
 
+from . import fused as fused_layers
 from .quantize import QuantConfig, quantize_graph
 from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head
 
@@ -59,6 +60,15 @@ class ExportConfig:
     page_size: int = 32  # KV positions per page: the step by which the bound past width grows (larger
     # pages: fewer re-lays of the runtime's cache as rows grow, more masked columns read per step)
     quant: QuantConfig = field(default_factory=QuantConfig)  # weight-only quantization (float: none)
+    fused: bool = True  # also write each layer's fused-operator variant for ONNX Runtime's CPU
+    # provider where the model gets one (export.fused.why_not); the plain graphs are written anyway
+
+    def fused_reason(self, model_config) -> str | None:
+        """Why this export writes no fused layer graphs (None: it writes them)."""
+        if not self.fused:
+            return "not asked for (--no-fused)"
+        layers_format = self.quant.format if self.quant.for_graph("layer_00") != "float" else "matmulnbits"
+        return fused_layers.why_not(model_config, self.dtype, layers_format)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16"):
@@ -170,8 +180,15 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
     if precision != "float":
         q = config.quant
         proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)
+    fused = None
+    if spec.name.startswith("layer_") and config.fused_reason(model.config) is None:
+        fused = fused_layers.fused_layer(proto, module, model.config, spec, model.config.max_position_embeddings)
     if weights is not None:
         weights.externalize(proto)
+        if fused is not None:  # the same products' weights: stored once
+            weights.externalize(fused)
     onnx.save_model(proto, str(directory / spec.file))
+    if fused is not None:
+        onnx.save_model(fused, str(directory / spec.file.replace(".onnx", fused_layers.SUFFIX)))
     return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs,
                      weights.name if weights is not None else None)

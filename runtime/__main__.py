@@ -51,6 +51,7 @@ def _parser():
                                      "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
     cli.add_spin(be)
+    cli.add_fused(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")

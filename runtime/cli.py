@@ -135,6 +135,13 @@ def add_spin(group) -> None:
                             "processes use the cores (default: they sleep)")
 
 
+def add_fused(group) -> None:
+    """--no-fused, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--no-fused", dest="fused", action="store_false",
+                       help="onnxruntime on the CPU: run the plain layer graphs even where the artifact has "
+                            "their fused-operator variant (GroupQueryAttention), which it runs by default")
+
+
 def prefill_chunk(text: str) -> int | str | None:
     """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
     if text in ("auto", "none"):
@@ -157,6 +164,10 @@ def backend_options(args) -> dict:
             raise InvalidArgumentError(f"--spin applies to --backend onnxruntime (its thread pools), "
                                        f"not {args.backend}")
         options["spin"] = True
+    if not getattr(args, "fused", True):
+        if args.backend != "onnxruntime":
+            raise InvalidArgumentError(f"--no-fused applies to --backend onnxruntime, not {args.backend}")
+        options["fused"] = False
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import Backend
-from .backends.base import DecodeStep, run_layers
+from .backends.base import DecodeStep
 from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
 from .generation_config import GenerationConfig
@@ -370,7 +370,7 @@ class Engine:
         cache.reserve(start, start + k, chunk)  # the width grows with the prompt, a page at a time
         mask = cache.mask(start, start + k, new)  # (k, W + T)
         hidden = backend.embed(ids, mask)  # (k, T, D)
-        hidden = run_layers(backend, cache, start, k, hidden, mask, r.policy.prefill_layers())
+        hidden = backend.run_layers(cache, start, k, hidden, mask, r.policy.prefill_layers())
         cache.advance(start, start + k, new)
         p.done += chunk
         logits = backend.head(hidden) if p.done == total else None  # (k, V)

@@ -419,7 +419,7 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, spin, huge_pages, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
+    threads, spin, huge_pages, fused, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
     """
     # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's
     # and the backend's, which check it

@@ -217,12 +217,14 @@ class ArrayStorage(KVStorage):
     exactly W wide, so a block of rows is contiguous, and a new width re-lays the rows in use in
     place (a copy of them, nothing allocated). ``fixed=True`` (the torch backend): the view is the
     whole capacity, bound as strided views of W; addresses and strides never change (CUDA graphs
-    keep them).
+    keep them). ``transposed_keys=False`` (the fused layer graphs, export.fused): K is stored as V
+    is, (rows, nh, W, hd), as GroupQueryAttention reads and writes it.
     """
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, zeros, fixed: bool = False,
-                 index=None, scope=contextlib.nullcontext):
+                 index=None, scope=contextlib.nullcontext, transposed_keys: bool = True):
         self.num_layers, self.nh, self.hd = num_layers, num_heads, head_dim
+        self.transposed_keys = transposed_keys  # K (rows, nh, hd, W); False: (rows, nh, W, hd)
         self.zeros = zeros  # shape -> zeroed buffer of the cache's dtype on its device
         self.index = index or (lambda a: a)  # host int64 array -> an index the buffers accept
         self.fixed = fixed
@@ -245,8 +247,15 @@ class ArrayStorage(KVStorage):
 
     def _view(self, width: int) -> None:
         n = self.rows * self.nh * self.hd * width
-        self.keys = [k[:n].reshape(self.rows, self.nh, self.hd, width) for k, _ in self.flat]
+        self.keys = [k[:n].reshape(self._key_shape(self.rows, width)) for k, _ in self.flat]
         self.values = [v[:n].reshape(self.rows, self.nh, width, self.hd) for _, v in self.flat]
+
+    def _key_shape(self, rows: int, width: int) -> tuple[int, int, int, int]:
+        return (rows, self.nh, self.hd, width) if self.transposed_keys else (rows, self.nh, width, self.hd)
+
+    def _key_positions(self, keys, stop: int):
+        """``keys``' positions [0, stop), whichever its layout."""
+        return keys[..., :stop] if self.transposed_keys else keys[:, :, :stop]
 
     def resize(self, width, used):
         if not self.fixed:
@@ -258,8 +267,9 @@ class ArrayStorage(KVStorage):
                     # The old and new views overlap: copy the rows in use out first, then back.
                     # The new positions keep what the memory held (zeros, or K/V written before:
                     # finite, and masked); zeroing them would touch every fresh page at once.
-                    k, v = _copy(old_keys[layer][:used, :, :, :keep]), _copy(old_values[layer][:used, :, :keep])
-                    self.keys[layer][:used, :, :, :keep] = k
+                    k = _copy(self._key_positions(old_keys[layer][:used], keep))
+                    v = _copy(old_values[layer][:used, :, :keep])
+                    self._key_positions(self.keys[layer][:used], keep)[...] = k
                     self.values[layer][:used, :, :keep] = v
         self.width = width
 
@@ -269,7 +279,7 @@ class ArrayStorage(KVStorage):
             with self.scope():
                 self.zeros_flat = self.zeros((self.rows * self.nh * self.hd * width,))
         zeros = self.zeros_flat[:n]
-        return zeros.reshape(rows, self.nh, self.hd, width), zeros.reshape(rows, self.nh, width, self.hd)
+        return zeros.reshape(self._key_shape(rows, width)), zeros.reshape(rows, self.nh, width, self.hd)
 
     def move(self, src, dst):
         with self.scope():
@@ -279,7 +289,7 @@ class ArrayStorage(KVStorage):
 
     def past(self, layer, start, stop):
         if self.fixed:
-            return (self.keys[layer][start:stop, :, :, : self.width],
+            return (self._key_positions(self.keys[layer][start:stop], self.width),
                     self.values[layer][start:stop, :, : self.width])
         return self.keys[layer][start:stop], self.values[layer][start:stop]
 
@@ -290,7 +300,10 @@ class ArrayStorage(KVStorage):
             # one fancy-indexed write below (level at 8 rows); a decode step writes every layer.
             keys, values = self.keys[layer], self.values[layer]
             for s, d, p in zip(src.tolist(), dst.tolist(), positions.tolist()):
-                keys[d, :, :, p:p + T] = new_key[s].swapaxes(1, 2)  # (nh, hd, T) <- (nh, T, hd)
+                if self.transposed_keys:
+                    keys[d, :, :, p:p + T] = new_key[s].swapaxes(1, 2)  # (nh, hd, T) <- (nh, T, hd)
+                else:
+                    keys[d, :, p:p + T] = new_key[s]  # (nh, T, hd)
                 values[d, :, p:p + T] = new_value[s]  # (nh, T, hd)
             return
         with self.scope():
@@ -299,7 +312,10 @@ class ArrayStorage(KVStorage):
             picked = self.index(src)
             # Advanced indices on dims 0 and 3 (K) or 2 (V) around slices put the index dims
             # first: both targets are (R, T, nh, hd), as is the source once its nh and T dims swap.
-            self.keys[layer][at, :, :, where] = new_key[picked].swapaxes(1, 2)
+            if self.transposed_keys:
+                self.keys[layer][at, :, :, where] = new_key[picked].swapaxes(1, 2)
+            else:
+                self.keys[layer][at, :, where] = new_key[picked].swapaxes(1, 2)
             self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
 
     def close(self):

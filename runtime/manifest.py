@@ -121,6 +121,10 @@ class Manifest:
     weights: dict = field(default_factory=dict)  # weight-only quantization per graph kind:
     # {"embed": "float", "layers": "int4", "head": "int4", "block_size": 32, "format": ...};
     # empty (and absent from manifests written before it) means float weights in the artifact's dtype
+    fused: list[GraphSpec] = field(default_factory=list)  # each layer's variant on ONNX Runtime's
+    # fused operators (export.fused: GroupQueryAttention over K stored as V is), layer_00 ..
+    # layer_{L-1}, for the ONNX Runtime backend on the CPU; empty: none (TensorRT and torch read only
+    # ``graphs``)
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -176,6 +180,8 @@ class Manifest:
         out = {k: d[k] for k in order}
         if self.weights:  # float artifacts keep the manifest they always had
             out["weights"] = d["weights"]
+        if self.fused:
+            out["fused"] = d["fused"]
         return out
 
     def save(self, directory: Path) -> None:
@@ -191,6 +197,7 @@ class Manifest:
                    graphs=[GraphSpec.from_dict(g) for g in d["graphs"]], files=d["files"],
                    tokenizer_dir=d["tokenizer_dir"], policy=d["policy"], kv_cache=d["kv_cache"],
                    source=d.get("source", {}), checks=d.get("checks", {}), weights=d.get("weights", {}),
+                   fused=[GraphSpec.from_dict(g) for g in d.get("fused", [])],
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
 
@@ -323,7 +330,10 @@ def _check_structure(m: Manifest, path: Path) -> None:
         raise ArtifactError(
             f"{path} lists graphs {names}, expected {expected} for a {m.model.num_layers}-layer "
             f"model; {REBUILD_HINT}")
-    for g in m.graphs:
+    fused = [g.name for g in m.fused]
+    if fused and fused != expected[1:-1]:
+        raise ArtifactError(f"{path} lists fused layer graphs {fused}, expected {expected[1:-1]}; {REBUILD_HINT}")
+    for g in [*m.graphs, *m.fused]:
         for rel in filter(None, (g.file, g.data_file)):
             if rel not in m.files:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")

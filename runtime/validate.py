@@ -225,11 +225,13 @@ def check_providers(providers) -> list | None:
 
 
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, device, providers."""
+    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers."""
     check_threads(options.get("threads"))
     check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",
                "they sleep: the default")
     check_flag("huge_pages", options.get("huge_pages"),
                "packed weights moved onto 2 MiB pages where Linux allows", "the default: left as allocated")
+    check_flag("fused", options.get("fused"), "the layers' fused-operator graphs, refused where the artifact has none",
+               "the plain layer graphs")
     check_device(options.get("device"))
     check_providers(options.get("providers"))

@@ -84,6 +84,11 @@ class Backend(ABC):
     def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
 
+    def run_layers(self, cache: KVCache, start: int, count: int, hidden, mask, layers, updates=None):
+        """Layers ``layers`` over cache rows [start, start + count) (``run_layers``); a backend
+        whose graphs write the cache themselves (ONNX Runtime's fused layers) overrides it."""
+        return run_layers(self, cache, start, count, hidden, mask, layers, updates)
+
     def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
         """One decode step: fp32 logits (step.rows, V)."""
         return run_decode(self, step, cache)
@@ -109,5 +114,5 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
 
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
     hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
-    hidden = run_layers(backend, cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates)
+    hidden = backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates)
     return backend.head(hidden)

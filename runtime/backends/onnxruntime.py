@@ -24,6 +24,7 @@ from ..errors import ArtifactError
 from ..manifest import GraphSpec, Manifest
 from ..kvcache import ArrayStorage
 from .base import Backend
+from .fused_layers import FusedLayers
 
 
 def import_ort():
@@ -60,9 +61,13 @@ def _outside_runtime() -> int:
     return level
 
 
+def names_only(providers) -> list[str]:
+    """Provider names, of names or (name, options) pairs."""
+    return [p if isinstance(p, str) else p[0] for p in providers]
+
+
 def _x86_cpu_only(providers) -> bool:
-    names = {p if isinstance(p, str) else p[0] for p in providers}
-    return names == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
+    return set(names_only(providers)) == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
 SPIN_US = 50  # spin=True without the shared pool: longest busy-wait of an idle worker (µs); a
@@ -148,13 +153,13 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None, spin: bool = False, huge_pages: bool = False):
+                 threads: int | None = None, spin: bool = False, huge_pages: bool = False,
+                 fused: bool | None = None):
         ort = import_ort()
         available = ort.get_available_providers()
         if providers is None:
             providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-        missing = [p if isinstance(p, str) else p[0] for p in providers]
-        missing = [p for p in missing if p not in available]
+        missing = [p for p in names_only(providers) if p not in available]
         if missing:
             raise ValueError(f"ONNX Runtime providers {missing} are not available here "
                              f"(available: {available}); install onnxruntime-gpu for CUDA/TensorRT")
@@ -168,17 +173,29 @@ class OnnxRuntimeBackend(Backend):
                 "bytes, docs/benchmarks.md 'Memory') and runs no faster than float32. On a CPU, build "
                 "with --dtype fp32, or --weights int8/int4 for a smaller footprint; float16 is for "
                 "the CUDA and TensorRT providers", stacklevel=_outside_runtime())
+        # fused: the layers' fused-operator variant (export.fused) where the manifest lists it; None:
+        # wherever it can run (the CPU provider alone: the runtime binds host buffers as its K/V)
+        if fused and not manifest.fused:
+            raise ArtifactError("fused=True, but this artifact has no fused layer graphs (export writes "
+                                "them for float32 or MatMulNBits Llama-family artifacts with head_dim a "
+                                "multiple of 16); load with fused=None or rebuild it with `python -m export build`")
+        if fused and not names_only(providers) == ["CPUExecutionProvider"]:
+            raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
+        self.fused = bool(manifest.fused) and fused is not False and names_only(providers) == ["CPUExecutionProvider"]
         directory = Path(directory)
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
-        graphs = [manifest.head, *(g for g in manifest.graphs if g.name != "head")]
+        layers = manifest.fused if self.fused else manifest.layers
+        graphs = [manifest.head, manifest.embed, *layers]
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
         self._layer_names = [g.name for g in manifest.layers]
+        # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
+        self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if self.fused else None
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
         self._nh, self._hd = m.kv_heads, m.head_dim
@@ -206,7 +223,7 @@ class OnnxRuntimeBackend(Backend):
         # np.zeros maps untouched memory lazily (calloc), so only the positions rows write become
         # resident: a capacity of the model's whole context costs nothing until it is used.
         return ArrayStorage(len(self._layer_names), self._nh, self._hd,
-                            lambda shape: np.zeros(shape, self._dtype))
+                            lambda shape: np.zeros(shape, self._dtype), transposed_keys=not self.fused)
 
     def embed(self, input_ids, attention_mask):
         return self._sessions["embed"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
@@ -216,6 +233,11 @@ class OnnxRuntimeBackend(Backend):
             "hidden_states": hidden, "attention_mask": attention_mask,
             "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)
         return out, new_key, new_value
+
+    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None):
+        if self._fused is None:
+            return super().run_layers(cache, start, count, hidden, mask, layers, updates)
+        return self._fused.run(cache, start, count, hidden, mask, layers, updates)
 
     def keep(self, update, out, hidden):
         return np.where(update[:, None, None], out, hidden)

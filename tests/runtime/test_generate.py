@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import runtime
-from runtime.backends.base import run_decode
+from runtime.backends.base import run_decode, run_layers
 from runtime.modeling import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
@@ -79,6 +79,14 @@ class SpyBackend:
         self.calls.append(index)
         self.bound.append((index, *mask.shape))  # (layer, rows, past width + new tokens)
         return self.inner.layer(index, hidden, mask, past_key, past_value)
+
+    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None):
+        if getattr(self.inner, "fused", False):  # its graphs write the cache: the layers are one call
+            for index in layers:
+                self.calls.append(index)
+                self.bound.append((index, *mask.shape))
+            return self.inner.run_layers(cache, start, count, hidden, mask, layers, updates)
+        return run_layers(self, cache, start, count, hidden, mask, layers, updates)  # each through self.layer
 
     def head(self, hidden, rows=None):
         self.calls.append("head")
