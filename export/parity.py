@@ -253,6 +253,63 @@ def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: st
             for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
 
 
+def check_fused(model, spec: GraphSpec, fused: GraphSpec, directory, dtype: str, weights: str, page_size: int):
+    """The fused graph (export.fused) of layer ``spec`` against PyTorch, on ``torch_cases`` (the plain
+    graph's reference outputs, with the graph's own weights when quantized) turned into its inputs by
+    runtime.gqa, as the runtime turns them: its hidden states, and the new K/V it wrote at each
+    row's length of the buffers bound in place, within the float tolerances (numpy's allclose
+    rule); the positions before each row's length must be left as they were. Its products are the
+    plain graph's, whose check judges quantized weights against the checkpoint's: here they are
+    the reference's own (``torch_cases``), so the line reads as a float graph's."""
+    from runtime.compare import ort_session
+    from runtime.gqa import call_inputs
+    from runtime.kvcache import pages_width
+
+    atol, rtol = TOLERANCES[dtype]
+    session = ort_session(Path(directory) / fused.file)
+    max_diff, worst_excess, worst = 0.0, -np.inf, ""
+    for case in torch_cases(model, spec, page_size, directory, weights):
+        hidden, mask = case.inputs["hidden_states"], case.inputs["attention_mask"]
+        R, T = hidden.shape[:2]
+        past = mask[:, :-T]
+        length = np.array([np.flatnonzero(row).max(initial=-1) + 1 for row in past])  # (R,)
+        width = max(past.shape[1], pages_width(int(length.max()) + T, page_size))  # as KVCache.reserve
+        buffers = []
+        for name, transposed in (("past_key", True), ("past_value", False)):
+            given = case.inputs[name].swapaxes(2, 3) if transposed else case.inputs[name]  # (R, nkv, B, hd)
+            buffer = np.zeros(given.shape[:2] + (width, given.shape[3]), given.dtype)
+            buffer[:, :, : given.shape[2]] = given
+            buffers.append(buffer)
+        before = [b.copy() for b in buffers]
+        call = call_inputs(mask, length, T, width)
+        seqlens_k, query_seqlens = call.seqlens(None)
+        binding = session.io_binding()
+        for feed, array in (("hidden_states", hidden), ("attention_bias", call.attention_bias),
+                            ("position_ids", call.position_ids), ("seqlens_k", seqlens_k),
+                            ("total_sequence_length", call.total_sequence_length),
+                            ("query_seqlens", query_seqlens), ("past_key", buffers[0]), ("past_value", buffers[1])):
+            binding.bind_cpu_input(feed, array)
+        out = np.empty_like(hidden)
+        for feed, array in (("hidden_states_out", out), ("present_key", buffers[0]), ("present_value", buffers[1])):
+            binding.bind_output(feed, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        session.run_with_iobinding(binding)
+        rows = np.arange(R)[:, None], length[:, None] + np.arange(T)  # each row's new positions
+        got = [out, *(b.transpose(0, 2, 1, 3)[rows].transpose(0, 2, 1, 3) for b in buffers)]  # (R, nkv, T, hd)
+        where = f"batch {case.batch}, sequence {case.sequence}, past {case.past}"
+        for name, g, e in zip(("hidden_states_out", "new_key", "new_value"), got, case.expected):
+            diff = np.abs(g.astype(np.float32) - e)
+            max_diff = max(max_diff, float(diff.max(initial=0.0)))
+            excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
+            if excess > worst_excess:
+                worst_excess, worst = excess, f"{name} ({where})"
+        for b, old in zip(buffers, before):
+            kept = np.arange(width)[None, :] < length[:, None]  # (R, W): each row's past
+            if not np.array_equal(b.transpose(0, 2, 1, 3)[kept], old.transpose(0, 2, 1, 3)[kept]):
+                worst_excess, worst = np.inf, f"the past K/V before a row's length ({where}): overwritten"
+    passed = bool(np.isfinite(max_diff)) and worst_excess <= 0
+    return GraphCheck(spec.name + ".gqa", max_diff, atol, rtol, passed, worst)
+
+
 def raise_on_failure(results: list[GraphCheck]) -> None:
     failed = [r for r in results if not r.passed]
     if failed:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .graph_ops import MASK_VALUE
+from .kvcache import MASK_VALUE
 
 FUSED_INPUTS = ("hidden_states", "attention_bias", "position_ids", "seqlens_k", "total_sequence_length",
                 "query_seqlens", "past_key", "past_value")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-MASK_VALUE = -65504.0  # torch.finfo(torch.float16).min: finite in fp16 and fp32
+from .kvcache import MASK_VALUE  # noqa: F401  (the graphs' API too)
 _INT64_MAX = 2**63 - 1  # a Slice end meaning "to the end" (ONNX clamps it)
 
 

@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+MASK_VALUE = -65504.0  # the attention score bias of a position the mask excludes: torch.finfo(torch.float16).min,
+# finite in fp16 and fp32, so a row with every position masked gets a uniform softmax, not NaN
+
 
 class KVStorage(ABC):
     """Every layer's K (rows, nh, hd, W) and V (rows, nh, W, hd) on one device."""

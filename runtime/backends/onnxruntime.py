@@ -179,7 +179,7 @@ class OnnxRuntimeBackend(Backend):
             raise ArtifactError("fused=True, but this artifact has no fused layer graphs (export writes "
                                 "them for float32 or MatMulNBits Llama-family artifacts with head_dim a "
                                 "multiple of 16); load with fused=None or rebuild it with `python -m export build`")
-        if fused and not names_only(providers) == ["CPUExecutionProvider"]:
+        if fused and names_only(providers) != ["CPUExecutionProvider"]:
             raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
         self.fused = bool(manifest.fused) and fused is not False and names_only(providers) == ["CPUExecutionProvider"]
         directory = Path(directory)
@@ -229,6 +229,8 @@ class OnnxRuntimeBackend(Backend):
         return self._sessions["embed"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
     def layer(self, index, hidden, attention_mask, past_key, past_value):
+        if self.fused:  # its graphs take other inputs and write the cache themselves
+            raise RuntimeError("this backend runs the fused layer graphs: call run_layers, or load with fused=False")
         out, new_key, new_value = self._sessions[self._layer_names[index]].run(None, {
             "hidden_states": hidden, "attention_mask": attention_mask,
             "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)

@@ -12,8 +12,7 @@ import runtime
 from export.build import BuildOptions, build
 from runtime.errors import ArtifactError, VerificationError
 from runtime.gqa import call_inputs
-from runtime.graph_ops import MASK_VALUE
-from runtime.kvcache import ArrayStorage
+from runtime.kvcache import MASK_VALUE, ArrayStorage
 from tests.conftest import PROMPTS
 from tests.export.test_build_llama import _hf, _hf_generate
 from tests.families import save_tiny_checkpoint
