@@ -32,9 +32,9 @@ class CallInputs:
     _seqlens: dict = field(default_factory=dict)  # update pattern -> (seqlens_k, query_seqlens)
 
     def seqlens(self, update: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """(seqlens_k, query_seqlens), both (R,) int32, for a layer that ``update`` rows run (None:
-        all): a row that skips it keeps its K/V and count (query_seqlens 0)."""
-        key = None if update is None or update.all() else update.tobytes()
+        """(seqlens_k, query_seqlens), both (R,) int32, for a layer that ``update`` (R,) bool rows run
+        (None: all): a row that skips it keeps its K/V and count (query_seqlens 0)."""
+        key = None if update is None else update.tobytes()
         if key not in self._seqlens:
             run = np.ones_like(self.length) if key is None else update.astype(np.int32)
             self._seqlens[key] = ((self.length + self.tokens * run - 1).astype(np.int32),

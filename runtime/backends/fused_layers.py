@@ -55,7 +55,7 @@ class FusedLayers:
         np.copyto(shape.positions, call.position_ids)
         current = hidden
         for k, index in enumerate(layers):
-            update = None if updates is None else updates[k]
+            update = None if updates is None or updates[k].all() else updates[k]  # None: every row runs it
             binding = self._bindings[index]
             if index not in shape.bound:
                 key, value = cache.storage.past(index, start, stop)  # (R, nkv, W, hd) each: the past, and
@@ -78,7 +78,7 @@ class FusedLayers:
             binding.bind_ortvalue_output("hidden_states_out", shape.values[into])
             self._sessions[index].run_with_iobinding(binding)
             out = shape.hidden[into]
-            if update is not None and not update.all():  # rows that skip the layer keep their state
+            if update is not None:  # rows that skip the layer keep their state
                 np.copyto(out, current, where=~update[:, None, None])
             current = out
         # the buffers are the next call's: the caller gets its own
