@@ -23,6 +23,7 @@ from pathlib import Path
 from runtime import cli
 
 STAMP = "bench-stamp.json"
+EXPORT_GENERATION = 2  # 2: the layers' fused graphs for ONNX Runtime (export.fused) beside the plain ones
 
 
 @dataclass
@@ -61,11 +62,13 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
         del model
         gc.collect()
         _stamp(hf_dir, stamp)
-    if not _stamped(artifact_dir, stamp):
+    # the export's own generation too: artifacts made before the layers' fused graphs are rebuilt
+    art_stamp = {**stamp, "export": EXPORT_GENERATION}
+    if not _stamped(artifact_dir, art_stamp):
         log(f"exporting {hf_dir} to {artifact_dir}")
         build(BuildOptions(model=str(hf_dir), out=str(artifact_dir), progress=cli.progress(quiet=False)),
               log=log)
-        _stamp(artifact_dir, stamp)  # the manifest names its files: this one it ignores
+        _stamp(artifact_dir, art_stamp)  # the manifest names its files: this one it ignores
         gc.collect()
     built = {}
     for name in variants:  # quantized exports of the same checkpoint (tools.bench.rows.QUANTIZED)
@@ -74,7 +77,7 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
         layers, head = QUANTIZED[name]
         out = base / f"artifact-{name}"
         # the accuracy level too: artifacts made before the export's default changed are rebuilt
-        vstamp = {**stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
+        vstamp = {**art_stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
