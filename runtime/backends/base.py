@@ -8,6 +8,9 @@ run which layers.
 - ``embed(ids, mask)``, ``head(hidden, rows)``: the embedding and head graphs.
 - ``layer(i, hidden, mask, past_key, past_value)``: run layer graph i over a block of rows whose
   past the cache binds, returning (hidden, new_key, new_value); the cache writes the new K/V.
+- ``run_layers(cache, start, count, hidden, mask, layers, updates)``: a call's layers over a block
+  of rows; by default each through ``layer``, the cache writing its new K/V; the ONNX Runtime
+  backend's fused graphs (export.fused) write the cache themselves and override it.
 - ``keep(update, out, hidden)``: per-row SkipDecode budgets: rows that skip a layer keep their
   hidden state (its cost for them is compute only; the layer's weights are read once for all rows).
 
