@@ -36,6 +36,7 @@ a Transpose node; the quantizer only takes initializers, so those Transposes are
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,10 +105,14 @@ class QuantConfig:
             sizes.append(("attention width (heads x head_dim)", attention))
         bad = [f"{n} {k}" for n, k in sizes if k % self.block_size]
         if bad:
+            common = math.gcd(*(k for _, k in sizes))
+            fit = common & -common  # the largest power of two that divides every size
+            fix = (f"pass --block-size {fit} (or a smaller power of two >= 16)" if fit >= 16 else
+                   f"no block size of 16 or more divides them all (their largest common power of two is "
+                   f"{fit}): this model's weights cannot be quantized block-wise; export them as float")
             raise InvalidArgumentError(
                 f"block_size {self.block_size} does not divide the model's {' and '.join(bad)}: "
-                f"weight-only quantization needs whole blocks along each weight's input dimension; "
-                f"pass --block-size with a power of two that divides them, e.g. 16")
+                f"weight-only quantization needs whole blocks along each weight's input dimension; {fix}")
 
     def manifest_entry(self) -> dict:
         """The manifest's ``weights`` field (empty: float weights, as manifests before it)."""
@@ -222,10 +227,36 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
     finally:
         log.setLevel(level)
     out = quantizer.model.model
+    _axes_as_inputs(out)
     left = [n.name for n, _ in _constant_matmuls(out)]
     if left:  # the quantizer skips what it cannot do with a log line; here that is a bug
         raise InvalidArgumentError(f"ONNX Runtime's quantizer left MatMul(s) {left} unquantized")
     return out
+
+
+# Reductions whose axes became an input at opset 18 (ReduceSum's already at 13)
+_REDUCE_18 = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+              "ReduceLogSumExp", "ReduceSumSquare")
+
+
+def _axes_as_inputs(proto) -> None:
+    """The qdq form's opset 21 (blocked DequantizeLinear), which the quantizer sets without
+    converting the graph: a reduction's ``axes`` attribute becomes its second input there, or ONNX
+    Runtime refuses the graph ("Unrecognized attribute: axes for operator ReduceMean": the Llama
+    family's RMSNorm)."""
+    from onnx import helper, numpy_helper
+
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 18:
+        return
+    for node in proto.graph.node:
+        axes = next((a for a in node.attribute if a.name == "axes"), None)
+        if node.op_type in _REDUCE_18 and axes is not None:
+            name = f"{node.name or node.output[0]}:axes"
+            proto.graph.initializer.append(numpy_helper.from_array(np.array(helper.get_attribute_value(axes),
+                                                                            np.int64), name))
+            node.attribute.remove(axes)
+            node.input.append(name)
 
 
 def _constant_matmuls(proto) -> list[tuple]:

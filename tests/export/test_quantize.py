@@ -181,6 +181,7 @@ def test_cli_weights_block_size_and_errors(ckpt, tmp_path, capsys):
                         "--weights", "int4", "--block-size", "64"]) == 2
     err = capsys.readouterr().err
     assert "block_size 64 does not divide the model's hidden size 32 and embedding width 32" in err
+    assert "pass --block-size 32 (or a smaller power of two >= 16)" in err  # the sizes' own fit
     assert not (tmp_path / "y").exists()
     assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "z"), "-q",
                         "--weights", "int8", "--weights-format", "qdq"]) == 2
@@ -267,3 +268,9 @@ def test_verify_of_a_qdq_artifact_skips_8x_and_warns_on_10_3(ckpt, tmp_path, cap
         "parser has no INT4; not required: the format is for TensorRT 10.3, 11.0;")
     assert "[warn] TensorRT 10.3" in parsers and "[  ok] TensorRT 11.0" in parsers
     assert lines[-1] == "PASSED"
+
+
+def test_a_block_size_no_size_allows_is_named_as_such():
+    with pytest.raises(InvalidArgumentError, match=r"does not divide the model's ffn dim 56: .*no block size of 16 "
+                                                   r"or more divides them all \(their largest common power of two is 8\)"):
+        QuantConfig(weights="int4", block_size=16).check_sizes(64, 56, 64)
