@@ -107,6 +107,8 @@ RULES = [
     ("python -m export build --model OUT", "parse", PLACEHOLDER),
     ("python -m export build --model opt-125m --random-weights", "parse", LONG + " (exports OPT-125m)"),
     ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
+    ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
+     LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
     ("python -m tools.evaluate.perplexity --model smollm2-135m-instruct", "parse", REAL + "; tools.evaluate."
      "perplexity's own tests: tests/tools/test_perplexity.py"),
