@@ -245,8 +245,9 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         if providers is None:  # ops a provider lacks fall back to the CPU, as ORT does by default
             providers = ([(_PROVIDER[kind], {"device_id": self.device_id})] if kind == "cuda" else []) \
                 + ["CPUExecutionProvider"]
+        # the plain layer graphs: this backend's OrtValue storage and helper graphs keep K transposed
         super().__init__(directory, manifest, providers=providers, threads=threads, spin=spin,
-                         huge_pages=huge_pages)
+                         huge_pages=huge_pages, fused=False)
         self._bindings = {name: s.io_binding() for name, s in self._sessions.items()}
         opts = new_session_options(ort)
         opts.log_severity_level = 3

@@ -191,3 +191,19 @@ def test_array_storage_keys_stored_as_values_for_the_fused_graphs():
     k, _ = storage.past(0, 0, 3)
     assert k.shape == (3, 2, 16, 4)
     np.testing.assert_array_equal(k[0, :, 4:7], key[1])
+
+
+def test_verify_passes_and_the_iobinding_backend_reads_the_plain_graphs(exported):
+    """export verify's transformers comparison runs the default backend (the fused graphs); the
+    IOBinding backend (device="cpu") and the torch backend read the plain graphs of the same artifact."""
+    from export.verify import verify
+
+    _, _, art = exported
+    report = verify(art, prompts=PROMPTS, max_new_tokens=8, log=lambda *_: None, progress=False)
+    assert report.passed, "\n".join(report.lines)
+    with runtime.load(art, threads=1, max_batch=4) as fused, \
+            runtime.load(art, device="cpu", threads=1, max_batch=4) as bound, \
+            runtime.load(art, backend="torch", threads=1, max_batch=4) as torch_gen:
+        expected = fused.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids
+        assert bound.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids == expected
+        assert torch_gen.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids == expected
