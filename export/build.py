@@ -189,7 +189,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
                 log(f"  {r.line()}")
             if fused:
                 layers = [s for s in specs if s.name.startswith("layer_")]
-                done = [parity.check_fused(model, s, f, tmp, options.dtype, quant.for_graph(s.name), config.page_size)
+                cases = lambda s: parity.torch_cases(model, s, config.page_size, tmp, quant.for_graph(s.name))  # noqa: E731
+                done = [parity.compare_fused(f, cases(s), tmp, options.dtype, config.page_size)
                         for s, f in tqdm(list(zip(layers, fused)), desc="check fused vs torch", unit="graph",
                                          disable=not options.progress)]
                 for r in done:

@@ -253,9 +253,9 @@ def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: st
             for spec in tqdm(specs, desc="check vs torch", unit="graph", disable=not progress)]
 
 
-def check_fused(model, spec: GraphSpec, fused: GraphSpec, directory, dtype: str, weights: str, page_size: int):
-    """The fused graph (export.fused) of layer ``spec`` against PyTorch, on ``torch_cases`` (the plain
-    graph's reference outputs, with the graph's own weights when quantized) turned into its inputs by
+def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, page_size: int) -> GraphCheck:
+    """The fused graph (export.fused) of a layer against PyTorch, on its plain graph's ``torch_cases``
+    (the reference's outputs, with the graph's own weights when quantized) turned into its inputs by
     runtime.gqa, as the runtime turns them: its hidden states, and the new K/V it wrote at each
     row's length of the buffers bound in place, within the float tolerances (numpy's allclose
     rule); the positions before each row's length must be left as they were. Its products are the
@@ -268,7 +268,7 @@ def check_fused(model, spec: GraphSpec, fused: GraphSpec, directory, dtype: str,
     atol, rtol = TOLERANCES[dtype]
     session = ort_session(Path(directory) / fused.file)
     max_diff, worst_excess, worst = 0.0, -np.inf, ""
-    for case in torch_cases(model, spec, page_size, directory, weights):
+    for case in cases:
         hidden, mask = case.inputs["hidden_states"], case.inputs["attention_mask"]
         R, T = hidden.shape[:2]
         past = mask[:, :-T]
@@ -307,7 +307,7 @@ def check_fused(model, spec: GraphSpec, fused: GraphSpec, directory, dtype: str,
             if not np.array_equal(b.transpose(0, 2, 1, 3)[kept], old.transpose(0, 2, 1, 3)[kept]):
                 worst_excess, worst = np.inf, f"the past K/V before a row's length ({where}): overwritten"
     passed = bool(np.isfinite(max_diff)) and worst_excess <= 0
-    return GraphCheck(spec.name + ".gqa", max_diff, atol, rtol, passed, worst)
+    return GraphCheck(fused.name + ".gqa", max_diff, atol, rtol, passed, worst)
 
 
 def raise_on_failure(results: list[GraphCheck]) -> None:

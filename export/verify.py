@@ -2,7 +2,8 @@
 
 1. the manifest and the sha256 of every file it names;
 2. every graph against the PyTorch module it came from (export.parity: Polygraphy's Comparator with
-   its ONNX Runtime runner, at the export's stated tolerances), and
+   its ONNX Runtime runner, at the export's stated tolerances), the layers' fused variant on the
+   same cases (export.parity.compare_fused), and
    every operator and opset against the TensorRT ONNX parser's supported lists (export.trt_compat);
 3. end to end, batched with left padding: greedy tokens of the ONNX Runtime backend at full depth
    against transformers' ``generate``, with the logits of every step; and under a skip policy,
@@ -62,11 +63,16 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
     results = [parity.compare(spec, torch_side.cases[spec.name], directory, manifest.dtype,
                               manifest.graph_weights(spec.name))
                for spec in tqdm(manifest.graphs, desc="check vs torch", unit="graph", disable=not progress)]
+    # the layers' fused variant (export.fused) on the same cases: judged as float graphs
+    results += [parity.compare_fused(spec, torch_side.cases[spec.name], directory, manifest.dtype, manifest.page_size)
+                for spec in tqdm(manifest.fused, desc="check fused vs torch", unit="graph", disable=not progress)]
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
-    detail = (f"{len(results)} graphs vs PyTorch through Polygraphy {parity.polygraphy_version()} (its ONNX "
-              f"Runtime runner, Comparator.run and compare_accuracy)")
+    detail = (f"{len(results) - len(manifest.fused)} graphs vs PyTorch through Polygraphy "
+              f"{parity.polygraphy_version()} (its ONNX Runtime runner, Comparator.run and compare_accuracy)")
+    if manifest.fused:
+        detail += f", and {len(manifest.fused)} fused layer graphs on the same cases (their K/V bound in place)"
     if floats:
         worst = max(floats, key=lambda r: r.max_abs_diff)
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "

@@ -201,6 +201,8 @@ def test_verify_passes_and_the_iobinding_backend_reads_the_plain_graphs(exported
     _, _, art = exported
     report = verify(art, prompts=PROMPTS, max_new_tokens=8, log=lambda *_: None, progress=False)
     assert report.passed, "\n".join(report.lines)
+    graphs = next(line for line in report.lines if "graphs vs PyTorch" in line)
+    assert "and 5 fused layer graphs on the same cases" in graphs
     with runtime.load(art, threads=1, max_batch=4) as fused, \
             runtime.load(art, device="cpu", threads=1, max_batch=4) as bound, \
             runtime.load(art, backend="torch", threads=1, max_batch=4) as torch_gen:
