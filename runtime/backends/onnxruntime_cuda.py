@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SkipDecodeError
+from ..errors import InvalidArgumentError, SkipDecodeError
 from ..kvcache import KVCache, KVStorage
 from ..manifest import Manifest
 from .base import DecodeStep, run_layers
@@ -230,7 +230,11 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
                  threads: int | None = None, spin: bool = False,
-                 huge_pages: bool = False):
+                 huge_pages: bool = False, fused: bool | None = None):
+        if fused:
+            raise InvalidArgumentError(
+                "fused=True: the IOBinding backend (device=...) runs the plain layer graphs; the fused ones "
+                "run on the CPU backend: runtime.load(A, providers=['CPUExecutionProvider']) (--device cpu)")
         ort = import_ort()
         kind, _, index = str(device).partition(":")
         if kind not in _PROVIDER:

@@ -10,7 +10,7 @@ import pytest
 
 import runtime
 from export.build import BuildOptions, build
-from runtime.errors import ArtifactError, VerificationError
+from runtime.errors import ArtifactError, InvalidArgumentError, VerificationError
 from runtime.gqa import call_inputs
 from runtime.kvcache import MASK_VALUE, ArrayStorage
 from tests.conftest import PROMPTS
@@ -209,3 +209,13 @@ def test_verify_passes_and_the_iobinding_backend_reads_the_plain_graphs(exported
         expected = fused.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids
         assert bound.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids == expected
         assert torch_gen.generate(PROMPTS, NEW, ignore_eos=True, speedup=2).token_ids == expected
+
+
+def test_the_iobinding_backend_takes_fused_false_and_refuses_fused_true(exported):
+    """Where onnxruntime-gpu is installed every load is the IOBinding backend's: fused=False (the
+    default --no-fused passes) must not be an unknown option there, and fused=True says where it runs."""
+    _, _, art = exported
+    with runtime.load(art, device="cpu", threads=1, fused=False) as gen:
+        assert not gen.backend.fused
+    with pytest.raises(InvalidArgumentError, match=r"fused=True: the IOBinding backend .* runs the plain layer graphs"):
+        runtime.load(art, device="cpu", fused=True)
