@@ -159,6 +159,9 @@ def fused_layer(plain, layer, config, spec: GraphSpec, positions: int):
                                       name="/qkv_bias"))
         query = "/qkv_b"
     cos, sin = rope_tables(layer, positions)
+    # GroupQueryAttention's inputs in its order: query (or packed q/k/v), key, value, past_key,
+    # past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
+    # head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens ("": not given)
     gqa_inputs = [query, "", "", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                   const("rope.cos_cache", cos), const("rope.sin_cache", sin), "position_ids", "attention_bias",
                   "", "", "", "", "", "query_seqlens"]
