@@ -300,9 +300,14 @@ def test_a_step_computes_the_rows_that_run_not_the_rows_it_could_hold(artifact_d
         assert {rows for _, rows, _ in spy.bound} == {1}
         assert {len(u) for _, u in spy.updates} == {1}
         spy.bound.clear()
-        short = gen.stream(PROMPTS[1], 3, ignore_eos=True)
-        long = gen.stream(PROMPTS[2], 12, ignore_eos=True)
-        list(short), list(long)
+    gen.close()
+    # both requests queued before the first step (a stepper: no worker thread to race them)
+    gen = runtime.load(artifact_dir, backend=name, max_batch=8, threads=1, **options)
+    with spying(gen) as spy, gen.stepper() as stepper:
+        stepper.add(PROMPTS[1], 3, ignore_eos=True)
+        stepper.add(PROMPTS[2], 12, ignore_eos=True)
+        while not stepper.done:
+            stepper.step()
     decode_rows = [rows for _, rows, width in spy.bound if width % 32 == 1]  # decode: W + 1 columns
     assert max(decode_rows) == 2 and decode_rows[-1] == 1
     gen.close()

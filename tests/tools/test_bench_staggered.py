@@ -11,7 +11,11 @@ def test_it_runs_both_ways_and_prints_their_ratio(artifact_dir, capsys):
                       "{'prefill_chunk': None}")
     sequential, together, gain = [c.strip() for c in out[-1].strip("|").split("|")]
     assert float(sequential) > 0 and float(together) > 0 and gain.endswith("x")
-    assert abs(float(gain[:-1]) - float(sequential) / float(together)) < 0.05 * float(gain[:-1]) + 0.01
+    s, t, g = float(sequential), float(together), float(gain[:-1])
+    # the times print as whole ms: their ratio is the gain's within that rounding (10 / 13 ms read 0.77
+    # for a printed 0.72 on this tiny model), and the gain's own rounding to 0.01
+    rounding = 0.5 / (t - 0.5) * (1 + (s + 0.5) / (t - 0.5)) + 0.005
+    assert abs(g - s / t) <= rounding
 
 
 def test_a_bad_load_option_is_one_line(artifact_dir, capsys):
