@@ -70,8 +70,10 @@ def test_full_depth_equals_transformers_generate(exported):
             np.testing.assert_allclose(a[rows], b.numpy()[rows], atol=1e-4, rtol=0, err_msg=f"step {step}")
 
 
-@pytest.mark.parametrize("options", [dict(), dict(speedup=2), dict(speedup=3, prefill_chunk=2)],
-                         ids=["full", "speedup2", "speedup3-chunks"])
+@pytest.mark.parametrize("options", [dict(), dict(speedup=2), dict(speedup=3, prefill_chunk=2),
+                                     dict(speedup=2, prefill="policy", decay="power"),
+                                     dict(speedup=2, do_sample=True, seed=3)],
+                         ids=["full", "speedup2", "speedup3-chunks", "prefill-policy", "sampling"])
 def test_fused_and_plain_layers_give_the_same_tokens(exported, options):
     """Left-padded prompts of several lengths, rows skipping layers under per-row budgets (a row that
     skips a layer leaves its K/V alone: query_seqlens 0), 40 tokens so the KV width grows a page."""
