@@ -187,11 +187,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
                                        progress=options.progress, weights=quant.for_graph)
             for r in results:
                 log(f"  {r.line()}")
-            if fused:
-                layers = [s for s in specs if s.name.startswith("layer_")]
+            if fused:  # each on its plain layer's cases (specs[1:-1], the layers, as ``fused``)
                 cases = lambda s: parity.torch_cases(model, s, config.page_size, tmp, quant.for_graph(s.name))  # noqa: E731
                 done = [parity.compare_fused(f, cases(s), tmp, options.dtype, config.page_size)
-                        for s, f in tqdm(list(zip(layers, fused)), desc="check fused vs torch", unit="graph",
+                        for s, f in tqdm(list(zip(specs[1:-1], fused)), desc="check fused vs torch", unit="graph",
                                          disable=not options.progress)]
                 for r in done:
                     log(f"  {r.line()}")

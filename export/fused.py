@@ -69,6 +69,11 @@ def why_not(config, dtype: str, weights_format: str) -> str | None:
     return None
 
 
+def file_of(plain_file: str) -> str:
+    """The fused variant's file beside plain layer graph ``plain_file``."""
+    return plain_file.replace(".onnx", SUFFIX)
+
+
 def graph_spec(spec: GraphSpec, kv: int, hd: int) -> GraphSpec:
     """The fused variant's I/O for plain layer graph ``spec``."""
     dims = {"hidden_states": spec.inputs[0].dims, "hidden_states_out": spec.outputs[0].dims,
@@ -78,7 +83,7 @@ def graph_spec(spec: GraphSpec, kv: int, hd: int) -> GraphSpec:
               "query_seqlens": "int32"}
     kv_dims = ["batch", kv, "past_sequence", hd]
     tensor = lambda n: TensorSpec(n, dtypes.get(n, "float32"), dims.get(n, kv_dims))  # noqa: E731
-    return GraphSpec(spec.name, spec.file.replace(".onnx", SUFFIX), [tensor(n) for n in FUSED_INPUTS],
+    return GraphSpec(spec.name, file_of(spec.file), [tensor(n) for n in FUSED_INPUTS],
                      [tensor(n) for n in FUSED_OUTPUTS], spec.data_file)
 
 
@@ -102,10 +107,11 @@ def _parts(node) -> list[str]:
     return [part.removesuffix(TRANSPOSED) for part in name.split(FUSED)]
 
 
-def fused_layer(plain, layer, config, spec: GraphSpec, positions: int):
+def fused_layer(plain, layer, config, spec: GraphSpec):
     """The fused variant (an onnx.ModelProto) of ``plain``, the final plain graph of ``layer``
     (runtime.llama.CachedLlamaLayer) before its weights are externalized: its products are copied
-    with their initializers, so the shared weights file stores them once."""
+    with their initializers, so the shared weights file stores them once. Its RoPE tables cover
+    the checkpoint's max_position_embeddings."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -158,7 +164,7 @@ def fused_layer(plain, layer, config, spec: GraphSpec, positions: int):
         nodes.append(helper.make_node("Add", ["/qkv", const("self_attn.qkv_proj.bias", bias)], ["/qkv_b"],
                                       name="/qkv_bias"))
         query = "/qkv_b"
-    cos, sin = rope_tables(layer, positions)
+    cos, sin = rope_tables(layer, config.max_position_embeddings)
     # GroupQueryAttention's inputs in its order: query (or packed q/k/v), key, value, past_key,
     # past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
     # head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens ("": not given)
@@ -215,4 +221,4 @@ def fused_layer(plain, layer, config, spec: GraphSpec, positions: int):
     return model
 
 
-__all__ = ["SUFFIX", "fused_layer", "graph_spec", "rope_tables", "why_not"]
+__all__ = ["SUFFIX", "file_of", "fused_layer", "graph_spec", "rope_tables", "why_not"]

@@ -67,7 +67,7 @@ class ExportConfig:
         """Why this export writes no fused layer graphs (None: it writes them)."""
         if not self.fused:
             return "not asked for (--no-fused)"
-        layers_format = self.quant.format if self.quant.for_graph("layer_00") != "float" else "matmulnbits"
+        layers_format = self.quant.format if self.quant.weights != "float" else "matmulnbits"
         return fused_layers.why_not(model_config, self.dtype, layers_format)
 
     def __post_init__(self) -> None:
@@ -182,13 +182,13 @@ def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: Expor
         proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)
     fused = None
     if spec.name.startswith("layer_") and config.fused_reason(model.config) is None:
-        fused = fused_layers.fused_layer(proto, module, model.config, spec, model.config.max_position_embeddings)
+        fused = fused_layers.fused_layer(proto, module, model.config, spec)
     if weights is not None:
         weights.externalize(proto)
         if fused is not None:  # the same products' weights: stored once
             weights.externalize(fused)
     onnx.save_model(proto, str(directory / spec.file))
     if fused is not None:
-        onnx.save_model(fused, str(directory / spec.file.replace(".onnx", fused_layers.SUFFIX)))
+        onnx.save_model(fused, str(directory / fused_layers.file_of(spec.file)))
     return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs,
                      weights.name if weights is not None else None)

@@ -162,6 +162,13 @@ def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int, directory: Path
 REFERENCE = "pytorch"  # the runner name of the reference outputs in Polygraphy's results
 
 
+def _diffs(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float]:
+    """(max |got - expected|, how far past the allclose bound atol + rtol * |expected| its worst
+    element is: <= 0 passes)."""
+    diff = np.abs(got - expected)
+    return float(diff.max(initial=0.0)), float((diff - (atol + rtol * np.abs(expected))).max(initial=-np.inf))
+
+
 def _relative_l2(got, expected) -> float:
     got, expected = np.asarray(got, dtype=np.float32), np.asarray(expected, dtype=np.float32)
     if got.shape != expected.shape:
@@ -221,12 +228,10 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
                 raise VerificationError(
                     f"{spec.name}: output {out_spec.name} has shape {g.shape} in ONNX Runtime but "
                     f"{e.shape} in PyTorch for {where}")
-            diff = np.abs(g - e)
-            max_diff = max(max_diff, float(diff.max(initial=0.0)))
+            largest, excess = _diffs(g, e, atol, rtol)
+            max_diff = max(max_diff, largest)
             if case.float_expected is not None:
                 float_rel = max(float_rel, _relative_l2(g, case.float_expected[k]))
-            # how far past the allclose bound the worst element is
-            excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
             if excess > worst_excess:
                 worst_excess, worst = excess, f"{out_spec.name} ({where})"
     passed = passed and bool(np.isfinite(max_diff))
@@ -261,7 +266,6 @@ def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, pa
     rule); the positions before each row's length must be left as they were. Its products are the
     plain graph's, whose check judges quantized weights against the checkpoint's: here they are
     the reference's own (``torch_cases``), so the line reads as a float graph's."""
-    from runtime.compare import ort_session
     from runtime.gqa import call_inputs
     from runtime.kvcache import pages_width
 
@@ -297,9 +301,8 @@ def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, pa
         got = [out, *(b.transpose(0, 2, 1, 3)[rows].transpose(0, 2, 1, 3) for b in buffers)]  # (R, nkv, T, hd)
         where = f"batch {case.batch}, sequence {case.sequence}, past {case.past}"
         for name, g, e in zip(("hidden_states_out", "new_key", "new_value"), got, case.expected):
-            diff = np.abs(g.astype(np.float32) - e)
-            max_diff = max(max_diff, float(diff.max(initial=0.0)))
-            excess = float((diff - (atol + rtol * np.abs(e))).max(initial=-np.inf))
+            largest, excess = _diffs(g.astype(np.float32), e, atol, rtol)
+            max_diff = max(max_diff, largest)
             if excess > worst_excess:
                 worst_excess, worst = excess, f"{name} ({where})"
         for b, old in zip(buffers, before):

@@ -60,16 +60,17 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
 
     from tqdm.auto import tqdm
 
-    results = [parity.compare(spec, torch_side.cases[spec.name], directory, manifest.dtype,
-                              manifest.graph_weights(spec.name))
-               for spec in tqdm(manifest.graphs, desc="check vs torch", unit="graph", disable=not progress)]
+    plain = [parity.compare(spec, torch_side.cases[spec.name], directory, manifest.dtype,
+                            manifest.graph_weights(spec.name))
+             for spec in tqdm(manifest.graphs, desc="check vs torch", unit="graph", disable=not progress)]
     # the layers' fused variant (export.fused) on the same cases: judged as float graphs
-    results += [parity.compare_fused(spec, torch_side.cases[spec.name], directory, manifest.dtype, manifest.page_size)
-                for spec in tqdm(manifest.fused, desc="check fused vs torch", unit="graph", disable=not progress)]
+    results = plain + [
+        parity.compare_fused(spec, torch_side.cases[spec.name], directory, manifest.dtype, manifest.page_size)
+        for spec in tqdm(manifest.fused, desc="check fused vs torch", unit="graph", disable=not progress)]
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
-    detail = (f"{len(results) - len(manifest.fused)} graphs vs PyTorch through Polygraphy "
+    detail = (f"{len(plain)} graphs vs PyTorch through Polygraphy "
               f"{parity.polygraphy_version()} (its ONNX Runtime runner, Comparator.run and compare_accuracy)")
     if manifest.fused:
         detail += f", and {len(manifest.fused)} fused layer graphs on the same cases (their K/V bound in place)"

@@ -179,15 +179,16 @@ class OnnxRuntimeBackend(Backend):
             raise ArtifactError("fused=True, but this artifact has no fused layer graphs (export writes "
                                 "them for float32 or MatMulNBits Llama-family artifacts with head_dim a "
                                 "multiple of 16); load with fused=None or rebuild it with `python -m export build`")
-        if fused and names_only(providers) != ["CPUExecutionProvider"]:
+        cpu_only = names_only(providers) == ["CPUExecutionProvider"]
+        if fused and not cpu_only:
             raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
-        self.fused = bool(manifest.fused) and fused is not False and names_only(providers) == ["CPUExecutionProvider"]
+        use_fused = bool(manifest.fused) and fused is not False and cpu_only
         directory = Path(directory)
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
-        layers = manifest.fused if self.fused else manifest.layers
+        layers = manifest.fused if use_fused else manifest.layers
         graphs = [manifest.head, manifest.embed, *layers]
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
@@ -195,10 +196,15 @@ class OnnxRuntimeBackend(Backend):
         self.huge_page_bytes = hugepages.collapse_new(before)
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
-        self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if self.fused else None
+        self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
         self._nh, self._hd = m.kv_heads, m.head_dim
+
+    @property
+    def fused(self) -> bool:
+        """Whether the layers run as their fused graphs (export.fused)."""
+        return self._fused is not None
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)
