@@ -76,10 +76,11 @@ class CachedLlamaLayer(nn.Module):
         # RoPE as transformers writes it, x * cos + rotate_half(x) * sin with rotate_half(x) =
         # cat(-x2, x1), in fewer graph nodes and the same bits: the halves swapped by one Gather of
         # constant indices, times sin with its first half negated (a product by -1 is exact).
-        half = self.head_dim // 2
-        self.register_buffer("swap_halves", torch.cat([torch.arange(half, 2 * half), torch.arange(half)]),
-                             persistent=False)  # (hd,) int64
-        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # (hd,)
+        # Made where inv_freq is, the weights' device: the torch backend's layers run on a GPU.
+        half, device = self.head_dim // 2, inv_freq.device
+        swap = torch.cat([torch.arange(half, 2 * half, device=device), torch.arange(half, device=device)])
+        self.register_buffer("swap_halves", swap, persistent=False)  # (hd,) int64
+        sign = torch.cat([-torch.ones(half, device=device), torch.ones(half, device=device)])  # (hd,)
         self.register_buffer("sin_scale", sign * self.rope_scale, persistent=False)  # (hd,) fp32
         self.register_buffer("freq", torch.cat([inv_freq, inv_freq]).float(), persistent=False)  # (hd,) fp32
         # Residual dropout, off unless tools.finetune turns it on (training mode only).

@@ -36,6 +36,7 @@ gives the tokens the plain path gives.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,6 +95,10 @@ class CudaGraphCapture:
     def __init__(self, device: torch.device, warmup: int = WARMUP_RUNS):
         self.device, self.warmup = device, warmup
         self.pool = torch.cuda.graph_pool_handle()  # one pool for all graphs: never two at once
+        # PyTorch frees a private pool once the last graph captured into it is gone, and capturing
+        # into the freed handle then fails an allocator assert (seen on an H200: a GraphCache
+        # cleared for new KV buffers, then the next capture): a fresh handle once none is alive.
+        self._alive: weakref.WeakSet = weakref.WeakSet()
 
     def __call__(self, fn: Callable[[], None]) -> Callable[[], None]:
         current = torch.cuda.current_stream(self.device)
@@ -103,9 +108,12 @@ class CudaGraphCapture:
             for _ in range(self.warmup):
                 fn()
         current.wait_stream(side)
+        if not self._alive:
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
+        self._alive.add(graph)
         return graph.replay
 
 

@@ -201,6 +201,25 @@ def test_iobinding_backend_equals_the_plain_one(exported, speedup):
         bound.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device visible to PyTorch on this machine; the CUDA path runs only on a GPU")
+@pytest.mark.parametrize("speedup", [None, 2])
+def test_torch_backend_on_cuda_equals_onnxruntime(exported, speedup):
+    """The torch backend on a GPU, CUDA graphs on by default, at the KV heads: ONNX Runtime's tokens,
+    logits within 1e-4 (fp32 both; cuBLAS and MLAS sum in other orders)."""
+    _, _, art = exported
+    cuda, cpu = runtime.load(art, backend="torch", device="cuda", max_batch=4), runtime.load(art, threads=1, max_batch=4)
+    try:
+        (a, a_logits), (b, b_logits) = _run(cuda, 36, speedup=speedup), _run(cpu, 36, speedup=speedup)
+        assert a.result.token_ids == b.result.token_ids  # 36 new tokens: the width grows a page
+        for x, y in zip(a_logits, b_logits, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-4, rtol=0)
+        assert cuda.backend.graphs.steps, "no step was captured"
+    finally:
+        cuda.close()
+        cpu.close()
+
+
 @pytest.mark.parametrize("flavour", ["trt8.6", "trt10.3"])
 def test_tensorrt_backend_equals_onnxruntime(exported, tmp_path, fake_gpu, flavour):
     """Against the fake TensorRT (tests/engines/fakes.py): engines, buffers and KV cache at the KV heads."""

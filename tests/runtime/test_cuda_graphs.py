@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import runtime
-from runtime.backends.cuda_graphs import (MIN_WIDTH, EagerCapture, GraphCache, GraphKey, batch_bucket,
-                                          default_capture, width_bucket)
+from runtime.backends.cuda_graphs import (MIN_WIDTH, CudaGraphCapture, EagerCapture, GraphCache, GraphKey,
+                                          batch_bucket, default_capture, width_bucket)
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.runtime.test_generate import assert_same_steps
@@ -192,6 +192,30 @@ def test_per_row_budgets_and_skipped_rows_keep_their_kv(artifact_dir, plain):
 
 
 # -- on a GPU --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_steps_are_captured_again_after_every_graph_is_gone_cuda():
+    """PyTorch frees a graph pool with its last graph: capturing after a clear (new KV buffers) or an
+    eviction that left no graph failed an allocator assert on an H200 (python -m tools.bench.gpu's
+    second batch size)."""
+    x = torch.arange(4.0, device="cuda")
+    out = torch.zeros(4, device="cuda")
+
+    class Step:
+        def __init__(self, key):
+            self.scale = key.width
+
+        def run(self):
+            out.copy_(x * self.scale + 1)  # a temporary: the step allocates from the graph's pool
+
+    cache = GraphCache(CudaGraphCapture(torch.device("cuda")), max_steps=1)
+    for width in (32, 64, 32):  # each evicts the only graph there was
+        cache.get(GraphKey((0,), 1, width), Step)[1]()
+        torch.testing.assert_close(out, x * width + 1)
+    cache.clear()
+    cache.get(GraphKey((0,), 1, 128), Step)[1]()
+    torch.testing.assert_close(out, x * 128 + 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
