@@ -37,6 +37,23 @@ def test_step_bytes_counts_active_weights_head_and_kv():
     assert gpu.step_bytes(model, [0, 6, 7], batch=3, past=10) == 3 * layer + head + 3 * kv
 
 
+def test_step_bytes_of_a_llama_shape_counts_its_kv_heads():
+    model = gpu.build_model("smollm2-135m", torch.device("cpu"), torch.float32, 0)
+    body, c = model.model, model.config
+    layer = sum(p.numel() for p in body.layers[0].parameters()) * 4
+    head = (model.lm_head.weight.numel() + c.hidden_size) * 4  # the tied head and the final RMSNorm
+    assert gpu.step_bytes(model, [29], batch=1, past=0) == layer + head
+    kv = 2 * 3 * 64 * 5 * 4  # K and V of 3 KV heads of 64, 5 positions
+    assert gpu.step_bytes(model, [28, 29], batch=2, past=5) == 2 * layer + head + 2 * 2 * kv
+
+
+def test_an_unknown_shape_is_refused_naming_the_known(capsys):
+    with pytest.raises(SystemExit):
+        gpu.main(["--device", "cpu", "--arch", "smollm3"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'smollm3'" in err and "smollm2-135m" in err and "opt-1.3b" in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is visible here")
 def test_cuda_without_a_gpu_says_so(capsys):
     assert gpu.main(["--device", "cuda", "--arch", "tiny-random"]) == 2

@@ -1,8 +1,9 @@
 """``python -m tools.bench.gpu``: the torch backend's decode step on a GPU, with and without CUDA graphs,
 at full depth and under SkipDecode policies, against the device's measured memory-bandwidth floor.
 
-Random weights at the real OPT shapes are built on the device from ``OPTConfig`` (no download, no
-export) and run by ``TorchBackend.from_model``. What is timed is the backend's whole decode step
+Random weights at real shapes are built on the device (no download, no export): OPT's from
+``OPTConfig``, the Llama family's (``smollm2-135m``, ``qwen3-0.6b``, ...) from the published shapes of
+``export.published``; ``TorchBackend.from_model`` runs them. What is timed is the backend's whole decode step
 (``Backend.decode``: embed, the policy's active layers, head, logits of every row back on the
 host, fed back greedily), the step the engine calls; the engine's scheduling, sampling and
 detokenising are left out. Eager and graph steps are timed in interleaved rounds on the same
@@ -26,12 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from export.published import PUBLISHED
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
 PAGE = 32  # the KV width's step, as export's default page_size
 
-ARCHS = ("opt-125m", "opt-1.3b", "tiny-random")
+ARCHS = ("opt-125m", "opt-1.3b", *PUBLISHED, "tiny-random")
 DTYPES = ("float16", "float32")
 
 
@@ -96,28 +98,34 @@ def device_bandwidth(device, mib: int, repeats: int = 5) -> tuple[float, str]:
 
 def step_bytes(model, layers, batch: int, past: int) -> int:
     """Bytes a decode step must read: active layers' weights, the head, the rows' K/V over ``past``."""
-    decoder = model.model.decoder
+    from runtime.families import head_dim, kv_heads
+
+    body = getattr(model.model, "decoder", model.model)  # OPT nests its layers one level deeper
     size = lambda module: sum(p.numel() * p.element_size() for p in module.parameters())  # noqa: E731
-    weights = sum(size(decoder.layers[i]) for i in layers)
-    head = model.lm_head.weight.numel() * model.lm_head.weight.element_size()
-    if decoder.final_layer_norm is not None:
-        head += size(decoder.final_layer_norm)
+    weights = sum(size(body.layers[i]) for i in layers)
+    head = model.lm_head.weight.numel() * model.lm_head.weight.element_size()  # tied or not, it is read
+    norm = getattr(body, "final_layer_norm", None) if hasattr(model.model, "decoder") else body.norm
+    if norm is not None:  # OPT-350m style checkpoints have none
+        head += size(norm)
     config = model.config
     element = model.lm_head.weight.element_size()
-    kv = 2 * batch * len(layers) * config.hidden_size * past * element  # K and V, nh * hd = hidden
+    kv = 2 * batch * len(layers) * kv_heads(config) * head_dim(config) * past * element  # K and V
     return weights + head + kv
 
 
 def build_model(arch: str, device, dtype, seed: int):
     import torch
-    from transformers import OPTForCausalLM
+    from transformers import AutoModelForCausalLM, OPTForCausalLM
 
     from export.checkpoint import random_config
 
     torch.manual_seed(seed)
-    config = random_config(arch, 512)  # the real OPT vocabulary at real shapes, 512 for tiny-random
+    if arch in PUBLISHED:  # a Llama-family shape at its real vocabulary (token ids are not decoded)
+        config, build = PUBLISHED[arch].config(bos=1, eos=2, pad=0), AutoModelForCausalLM.from_config
+    else:  # the real OPT vocabulary at real shapes, 512 for tiny-random
+        config, build = random_config(arch, 512), OPTForCausalLM
     with torch.device(device):  # initialised where it runs: OPT-1.3B in seconds on a GPU
-        model = OPTForCausalLM(config)
+        model = build(config)
     return model.to(dtype).eval()
 
 
@@ -251,7 +259,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.bench.gpu", description=__doc__.split("\n\n")[0])
     cli.add_version(p)
     p.add_argument("--device", default=d.device, help=f"cuda or cpu (default {d.device})")
-    p.add_argument("--arch", nargs="+", default=d.archs, choices=ARCHS, help="shapes (default opt-125m opt-1.3b)")
+    p.add_argument("--arch", nargs="+", default=d.archs, choices=ARCHS, metavar="ARCH",
+                   help=f"shapes, of {', '.join(ARCHS)} (default opt-125m opt-1.3b)")
     p.add_argument("--batch", type=int, nargs="+", default=d.batches, help="batch sizes (default 1 8)")
     p.add_argument("--speedups", type=float, nargs="+", default=d.speedups,
                    help="policies by theoretical speedup, 1 = full depth (default 1 2 3 5)")
