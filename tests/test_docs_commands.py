@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/benchmarks.md", "docs/design.md", "docs/jetson.md", "docs/quality.md", "docs/serving.md",
+DOCS = ["README.md", "docs/benchmarks.md", "docs/benchmarks-gpu.md", "docs/design.md", "docs/jetson.md", "docs/quality.md", "docs/serving.md",
         "models/opt-e2e-skipdecode/README.md", "data/e2e/README.md"]
 START = re.compile(r"(python3? -m |pip |curl |\. )")
 

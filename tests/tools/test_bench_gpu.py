@@ -25,6 +25,19 @@ def test_cpu_dry_run_prints_the_table(tmp_path, capsys):
         floor, eager, graphs = (float(r[k]) for k in (4, 5, 6))
         assert 0 < floor < eager and graphs > 0
     assert [r[10].strip() for r in rows] == ["1.00x", "2.00x", "1.00x", "2.00x"]  # 8 layers: 8 / 4
+    assert {r[12].strip() for r in rows} == {"-"}  # kernels: counted on CUDA only
+    peer = [r[13].strip() for r in rows]  # transformers' generate, at full depth
+    assert peer[1] == peer[3] == "-" and float(peer[0]) > 0 and float(peer[2]) > 0
+    for full, skip in (rows[:2], rows[2:]):  # every row against its batch's transformers figure
+        for r in (full, skip):
+            # within the rounding of the printed ms (3 decimals) and ratio (2)
+            assert float(r[14].strip()[:-1]) == pytest.approx(float(full[13]) / float(r[6]), rel=0.01, abs=0.01)
+
+
+def test_no_transformers_leaves_its_columns_empty(capsys):
+    assert gpu.main(TINY + ["--no-transformers"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 4 and {(r[13].strip(), r[14].strip()) for r in rows} == {("-", "-")}
 
 
 def test_step_bytes_counts_active_weights_head_and_kv():

@@ -13,6 +13,11 @@ The floor of a step is the bytes it must read (the active layers' weights, the h
 row's K/V over its real past) divided by the best bandwidth the device showed: a device-to-device
 copy of ``--bandwidth-mib`` (counted as read + write) or a sum over it (read only), best of 5.
 
+Beside them, on the same weights and prompt: transformers' own ``generate`` (eager, its dynamic
+cache: what a PyTorch user runs first) per decoded token at full depth, and, on CUDA, the kernels
+the graph column's last timed step launched (the profiler's count; that step runs the policy's
+fewest layers), which is what sets a step's time at these sizes, far more than the bytes.
+
 ``--device cpu --arch tiny-random`` runs the same code on the CPU in seconds (its test); there
 the graph column is the static step run eagerly (cuda_graphs.EagerCapture), not a CUDA graph.
 """
@@ -49,6 +54,7 @@ class Options:
     rounds: int = 3  # interleaved eager/graph rounds; the median is reported
     bandwidth_mib: int = 1024  # buffer of the bandwidth measurement: far beyond any cache
     seed: int = 0  # random weights and prompt ids
+    transformers: bool = True  # time transformers' generate at full depth too (the usual PyTorch way)
 
 
 @dataclass
@@ -61,6 +67,8 @@ class Row:
     floor_ms: float  # bytes read per step / measured bandwidth
     eager_ms: float
     graph_ms: float
+    kernels: int | None = None  # kernels one graph step launches (CUDA only: the profiler's count)
+    transformers_ms: float | None = None  # transformers' generate per token, full-depth rows only
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -129,10 +137,10 @@ def build_model(arch: str, device, dtype, seed: int):
     return model.to(dtype).eval()
 
 
-def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int) -> tuple[float, list[int]]:
+def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=None) -> tuple[float, list[int]]:
     """Prefill ``ids`` (untimed) into ``cache``'s rows, then ``new_tokens`` decode steps: (seconds
     per step, layers per step). The rows are released at the end, so the cache (and the CUDA graphs
-    captured over its buffers) serves the next run."""
+    captured over its buffers) serves the next run. ``probe``, a context manager, wraps the last step."""
     from types import SimpleNamespace
 
     from runtime.backends.base import DecodeStep, run_layers
@@ -152,13 +160,47 @@ def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int) -> tuple
         cache.reserve(0, B, 1)
         step = DecodeStep(tokens[:, None].astype(np.int64), cache.mask(0, B, new), layers,
                           [np.ones(B, bool)] * len(layers))
-        tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
+        if probe is not None and g == new_tokens - 1:
+            with probe:
+                tokens = backend.decode(step, cache).argmax(-1)
+        else:
+            tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
         cache.advance(0, B, new)
         counts.append(len(layers))
     seconds = (time.perf_counter() - start) / new_tokens
     for row in reversed(range(B)):
         cache.release(row)
     return seconds, counts
+
+
+def count_kernels(backend, cache, ids, policy, new_tokens: int) -> int:
+    """The CUDA kernels the last decode step of a run launches (a replayed graph's, once captured)."""
+    import torch
+
+    probe = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    run_steps(backend, cache, ids, policy, new_tokens, probe=probe)
+    return sum(1 for e in probe.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def transformers_step(model, ids: np.ndarray, new_tokens: int, rounds: int) -> float:
+    """Seconds per decoded token of transformers' own ``generate`` (eager, its dynamic cache) on the
+    same weights and prompt: the time of ``new_tokens`` + 1 tokens less that of 1 (the prefill and
+    the first token), over ``new_tokens``; the median of ``rounds``."""
+    import torch
+
+    input_ids = torch.from_numpy(ids).to(model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+    def run(n: int) -> float:
+        sync()
+        start = time.perf_counter()
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=model.config.pad_token_id)
+        sync()
+        return time.perf_counter() - start
+
+    run(2)  # warm-up
+    return statistics.median((run(new_tokens + 1) - run(1)) / new_tokens for _ in range(rounds))
 
 
 def measure(options: Options, log=print) -> tuple[list[Row], dict]:
@@ -200,14 +242,19 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                         seconds, counts = run_steps(backend, caches[name], ids, policy, options.new_tokens)
                         if r:
                             times[name].append(seconds)
+                kernels = (count_kernels(graphs, caches["graph"], ids, policy, options.new_tokens)
+                           if device.type == "cuda" else None)
                 layers = statistics.fmean(counts)
                 floor = statistics.fmean(
                     step_bytes(model, policy.active_layers(g), batch, options.prompt + g)
                     for g in range(options.new_tokens)) / bandwidth
                 row = Row(arch, batch, speedup, L / layers, layers, floor * 1e3,
-                          statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3)
+                          statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3, kernels)
+                if speedup == 1 and options.transformers:
+                    row.transformers_ms = transformers_step(model, ids, options.new_tokens, options.rounds) * 1e3
+                peer = "" if row.transformers_ms is None else f", transformers {row.transformers_ms:.2f} ms"
                 log(f"{arch} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
-                    f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms")
+                    f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms{peer}")
                 rows.append(row)
         for backend in (eager, graphs):
             backend.close()
@@ -240,17 +287,22 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
              f"{options.dtype}, prompt {options.prompt}, {options.new_tokens} decode steps, median of "
              f"{options.rounds} interleaved rounds. Speedups are against the same column's full depth.", "",
              f"| shapes | batch | policy | layers/step | floor ms | eager ms | {graph_name} ms | "
-             f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical | "
+             f"kernels, last step | transformers ms | graphs vs transformers |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r.arch, r.batch): r for r in rows if r.speedup == 1}
     for r in rows:
         base = full.get((r.arch, r.batch))
         realised = f"{base.graph_ms / r.graph_ms:.2f}x" if base else "-"
         share = f"{base.graph_ms / r.graph_ms / r.theoretical:.0%}" if base else "-"
         policy = "full" if r.speedup == 1 else f"{r.speedup:g}x"
+        peer = base.transformers_ms if base else None  # a policy row against transformers' full depth
+        peer_ms = "-" if r.transformers_ms is None else f"{r.transformers_ms:.3f}"
+        peer_ratio = "-" if peer is None else f"{peer / r.graph_ms:.2f}x"
         lines.append(f"| {r.arch} | {r.batch} | {policy} | {r.layers:.1f} | {r.floor_ms:.3f} | "
                      f"{r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.graph_ms / r.floor_ms:.2f}x | "
-                     f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} |")
+                     f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} | "
+                     f"{'-' if r.kernels is None else r.kernels} | {peer_ms} | {peer_ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -271,6 +323,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_mib,
                    help=f"bandwidth buffer in MiB (default {d.bandwidth_mib})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
+    p.add_argument("--no-transformers", action="store_true",
+                   help="skip timing transformers' generate at full depth (the table's last columns)")
     p.add_argument("--out", help="also write the table to this Markdown file")
     return p
 
@@ -280,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in args.speedups:
         args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
     options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
-                      args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed)
+                      args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed, not args.no_transformers)
     return cli.run(lambda: _measure_and_print(args, argv, options))
 
 
