@@ -12,6 +12,7 @@ from export import checkpoint
 from export import gguf as gguf_import
 from export.__main__ import main as export_main
 from runtime.errors import CorruptCheckpointError, ModelNotFoundError, UnsupportedModelError
+from tools.bench.gguf_file import write_checkpoint_gguf
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -35,67 +36,6 @@ def write_gguf(path, arch="llama", qtype=Q.Q4_0, file_type=gguf.LlamaFileType.MO
     return path
 
 
-# transformers' module names -> GGUF's tensor names (llama.cpp's gguf-py/gguf/tensor_mapping.py)
-TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
-def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None):
-    """``model`` (a Llama-family transformers model) and ``tokenizer`` (byte-level BPE) as an F32
-    GGUF, as llama.cpp's convert_hf_to_gguf.py writes one: q/k of Llama rows permuted for its
-    RoPE, the tokenizer as tokens, types and merges."""
-    c = model.config
-    arch = c.model_type
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    data = json.loads(tokenizer.backend_tokenizer.to_str())
-    vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
-    special = {t["id"] for t in data["added_tokens"]}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list([token for token, _ in vocab])
-    w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for _, i in vocab])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]])
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
-    w.add_pad_token_id(c.pad_token_id)
-    if eot is not None:
-        w.add_eot_token_id(eot)
-    weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    w.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
-    for i in range(c.num_hidden_layers):
-        for hf_name, name in TENSORS.items():
-            for kind in ("weight", "bias"):
-                t = weights.get(f"model.layers.{i}.{hf_name}.{kind}")
-                if t is None:
-                    continue
-                if arch == "llama" and name in ("attn_q", "attn_k"):  # llama.cpp's LlamaModel.permute
-                    n = c.num_attention_heads if name == "attn_q" else c.num_key_value_heads
-                    t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-                w.add_tensor(f"blk.{i}.{name}.{kind}", np.ascontiguousarray(t))
-    w.add_tensor("output_norm.weight", weights["model.norm.weight"])
-    if not c.tie_word_embeddings:
-        w.add_tensor("output.weight", weights["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @pytest.mark.parametrize("variant", ["smollm2", "qwen2", "qwen3"])
 def test_a_gguf_checkpoint_exports_exactly(tmp_path, recwarn, variant):
     """Llama (q/k permuted in the file, untied head), Qwen2 (q/k/v biases), Qwen3 (q/k norms and a
@@ -108,7 +48,8 @@ def test_a_gguf_checkpoint_exports_exactly(tmp_path, recwarn, variant):
     from tests.families import tiny_model
 
     original = tiny_model(variant)
-    path = write_checkpoint_gguf(original, checkpoint.build_tokenizer(), tmp_path / f"{variant}.gguf", eot=5)
+    path = write_checkpoint_gguf(original, checkpoint.build_tokenizer(), tmp_path / f"{variant}.gguf", eot=5,
+                                 add_bos=False)
     manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
     assert manifest.source["quantization"] == "F32" and manifest.source["file"] == f"{variant}.gguf"
     assert manifest.model.eos_ids == [2, 5]  # EOS and end-of-turn both end a row

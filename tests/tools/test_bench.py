@@ -482,3 +482,98 @@ def test_ortgenai_worker_bench_makes_the_record_every_row_makes(tmp_path, monkey
     stats.round_figures(record, 2)  # what tools.bench makes of it
     with pytest.raises(SystemExit, match=r"GenAI's tokenizer gives the prompts \[1, 3\] tokens"):
         ortgenai_worker.bench({**spec, "prompts": ["a b c", "d"]})
+
+
+# -- the llama.cpp peer ---------------------------------------------------------------------------
+
+
+def test_llamacpp_rows_are_full_depth_peers_run_by_their_worker_in_their_venv(tmp_path):
+    assert rows_mod.parse_backend("llamacpp-q4_0", {}) == [rows_mod.Row("llamacpp-q4_0", None)]
+    with pytest.raises(ValueError, match="llamacpp-q8_0 runs the plain model only: use llamacpp-q8_0 or "):
+        rows_mod.parse_backend("llamacpp-q8_0@2", {})
+    job = runner.Job("smollm2-360m", rows_mod.Shape(1, 32), rows_mod.Row("llamacpp", None), {"k": 1}, "/venv/python")
+    assert runner.command(job) == ["/venv/python", str(runner.LLAMACPP_WORKER), "bench", '{"k": 1}']
+    assert rows_mod.VENV_PEERS["llamacpp-q4_0"] == "llamacpp" and venv.LLAMACPP.system_site_packages
+    env = venv.ensure(tmp_path / "venv", create=False, peer=venv.LLAMACPP)
+    assert not env.available and "no virtual environment" in env.reason
+
+
+def test_llamacpp_is_refused_for_opt_before_anything_is_built(tmp_path):
+    from tools.bench.prepare import Prepared, prepare_llamacpp
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "opt"}))
+    found, reason = prepare_llamacpp(Prepared("opt-125m", hf, tmp_path / "art", {}), "/nowhere/python",
+                                     runner.LLAMACPP_WORKER, "q4_0", 2)
+    assert found is None and reason == "llama.cpp rows run the Llama family (llama, qwen2, qwen3); opt-125m is 'opt'"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # nothing written
+
+
+def _tiny_gguf(tmp_path):
+    from export.checkpoint import build_tokenizer
+    from tests.families import tiny_model
+    from tools.bench.gguf_file import write_checkpoint_gguf
+
+    model = tiny_model("smollm2")
+    return model, write_checkpoint_gguf(model, build_tokenizer(), tmp_path / "tiny.gguf")
+
+
+def test_gguf_weight_bytes_are_layer_zero_and_the_head_as_stored(tmp_path):
+    from tools.bench.gguf_file import weight_bytes
+
+    model, path = _tiny_gguf(tmp_path)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters()) * 4  # F32
+    head = (model.lm_head.weight.numel() + model.config.hidden_size) * 4  # untied here: output.weight, and the norm
+    assert not model.config.tie_word_embeddings and weight_bytes(path) == (layer, head)
+
+
+class _FakeLlama:
+    """llama_cpp.Llama as llamacpp_worker.bench uses it: every token is 7, forever."""
+
+    def __init__(self, model_path, **options):
+        self.options = options
+        self.metadata = {"general.architecture": "llama", "llama.block_count": "5"}
+
+    def tokenize(self, text):
+        return [1, *range(len(text.split()))]
+
+    def generate(self, ids, top_k, temp, reset):
+        assert top_k == 1 and temp == 0.0 and reset
+        while True:
+            yield 7
+
+
+def test_llamacpp_worker_bench_makes_the_record_every_row_makes(tmp_path, monkeypatch):
+    import importlib.metadata
+    import types
+
+    from tools.bench import llamacpp_worker
+
+    _, path = _tiny_gguf(tmp_path)
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=_FakeLlama))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "1.0")
+    spec = {"llamacpp_gguf": str(path), "prompts": ["a b c"], "new_tokens": 6, "warmup_tokens": 2, "threads": 2}
+    record = llamacpp_worker.bench(spec)
+    assert record["generated_tokens"] == 6 and record["prompt_tokens"] == 4  # its own tokenizer's BOS counted
+    assert len(record["step_s"]) == 5 and record["layers_per_step"] == [5] * 5
+    assert record["versions"] == {"llama-cpp-python": "1.0"}
+    from tools.bench.gguf_file import weight_bytes
+
+    assert record["weight_bytes"] == list(weight_bytes(path))
+    stats.round_figures(record, 1)  # what tools.bench makes of it
+    with pytest.raises(SystemExit, match="llama-cpp-python's Llama decodes one sequence; this row has 2"):
+        llamacpp_worker.bench({**spec, "prompts": ["a", "b"]})
+
+
+def test_a_row_whose_record_states_its_weight_bytes_gets_its_floor_from_them():
+    data = _data([(1, "llamacpp-q4_0", None, 1.0, 0.02, 24), (1, "ort", None, 1.0, 0.29, 24)])
+    for o in data["outcomes"]:
+        if o["key"][3] == "llamacpp-q4_0":
+            o["record"]["weight_bytes"] = [LAYER // 7, HEAD // 7]
+    rows = {r.backend: r for r in results.build_rows(data)}
+    ours, theirs = rows["ort"], rows["llamacpp-q4_0"]
+    kv = results.row_kv_bytes("llamacpp-q4_0", data["models"]["opt-1.3b"], 1, 32, 11)
+    assert theirs.floor_s == pytest.approx((24 * (LAYER // 7 + kv) + HEAD // 7) / 1e10)
+    assert ours.floor_s > theirs.floor_s
+    assert kv == results.row_kv_bytes("hf", data["models"]["opt-1.3b"], 1, 32, 11) / 2  # its cache is f16

@@ -68,7 +68,7 @@ def test_fine_tuning_starts_from_a_gguf_file(tmp_path):
     lays it out) trains, and the checkpoint it writes exports."""
     from export.build import BuildOptions, build
     from export.checkpoint import build_tokenizer
-    from tests.export.test_gguf import write_checkpoint_gguf
+    from tools.bench.gguf_file import write_checkpoint_gguf
 
     gguf = write_checkpoint_gguf(tiny_model("qwen3"), build_tokenizer(), tmp_path / "tiny.gguf")
     out = train(_config(gguf, tmp_path, epochs=1, speedups=(1.0, 2.0), horizon=6))

@@ -2,7 +2,8 @@
 
 One interleaved run on the same weights, prompts and thread settings: transformers generate,
 this project's torch and ONNX Runtime backends at full depth and under SkipDecode policies,
-Optimum's ORTModelForCausalLM and ONNX Runtime GenAI at fp32 and int4 (each in its own venv).
+Optimum's ORTModelForCausalLM, ONNX Runtime GenAI at fp32 and int4 and llama.cpp at F32, Q8_0 and
+Q4_0 (each in its own venv).
 Writes a Markdown page and a PNG plot.
 """
 
@@ -20,7 +21,7 @@ from runtime.errors import SkipDecodeError
 from . import bandwidth as bandwidth_mod
 from . import machine, prepare, report, results, rows as rows_mod, targets as targets_mod, venv
 from .prompts import make_prompts
-from .runner import OPTIMUM_WORKER, ORTGENAI_WORKER, Job, run_all, schedule
+from .runner import LLAMACPP_WORKER, OPTIMUM_WORKER, ORTGENAI_WORKER, Job, run_all, schedule
 
 ARCHS = ("opt-125m", "opt-1.3b", "tiny-random", "qwen3-0.6b", "smollm2-360m")  # random weights at these shapes
 OVERRIDABLE = ("batch", "prompt", "backends", "speedups", "torch_speedups")
@@ -67,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ortgenai-python", help="python of an environment with onnxruntime-genai (default: "
                                              "create WORK_DIR/ortgenai-venv over this environment's packages)")
     p.add_argument("--no-ortgenai-venv", action="store_true", help="never create the ONNX Runtime GenAI venv")
+    p.add_argument("--llamacpp-python", help="python of an environment with llama-cpp-python (default: create "
+                                             "WORK_DIR/llamacpp-venv over this environment's packages; it "
+                                             "compiles llama.cpp, ~25 min on 2 cores)")
+    p.add_argument("--no-llamacpp-venv", action="store_true", help="never create the llama.cpp venv")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as failed (default 900)")
     p.add_argument("--render", metavar="RESULTS_JSON",
                    help="re-render the page and plot from a saved run's raw results; measures nothing")
@@ -143,9 +148,10 @@ def measure(args, argv: list[str], log) -> dict:
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
     data["bandwidth"] = bandwidth_mod.as_record(bandwidth_mod.measure(args.threads))
 
-    envs = {}  # peer key ("optimum", "ortgenai") -> its venv.PeerEnv, for the peers the rows need
+    envs = {}  # peer key ("optimum", "ortgenai", "llamacpp") -> its venv.PeerEnv, for the peers the rows need
     for key, peer, python, no_venv in (("optimum", venv.OPTIMUM, args.optimum_python, args.no_optimum_venv),
-                                       ("ortgenai", venv.ORTGENAI, args.ortgenai_python, args.no_ortgenai_venv)):
+                                       ("ortgenai", venv.ORTGENAI, args.ortgenai_python, args.no_ortgenai_venv),
+                                       ("llamacpp", venv.LLAMACPP, args.llamacpp_python, args.no_llamacpp_venv)):
         if any(rows_mod.VENV_PEERS.get(row.backend) == key for _, _, row in planned):
             env = envs[key] = venv.ensure(work / peer.directory, python, create=not no_venv, log=log, peer=peer)
             data[key] = {"available": env.available, "python": env.python, "versions": env.versions,
@@ -170,6 +176,9 @@ def measure(args, argv: list[str], log) -> dict:
                 peer_dirs[backend] = (None, env.reason)
             elif backend == "optimum":
                 peer_dirs[backend] = prepare.prepare_optimum(prepared, env.python, OPTIMUM_WORKER, args.seed, log=log)
+            elif backend in rows_mod.LLAMACPP:
+                peer_dirs[backend] = prepare.prepare_llamacpp(prepared, env.python, LLAMACPP_WORKER,
+                                                              rows_mod.LLAMACPP[backend], args.threads, args.seed, log=log)
             else:
                 peer_dirs[backend] = prepare.prepare_ortgenai(prepared, env.python, ORTGENAI_WORKER,
                                                               rows_mod.ORTGENAI[backend], args.threads, args.seed, log=log)
@@ -187,11 +196,15 @@ def measure(args, argv: list[str], log) -> dict:
             spec = {"kind": row.backend, "hf_dir": str(prepared.hf_dir), "artifact_dir": str(artifact),
                     "optimum_dir": str(peer_dir) if row.backend == "optimum" and peer_dir else None,
                     "ortgenai_dir": str(peer_dir) if row.backend in rows_mod.ORTGENAI and peer_dir else None,
+                    "llamacpp_gguf": str(peer_dir) if row.backend in rows_mod.LLAMACPP and peer_dir else None,
+                    "context": shape.prompt + args.warmup_tokens + args.max_new_tokens + 8,
                     "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
                     "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens,
                     "threads": args.threads, "pad_token_id": info["pad_token_id"],
                     "policy": policy.to_dict() if row.backend in rows_mod.RUNTIME else None}
             unavailable = peer_reason if row.backend in peer_dirs and not peer_dir else ""
+            if row.backend in rows_mod.LLAMACPP and shape.batch != 1 and not unavailable:
+                unavailable = "llama-cpp-python's Llama decodes one sequence: its rows run at batch 1 only"
             env = envs.get(rows_mod.VENV_PEERS.get(row.backend))
             jobs.append(Job(arch, shape, row, spec, env.python if env else None, unavailable))
             data["jobs"].append({"arch": arch, "batch": shape.batch, "prompt": shape.prompt,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from runtime import cli
 
+from .gguf_file import ARCHITECTURES
+
 STAMP = "bench-stamp.json"
 EXPORT_GENERATION = 2  # 2: the layers' fused graphs for ONNX Runtime (export.fused) beside the plain ones
 
@@ -146,6 +148,21 @@ def prepare_ortgenai(prepared: Prepared, python: str, worker: Path, precision: s
     return _peer_export(out, stamp, [python, str(worker), "build", str(prepared.hf_dir), str(out), "--precision",
                                      precision, "--threads", str(threads)],
                         f"ONNX Runtime GenAI build ({precision})", log, timeout)
+
+
+def prepare_llamacpp(prepared: Prepared, python: str, worker: Path, kind: str, threads: int,
+                     seed: int = 0, log=print, timeout: float = 3600) -> tuple[Path | None, str]:
+    """llama.cpp's GGUF of the same checkpoint at ``kind`` (f32, or quantized by llama.cpp from it):
+    (the file, "") or (None, why not)."""
+    model_type = json.loads((prepared.hf_dir / "config.json").read_text())["model_type"]
+    if model_type not in ARCHITECTURES:
+        return None, f"llama.cpp rows run the Llama family ({', '.join(ARCHITECTURES)}); {prepared.arch} is {model_type!r}"
+    out = prepared.hf_dir.parent / f"llamacpp-{kind}"
+    stamp = {"arch": prepared.arch, "seed": seed, "python": python, "type": kind}
+    found, reason = _peer_export(out, stamp, [python, str(worker), "build", str(prepared.hf_dir), str(out), "--type",
+                                              kind, "--threads", str(threads)],
+                                 f"llama.cpp GGUF ({kind})", log, timeout)
+    return (found / "model.gguf" if found else None), reason
 
 
 def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=()) -> Prepared:

@@ -116,6 +116,7 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         f"onnxruntime {v['onnxruntime']}, transformers {v['transformers']}, numpy {v['numpy']}.",
         peer_line("Optimum", data.get("optimum", {})),
         *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
+        *([peer_line("llama.cpp", data["llamacpp"])] if "llamacpp" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
         f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at the real OPT shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and Optimum's "

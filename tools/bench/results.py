@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from runtime.kvcache import bound_width
 
 from . import stats
-from .rows import FULL_ONLY, ORTGENAI, QUANTIZED, RUNTIME
+from .rows import FULL_ONLY, LLAMACPP, ORTGENAI, QUANTIZED, RUNTIME
 
 PAGE_SIZE = 32  # runtime rows' KV page when a run's model info predates recording it
 
@@ -52,12 +52,14 @@ def build_rows(data: dict) -> list[ResultRow]:
         row = ResultRow(job["arch"], job["batch"], job["prompt"], job["backend"], job["speedup"],
                         job.get("policy"), model["num_layers"], job["theoretical"],
                         reason=job.get("unavailable", ""))
-        rounds, errors = [], []
+        rounds, errors, stored = [], [], None
         for o in data["outcomes"]:
             if tuple(o["key"]) != key:
                 continue
             if o.get("record"):
                 rounds.append(stats.round_figures(o["record"], job["batch"]))
+                # a peer whose file says what it stores (llama.cpp's GGUF types) over the formula's
+                stored = o["record"].get("weight_bytes", stored)
             elif o.get("error"):
                 errors.append(o["error"])
         if rounds:
@@ -66,7 +68,7 @@ def build_rows(data: dict) -> list[ResultRow]:
                 row.reason = f"{len(errors)} round(s) failed: {errors[0]}"
         elif errors and not row.reason:
             row.reason = errors[0]
-        layer, head = row_weight_bytes(row.backend, model)
+        layer, head = stored or row_weight_bytes(row.backend, model)
         if row.figures:
             kv = row_kv_bytes(row.backend, model, job["batch"], job["prompt"],
                               data["settings"]["new_tokens"])
@@ -93,7 +95,7 @@ def build_rows(data: dict) -> list[ResultRow]:
 def row_kv_bytes(backend: str, model: dict, batch: int, prompt: int, new_tokens: int) -> float:
     """K/V bytes one active layer reads per decode step, the mean over the steps: the peers read
     each row's past exactly; this project's rows bind whole pages of it (runtime.kvcache)."""
-    size = 2 if model.get("dtype") == "float16" else 4
+    size = 2 if model.get("dtype") == "float16" or backend in LLAMACPP else 4  # llama.cpp's cache: f16
     steps = range(max(new_tokens - 1, 1))  # decode step g runs token g with a past of prompt + g
     if backend in RUNTIME:
         page = model.get("page_size", PAGE_SIZE)

@@ -27,6 +27,9 @@ BACKENDS = {
     "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block 32)",
     "ortgenai": "ONNX Runtime GenAI, fp32 (its model builder, `-e cpu`: fused QKV, GroupQueryAttention)",
     "ortgenai-int4": "ONNX Runtime GenAI, int4 (its builder: MatMulNBits, block 32, symmetric, accuracy level 4)",
+    "llamacpp": "llama.cpp (llama-cpp-python), F32 GGUF of the checkpoint",
+    "llamacpp-q8_0": "llama.cpp, Q8_0 (its quantizer, from the F32 GGUF)",
+    "llamacpp-q4_0": "llama.cpp, Q4_0 (its quantizer, from the F32 GGUF)",
 }
 # The quantized rows run their own export of the same checkpoint: backend -> (layers, head) weights
 # (export.build.BuildOptions.weights / head_weights).
@@ -34,8 +37,11 @@ QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "o
              "ort-int8head": ("float", "int8")}
 # ONNX Runtime GenAI's rows: backend -> its builder's precision (tools/bench/ortgenai_worker.py)
 ORTGENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
-FULL_ONLY = ("hf", "optimum", *ORTGENAI)  # peers: the plain model only
-VENV_PEERS = {"optimum": "optimum", **{b: "ortgenai" for b in ORTGENAI}}  # backend -> the venv its worker runs in
+# llama.cpp's rows: backend -> the GGUF's type (tools/bench/llamacpp_worker.py)
+LLAMACPP = {"llamacpp": "f32", "llamacpp-q8_0": "q8_0", "llamacpp-q4_0": "q4_0"}
+FULL_ONLY = ("hf", "optimum", *ORTGENAI, *LLAMACPP)  # peers: the plain model only
+VENV_PEERS = {"optimum": "optimum", **{b: "ortgenai" for b in ORTGENAI},
+              **{b: "llamacpp" for b in LLAMACPP}}  # backend -> the venv its worker runs in
 RUNTIME = ("torch", "ort", "ort-spin", "ort-nospin", *QUANTIZED)  # this project's runtime: SkipDecode policies apply
 ORT = ("ort", "ort-spin", "ort-nospin", *QUANTIZED)
 

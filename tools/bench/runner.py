@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rows import ORTGENAI
+from .rows import LLAMACPP, ORTGENAI
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIMUM_WORKER = Path(__file__).resolve().parent / "optimum_worker.py"
 ORTGENAI_WORKER = Path(__file__).resolve().parent / "ortgenai_worker.py"
+LLAMACPP_WORKER = Path(__file__).resolve().parent / "llamacpp_worker.py"
 
 
 @dataclass
@@ -62,6 +63,8 @@ def command(job: Job) -> list[str]:
         return [job.python, str(OPTIMUM_WORKER), "measure", spec]
     if job.row.backend in ORTGENAI:
         return [job.python, str(ORTGENAI_WORKER), "bench", spec]
+    if job.row.backend in LLAMACPP:
+        return [job.python, str(LLAMACPP_WORKER), "bench", spec]
     return [sys.executable, "-m", "tools.bench.worker", spec]
 
 

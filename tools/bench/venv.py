@@ -4,9 +4,11 @@
 * ONNX Runtime GenAI: its wheel alone, over this environment's packages (``--system-site-packages``:
   its model builder reads the checkpoint with the torch and transformers already here, and it runs
   on the same onnxruntime as this project's rows).
+* llama.cpp: llama-cpp-python alone, over this environment's packages likewise (its worker writes
+  the GGUF with the gguf package and transformers already here).
 
 The tool creates a peer's venv (once) or is pointed at one (``--optimum-python``,
-``--ortgenai-python``); when neither works the peer's rows are reported unavailable with the reason.
+``--ortgenai-python``, ``--llamacpp-python``); when neither works the peer's rows are reported unavailable with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ OPTIMUM = Peer("Optimum", "optimum-venv", ("optimum-onnx", "onnxruntime", "trans
                "optimum.onnxruntime", ("optimum-onnx", "onnxruntime", "transformers", "torch"))
 ORTGENAI = Peer("ONNX Runtime GenAI", "ortgenai-venv", ("onnxruntime-genai",), "onnxruntime_genai",
                 ("onnxruntime-genai", "onnxruntime", "transformers", "torch"), system_site_packages=True)
+# llama-cpp-python compiles llama.cpp when installed (~25 min on 2 cores); over this environment's
+# packages, since its worker writes the GGUF with the transformers and gguf already here.
+LLAMACPP = Peer("llama.cpp", "llamacpp-venv", ("llama-cpp-python",), "llama_cpp", ("llama-cpp-python",),
+                system_site_packages=True)
 DEFAULT_DIR = Path(".bench") / OPTIMUM.directory
 
 
