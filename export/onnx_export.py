@@ -38,7 +38,7 @@ from runtime.families import head_dim, kv_heads
 from runtime.kvcache import bound_width
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
-from runtime.modeling import SkipOPT, graph_module
+from runtime.skip_model import SkipModel, graph_module
 
 from . import fused as fused_layers
 from .quantize import QuantConfig, quantize_graph
@@ -83,7 +83,7 @@ class ExportConfig:
         return torch.float16 if self.dtype == "float16" else torch.float32
 
 
-def graph_specs(model: SkipOPT, dtype: str) -> list[GraphSpec]:
+def graph_specs(model: SkipModel, dtype: str) -> list[GraphSpec]:
     """The I/O of every graph, as the manifest records it (the page size is not in any shape: the
     bound past width, past_sequence, is a dynamic dim; the manifest's kv_cache records the page)."""
     c = model.config
@@ -106,7 +106,7 @@ def graph_specs(model: SkipOPT, dtype: str) -> list[GraphSpec]:
     return specs
 
 
-def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, past: int,
+def example_inputs(model: SkipModel, spec: GraphSpec, batch: int, sequence: int, past: int,
                    page_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random inputs for ``spec`` as a runtime binds them: ``past`` valid positions at the front of
     a past ``past_sequence`` wide (``runtime.kvcache.bound_width``: whole pages of ``page_size``
@@ -137,7 +137,7 @@ def example_inputs(model: SkipOPT, spec: GraphSpec, batch: int, sequence: int, p
     return out
 
 
-def export_graph(model: SkipOPT, spec: GraphSpec, directory: Path, config: ExportConfig,
+def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: ExportConfig,
                  weights: SharedWeights | None = None) -> GraphSpec:
     """Trace one graph into ``directory/spec.file``, its large weights into ``weights`` (the
     artifact's shared file; None keeps them inside the graph); returns the spec with data_file set

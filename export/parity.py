@@ -41,7 +41,7 @@ from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
 if TYPE_CHECKING:
-    from runtime.modeling import SkipOPT
+    from runtime.skip_model import SkipModel
 
 # (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds
 # every matmul to 11 bits of mantissa, so hidden states of magnitude ~10 move by ~1e-2.
@@ -126,7 +126,7 @@ def with_graph_weights(module, path: Path):
     return module, error
 
 
-def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int, directory: Path | None = None,
+def torch_cases(model: SkipModel, spec: GraphSpec, page_size: int, directory: Path | None = None,
                 weights: str = "float") -> list[Case]:
     """Run the PyTorch module behind ``spec`` on every shape of ``CASES``, the past bound in whole
     pages of ``page_size`` (the artifact's ``kv_cache.page_size``). ``weights`` int8/int4: also the
@@ -134,7 +134,7 @@ def torch_cases(model: SkipOPT, spec: GraphSpec, page_size: int, directory: Path
     module's outputs kept as ``float_expected``."""
     import torch
 
-    from runtime.modeling import graph_module
+    from runtime.skip_model import graph_module
 
     from .onnx_export import example_inputs
 
@@ -243,12 +243,12 @@ def compare(spec: GraphSpec, cases: list[Case], directory: Path, dtype: str,
     return GraphCheck(spec.name, max_diff, atol, rtol, passed, worst, weights, float_rel, tolerance, weight_error)
 
 
-def check_graph(model: SkipOPT, spec: GraphSpec, directory: Path, dtype: str,
+def check_graph(model: SkipModel, spec: GraphSpec, directory: Path, dtype: str,
                 weights: str = "float", *, page_size: int) -> GraphCheck:
     return compare(spec, torch_cases(model, spec, page_size, directory, weights), directory, dtype, weights)
 
 
-def check_all(model: SkipOPT, specs: list[GraphSpec], directory: Path, dtype: str, *, page_size: int,
+def check_all(model: SkipModel, specs: list[GraphSpec], directory: Path, dtype: str, *, page_size: int,
               progress: bool = False, weights=lambda name: "float") -> list[GraphCheck]:
     """``weights(graph name)``: "float", "int8" or "int4" (``Manifest.graph_weights``);
     ``page_size``: the artifact's KV page, the step of the past widths the checks bind."""

@@ -158,7 +158,7 @@ def head_dim(config) -> int:
 
 
 def skip_model(hf_model):
-    """The skip-aware reference of any supported checkpoint (SkipOPT, SkipLlama)."""
+    """The skip-aware reference of any supported checkpoint (a runtime.skip_model.SkipModel)."""
     return family_of(hf_model.config).skip_model(hf_model)
 
 

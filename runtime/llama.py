@@ -25,7 +25,7 @@ from torch import nn
 
 from .families import head_dim, kv_heads
 from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
-from .modeling import SkipOPT
+from .skip_model import SkipModel
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -161,25 +161,18 @@ def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:
     return rotary.inv_freq.to(device if not device.type == "meta" else "cpu"), rotary.attention_scaling
 
 
-class SkipLlama(SkipOPT):
+class SkipLlama(SkipModel):
     """A Llama-family causal LM split into embed / layers / head, run under a SkipDecode policy.
 
-    ``forward`` and ``greedy`` are SkipOPT's; the layers are the graphs' own (rows layout), so the
-    past is K (B, nkv, hd, P) and V (B, nkv, P, hd), and ``extend_past`` appends each call's positions."""
+    The layers are the graphs' own (rows layout), so the past is K (B, nkv, hd, P) and V (B, nkv,
+    P, hd), and ``extend_past`` appends each call's positions."""
 
     def __init__(self, hf_model: nn.Module):
-        nn.Module.__init__(self)
         config = hf_model.config
         inv_freq, scaling = _rope(hf_model)
-        self.config = config
-        self.embed = LlamaEmbed(hf_model.model)
-        self.layers = nn.ModuleList(CachedLlamaLayer(layer, config, inv_freq, scaling)
-                                    for layer in hf_model.model.layers)
-        self.head = LlamaHead(hf_model.model, hf_model.lm_head)
-        self.eval()
-
-    def graph_layer(self, index: int) -> nn.Module:
-        return self.layers[index]
+        super().__init__(config, LlamaEmbed(hf_model.model),
+                         [CachedLlamaLayer(layer, config, inv_freq, scaling) for layer in hf_model.model.layers],
+                         LlamaHead(hf_model.model, hf_model.lm_head))
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nkv, hd = kv_heads(self.config), head_dim(self.config)

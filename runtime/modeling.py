@@ -4,7 +4,8 @@ The decoder math is reimplemented on the Hugging Face modules' own weights, so i
 transformers' changing cache API and is exactly what gets traced into the per-layer ONNX graphs:
 ``OPTEmbed``, ``CachedOPTLayer`` (an ``OPTLayer`` reading its past from rows of a KV buffer) and
 ``OPTHead`` each become one graph, with the KV cache as explicit inputs and outputs. ``SkipOPT``
-strings them together under a ``SkipPolicy`` and is the reference every backend is checked against.
+strings them together under a ``SkipPolicy`` (runtime.skip_model.SkipModel, the base every
+family's reference shares) and is the reference every backend is checked against.
 
 It lives in ``runtime`` (imported only by the torch backend, so only with torch) because the
 runtime's torch backend runs these layers; ``export`` traces them.
@@ -16,14 +17,12 @@ attention scores get ``MASK_VALUE`` (runtime.graph_ops), which is finite in fp16
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
-from .policy import SkipPolicy
+from .skip_model import SkipModel
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
 
@@ -182,43 +181,22 @@ class OPTHead(nn.Module):
         return unflatten_rows(logits, hidden)  # (B, T, V)
 
 
-@dataclass
-class ReferenceOutput:
-    """What ``SkipOPT.greedy`` produced, for comparison with other backends."""
-
-    tokens: torch.Tensor  # (B, N) generated ids, pad_token_id after a row finished
-    step_logits: list[torch.Tensor] = field(default_factory=list)  # N x (B, V), fp32
-    step_layers: list[tuple[int, ...]] = field(default_factory=list)  # layers run by decode step g
-
-
-class SkipOPT(nn.Module):
+class SkipOPT(SkipModel):
     """OPTForCausalLM split into embed / layers / head, run under a SkipDecode policy."""
 
     def __init__(self, hf_model: nn.Module):
-        super().__init__()
         config = hf_model.config
         if getattr(config, "model_type", None) != "opt":
             raise TypeError(f"SkipOPT needs an OPT model, got model_type={config.model_type!r}")
         decoder = hf_model.model.decoder
-        self.config = config
-        self.embed = OPTEmbed(decoder)
-        self.layers = nn.ModuleList(
-            OPTLayer(layer, config.num_attention_heads, config.do_layer_norm_before)
-            for layer in decoder.layers)
-        self.head = OPTHead(decoder, hf_model.lm_head)
-        self.eval()
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
+        super().__init__(config, OPTEmbed(decoder),
+                         [OPTLayer(layer, config.num_attention_heads, config.do_layer_norm_before)
+                          for layer in decoder.layers],
+                         OPTHead(decoder, hf_model.lm_head))
 
     def graph_layer(self, index: int) -> nn.Module:
-        """The module layer ``index``'s graph is traced from (and the torch backend runs)."""
+        """The graphs read their past from rows of a KV buffer (CachedOPTLayer)."""
         return CachedOPTLayer(self.layers[index])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.head.lm_head.weight.dtype
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nh = self.config.num_attention_heads
@@ -226,56 +204,8 @@ class SkipOPT(nn.Module):
         empty = torch.zeros(batch, nh, 0, hd, dtype=self.dtype)  # (B, nh, 0, hd)
         return empty, empty.clone()
 
-    @torch.no_grad()
-    def forward(self, input_ids, attention_mask, past=None, active=None):
-        """Run ``input_ids`` through the layers in ``active`` (default: all).
-
-        ``past`` is a list of per-layer (key, value) or None; layers not in ``active`` keep theirs
-        untouched. Returns fp32 logits (B, T, V) and the updated past.
-        """
-        B = input_ids.shape[0]
-        past = list(past) if past is not None else [self.empty_past(B) for _ in self.layers]
-        active = range(self.num_layers) if active is None else active
-        hidden = self.embed(input_ids, attention_mask)
-        for i in active:
-            hidden, k, v = self.layers[i](hidden, attention_mask, *past[i])
-            past[i] = self.extend_past(past[i], k, v)
-        return self.head(hidden).float(), past
-
     def extend_past(self, past: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor, value: torch.Tensor):
-        """A layer's past after a call: OPTLayer returns its whole K/V already."""
+        """OPTLayer returns its whole K/V already."""
         return key, value
 
-    @torch.no_grad()
-    def greedy(self, input_ids, attention_mask, max_new_tokens: int, policy: SkipPolicy | None = None,
-               eos_token_id: int | list[int] | None = None, pad_token_id: int = 1) -> ReferenceOutput:
-        """Greedy decoding under ``policy``: the prompt runs its prefill layers, step g its active set."""
-        policy = policy or SkipPolicy.full_depth(self.num_layers)
-        logits, past = self(input_ids, attention_mask, active=policy.prefill_layers())
-        out = ReferenceOutput(tokens=input_ids.new_zeros((input_ids.shape[0], 0)))
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool)
-        eos = None if eos_token_id is None else torch.tensor(eos_token_id).reshape(-1)  # one id or several (Llama 3 Instruct's)
-        for g in range(max_new_tokens):
-            last = logits[:, -1, :]  # (B, V)
-            token = torch.where(finished, pad_token_id, last.argmax(-1))  # (B,)
-            out.step_logits.append(last)
-            out.tokens = torch.cat([out.tokens, token[:, None]], dim=1)
-            if eos is not None:
-                finished |= torch.isin(token, eos)
-            if g == max_new_tokens - 1 or bool(finished.all()):
-                break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(token), 1))], 1)
-            active = policy.active_layers(g)
-            out.step_layers.append(active)
-            logits, past = self(token[:, None], attention_mask, past, active)
-        return out
 
-
-def graph_module(model: SkipOPT, name: str) -> nn.Module:
-    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from, for any family
-    (runtime.families: SkipOPT or runtime.llama.SkipLlama)."""
-    if name == "embed":
-        return model.embed
-    if name == "head":
-        return model.head
-    return model.graph_layer(int(name.split("_")[1]))

@@ -71,7 +71,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     ``hf_config/`` with every weight taken from the artifact's graphs."""
     from transformers import AutoConfig
 
-    from ..modeling import graph_module
+    from ..skip_model import graph_module
 
     if manifest.quantized:  # its graphs hold packed integer weights, not the modules' state_dict
         raise ArtifactError(

@@ -85,3 +85,22 @@ def test_manifest_model_before_the_llama_family_reads_as_opt():
     info = ModelInfo(**old)
     assert (info.architecture, info.kv_heads) == ("opt", 4)
     assert ModelInfo(**old, architecture="qwen3", num_kv_heads=1).kv_heads == 1
+
+
+@pytest.mark.parametrize("variant", ["opt", *VARIANTS])
+def test_every_family_reference_is_a_skip_model_built_through_its_base(variant):
+    """One neutral base (runtime.skip_model): no family's reference skips another's __init__."""
+    from runtime.skip_model import SkipModel, graph_module
+    from tests.conftest import tiny_config as tiny_opt_config
+
+    if variant == "opt":
+        from transformers import OPTForCausalLM
+
+        model = OPTForCausalLM(tiny_opt_config("pre_ln")).eval()
+    else:
+        model = tiny_model(variant)
+    ref = skip_model(model)
+    assert isinstance(ref, SkipModel) and type(ref).__mro__[1] is SkipModel
+    assert ref.config is model.config and not ref.training
+    assert ref.num_layers == model.config.num_hidden_layers and ref.dtype == torch.float32
+    assert graph_module(ref, "embed") is ref.embed and graph_module(ref, "head") is ref.head

@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from runtime.modeling import SkipOPT
+from runtime.skip_model import SkipModel
 from runtime.policy import SkipPolicy
 
 
@@ -43,7 +43,7 @@ def _step_table(policy: SkipPolicy, steps: int) -> torch.Tensor:
     return table
 
 
-def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def skip_forward(model: SkipModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  mask: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of the whole sequence, each position through the layers ``mask`` gives it.
 
@@ -64,7 +64,7 @@ def skip_forward(model: SkipOPT, input_ids: torch.Tensor, attention_mask: torch.
     return model.head(hidden)  # (B, T, V)
 
 
-def set_dropout(model: SkipOPT, p: float) -> None:
+def set_dropout(model: SkipModel, p: float) -> None:
     """Dropout on the embeddings and each layer's residual branches, in training mode only (as
     transformers' OPT applies ``config.dropout``)."""
     for layer in model.layers:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from export.build import swap_into_place
 from export.checkpoint import SKIPDECODE_JSON
 from runtime.families import skip_model
-from runtime.modeling import SkipOPT
+from runtime.skip_model import SkipModel
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
@@ -117,7 +117,7 @@ def _schedule(cfg: TrainConfig, total_steps: int):
     return factor
 
 
-def masked_loss(model: SkipOPT, batch, policies) -> tuple[torch.Tensor, int]:
+def masked_loss(model: SkipModel, batch, policies) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of ``batch``, each row under its policy."""
     mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1]).to(batch.input_ids.device)
     logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
@@ -127,7 +127,7 @@ def masked_loss(model: SkipOPT, batch, policies) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def evaluate_loss(model: SkipOPT, items: list[Encoded], sampler: PolicySampler, pad_id: int,
+def evaluate_loss(model: SkipModel, items: list[Encoded], sampler: PolicySampler, pad_id: int,
                   batch_size: int, device) -> dict[str, float]:
     """Validation loss per policy of the sampler: {"2x": loss, ...}."""
     was_training = model.training
