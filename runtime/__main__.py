@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from . import cli
 from .backends import BACKENDS
@@ -71,6 +72,9 @@ def _parser():
     e = p.add_argument_group("when a row ends")
     e.add_argument("--stop", action="append", metavar="TEXT", help="stop string, kept in the output; repeatable")
     e.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens tokens even after EOS")
+    e.add_argument("--json-schema", metavar="SCHEMA",
+                   help="the text must be JSON matching this JSON schema: inline JSON, or a file holding it; "
+                        "'{\"type\": \"object\"}' for any JSON object (needs llguidance: the [json] extra)")
     out = p.add_argument_group("output (stdout: the texts; stderr: the policy and the run's figures)")
     mode = out.add_mutually_exclusive_group()
     mode.add_argument("--stream", action="store_true",
@@ -143,7 +147,7 @@ def _run(args) -> int:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         config = GenerationConfig(args.max_new_tokens, speedup=args.speedup, policy=policy, decay=args.decay,
                                   exponent=args.exponent, prefill=args.prefill, ignore_eos=args.ignore_eos,
-                                  stop_strings=args.stop, **sampling)
+                                  stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
         result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)
     finally:
         gen.close()
@@ -165,6 +169,17 @@ def _run(args) -> int:
           f"{s.achieved_layer_ratio:.2f}x, prefill {s.prefill_seconds * 1e3:.1f} ms, decode "
           f"{s.decode_tokens_per_second:.1f} tokens/s", file=sys.stderr)
     return 0
+
+
+def _json_schema(value: str | None):
+    """--json-schema: inline JSON, else the path of a file holding it."""
+    if value is None or value.lstrip().startswith("{"):
+        return value  # the runtime parses it and says what is wrong
+    path = Path(value)
+    if not path.is_file():
+        raise InvalidArgumentError(f"--json-schema {value!r} is neither a JSON object nor a file; pass the schema "
+                                   f"inline ('{{\"type\": \"object\"}}') or the path of a .json file")
+    return path.read_text(encoding="utf-8")
 
 
 def _print_json(prompts, result, weights: str) -> None:

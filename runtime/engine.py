@@ -132,6 +132,7 @@ class Sequence:
     text: str = ""
     reason: str | None = None  # why it stopped: "eos", "stop" or "length"
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
+    matcher: object = None  # runtime.structured.RowMatcher of a constrained row
 
 
 @dataclass(eq=False)
@@ -148,6 +149,7 @@ class Request:
     detok: list[IncrementalDetokenizer]
     logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
     config: GenerationConfig | None = None  # what it was made from, as the caller gave it
+    constraint: object = None  # runtime.structured.Constraint: every row's output matches its schema
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -158,6 +160,9 @@ class Request:
         # A random stream per row: a row samples what it would alone, wherever it is seated.
         seeds = np.random.SeedSequence(self.sampling.seed).spawn(B)
         self.seqs = [Sequence(self, b, np.random.default_rng(seeds[b])) for b in range(B)]
+        if self.constraint is not None:
+            for s in self.seqs:
+                s.matcher = self.constraint.matcher()
         self.stats = GenerationStats(0, B, T0, 0)
         self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 
@@ -434,12 +439,15 @@ class Engine:
                 logits[b] = s.logits
                 detok, before = r.detok[b], s.text
                 scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
+                if s.matcher is not None:
+                    scores = s.matcher.mask(scores)  # only what keeps the text on its schema
                 token = int(select(scores[None, :], r.sampling, s.rng)[0])
+                complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)
                 if r.logprobs is not None:
                     event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
                     r.token_logprobs[b].append(event.logprobs[b])
                 delta = detok.add(token)
-                if token in r.eos or last:
+                if token in r.eos or last or complete:
                     delta += detok.flush()
                 text = before + delta
                 hit = _first_stop(text, r.stops, len(before))
@@ -447,7 +455,8 @@ class Engine:
                     text += detok.flush()
                 event.token_ids[b], event.texts[b] = token, text[len(before):]
                 s.text, s.token, s.logits = text, token, None
-                reason = "eos" if token in r.eos else "stop" if hit is not None else "length" if last else None
+                reason = ("eos" if token in r.eos else "stop" if hit is not None or complete
+                          else "length" if last else None)
                 if reason is not None:
                     s.reason = event.finish_reasons[b] = reason
                     if s.row >= 0:

@@ -8,7 +8,7 @@ field here, its use (the engine, the sampler), and the flags that spell it (CLI,
 
 The checks that need no model run here (types and ranges, as the sampler's own); those that need
 one (a policy against its layer count, EOS ids and logprobs against its vocabulary, the prompt's
-length against the context) run in ``Generator.request``.
+length against the context, a JSON schema compiled over its tokenizer) run in ``Generator.request``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class GenerationConfig:
     eos_token_id: int | Sequence[int] | None = None  # None: every EOS id the model names
     ignore_eos: bool = False  # generate max_new_tokens even past EOS (benchmarks)
     stop_strings: str | Sequence[str] | None = None  # kept in the text, as transformers
+    # -- what the output must be
+    json_schema: Any = None  # a JSON schema (dict, or its JSON text) the text must match; None: free text
     # -- what a result records
     logprobs: int | None = None  # k: each token's log-probability and its k most likely; None: none
 

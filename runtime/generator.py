@@ -20,6 +20,7 @@ from .manifest import Manifest, load_manifest
 from .policy import SkipPolicy
 from .generation_config import FIELDS, GenerationConfig
 from .stats import GenerationResult, TokenEvent
+from .structured import Structured
 from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
@@ -108,6 +109,9 @@ class Generator:
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
                              max_queue, prefill_chunk)
+        # json_schema's compiler, over the artifact's tokenizer; llguidance loads on the first schema
+        self.structured = Structured(self.directory / manifest.tokenizer_dir / "tokenizer.json",
+                                     manifest.model.vocab_size, manifest.model.eos_ids)
 
     @property
     def num_layers(self) -> int:
@@ -151,6 +155,7 @@ class Generator:
                                        f"got {c.logprobs!r}")
         chosen = self.policy_for(max_new_tokens, c.policy, c.speedup, decay=c.decay, exponent=c.exponent,
                                  prefill=c.prefill)
+        constraint = None if c.json_schema is None else self.structured.compile(c.json_schema)
         if ids is not None:
             width = max(map(len, ids))
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -169,7 +174,8 @@ class Generator:
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
         return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
-                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c)
+                       [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c,
+                       constraint=constraint)
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).

@@ -134,3 +134,33 @@ def test_the_openai_client_chats(generator):
                                              temperature=0)
     answer = out.choices[0].message.content
     assert "Paris" in answer and out.choices[0].finish_reason == "stop", answer
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "city": {"enum": ["Paris", "London", "Madrid"]},
+                         "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}}
+
+
+def test_the_openai_client_gets_schema_valid_json(generator):
+    """response_format json_schema through the official client, the real model, full depth and 2x
+    (untrained for skipping: the content is its own, the shape is the schema's)."""
+    openai = pytest.importorskip("openai")
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+    from runtime.serve import ServeConfig, create_app
+    from tests.runtime.serve_helpers import LiveServer
+
+    question = [{"role": "user", "content": "Ann is 31, lives in Paris and likes chess. Describe her as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    app = create_app(generator, ServeConfig(close_generator=False, model_name=ALIAS))
+    with LiveServer(app) as live, openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0,
+                                                timeout=120) as client:
+        for speedup in (None, 2):
+            out = client.chat.completions.create(model=ALIAS, messages=question, max_tokens=80, temperature=0,
+                                                 response_format=fmt, extra_body={"speedup": speedup})
+            answer = json.loads(out.choices[0].message.content)
+            jsonschema.validate(answer, PERSON)
+            assert out.choices[0].finish_reason == "stop"
+            if speedup is None:  # at full depth the model reads the question
+                assert answer["name"] == "Ann" and answer["age"] == 31 and answer["city"] == "Paris", answer

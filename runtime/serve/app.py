@@ -238,6 +238,8 @@ class CompletionServer:
             raise RequestError(str(exc).replace("max_new_tokens", "max_tokens"), "max_tokens",
                                code="context_length_exceeded") from exc
         except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
+            if str(exc).startswith("json_schema"):  # the library's word on the response_format's schema
+                raise RequestError(str(exc), "response_format", code="invalid_json_schema") from exc
             raise RequestError(str(exc), "prompt" if "prompt" in str(exc) else None) from exc
 
     async def _complete(self, request: Request, stream: GenerationStream, timer: RequestTimer,

@@ -20,6 +20,7 @@ from ..generation_config import GenerationConfig
 from ..policy import SkipPolicy
 from ..sampling import PENALTY_RANGE
 from ..stats import GenerationResult, TokenLogprob
+from ..structured import JSON_OBJECT
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 # SkipPolicy's fields a request may set; decay/exponent/prefill: the shape options (runtime.policy)
@@ -67,6 +68,7 @@ class CompletionRequest:
     logprobs: int | None = None  # per generated token: its log-probability and the k most likely
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    json_schema: dict | None = None  # response_format's schema: every choice's text is JSON matching it
 
     @property
     def rows(self) -> list:
@@ -80,7 +82,8 @@ class CompletionRequest:
                                 temperature=1.0 if greedy else self.temperature, top_k=self.top_k,
                                 top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
                                 stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
-                                frequency_penalty=self.frequency_penalty, logprobs=self.logprobs)
+                                frequency_penalty=self.frequency_penalty, logprobs=self.logprobs,
+                                json_schema=self.json_schema)
 
 
 # Fields OpenAI defines that this server accepts only at their neutral value: the message says why.
@@ -91,7 +94,7 @@ _NEUTRAL = {
 _IGNORED = {"user"}  # accepted and not used, as many OpenAI-compatible servers do
 _COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed",
            "stop", "ignore_eos", "speedup", "policy", "logit_bias", "n", "presence_penalty",
-           "frequency_penalty", "logprobs", *_IGNORED}
+           "frequency_penalty", "logprobs", "response_format", *_IGNORED}
 _KNOWN = {"prompt", "echo", *_COMMON, *_NEUTRAL}
 MAX_LOGPROBS = 5  # OpenAI's limit of a completion's logprobs
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit of a chat completion's top_logprobs
@@ -291,7 +294,28 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
         speedup = default_speedup
     return CompletionRequest(prompts, max_tokens, stream, include_usage, temperature, top_p, top_k,
                              seed, stops, ignore_eos, None if speedup is None else float(speedup), policy,
-                             n=n, **penalties, **extra)
+                             n=n, **penalties, json_schema=_response_format(body.get("response_format")), **extra)
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's response_format: None or {"type": "text"} (free text), {"type": "json_object"}, or
+    {"type": "json_schema", "json_schema": {"name", "schema", ...}}: the schema the text must match."""
+    kinds = ('{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+             '{"name": ..., "schema": {...}}}')
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError(f"response_format must be {kinds}, got {value!r}", "response_format")
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return dict(JSON_OBJECT)
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise RequestError(f"response_format.json_schema must be an object with a \"schema\" object, got {spec!r}",
+                           "response_format.json_schema")
+    # OpenAI's name and strict change nothing here: every schema is enforced token by token
+    return spec.get("schema", {})
 
 
 def policy_error_param(message: str, request: CompletionRequest) -> str:

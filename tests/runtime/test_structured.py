@@ -1,0 +1,162 @@
+"""Structured output (runtime.structured, llguidance): every constrained text parses and validates
+against its schema, at full depth and under a skip policy, beside free rows; the errors say what
+was wrong; the server's response_format and the CLI's --json-schema reach the same path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import runtime
+from runtime.errors import InvalidArgumentError
+from tests.conftest import PROMPTS
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+
+SCHEMAS = {
+    "enum and integer range": {"type": "object", "required": ["color", "n"], "additionalProperties": False,
+                               "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                              "n": {"type": "integer", "minimum": 3, "maximum": 9}}},
+    "nested object and array": {"type": "object", "required": ["u", "t"], "additionalProperties": False,
+                                "properties": {"u": {"type": "object", "required": ["id", "ok"],
+                                                     "additionalProperties": False,
+                                                     "properties": {"id": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 99},
+                                                                    "ok": {"type": "boolean"}}},
+                                               "t": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                     "minItems": 1, "maxItems": 2}}},
+    "any object": {"type": "object"},
+}
+NEW = 50  # enough for the schemas' documents (bounded: enums, ranges, maxLength), within the tiny models' 64 positions
+
+
+@pytest.fixture(scope="module")
+def gen(artifact_dir):
+    g = runtime.load(artifact_dir, max_batch=4, check_hashes=False)
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize("speedup", [None, 2])
+@pytest.mark.parametrize("name", ["enum and integer range", "nested object and array"])
+def test_every_constrained_text_validates(gen, name, speedup):
+    schema = SCHEMAS[name]
+    result = gen.generate(PROMPTS, NEW, json_schema=schema, speedup=speedup)
+    for text, reason in zip(result.texts, result.finish_reasons):
+        assert reason == "stop", (text, reason)  # the document completed: the row ended there
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_sampled_rows_validate_too(gen):
+    schema = {"type": "object", "required": ["word"], "additionalProperties": False,
+              "properties": {"word": {"type": "string", "maxLength": 12}}}
+    result = gen.generate(PROMPTS, NEW, json_schema=json.dumps(schema), do_sample=True, seed=3, top_k=0)
+    for text in result.texts:
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_constrained_and_free_requests_share_the_batch(gen):
+    alone = gen.generate(PROMPTS[:1], 12, ignore_eos=True)
+    free = gen.stream(PROMPTS[:1], 12, ignore_eos=True)
+    constrained = gen.stream(PROMPTS[1:3], NEW, json_schema=SCHEMAS["enum and integer range"])
+    for _ in constrained:
+        pass
+    for _ in free:
+        pass
+    assert free.result.token_ids == alone.token_ids  # a free row beside constrained ones: unchanged
+    for text in constrained.result.texts:
+        jsonschema.validate(json.loads(text), SCHEMAS["enum and integer range"])
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "strin"}, "json_schema cannot be compiled: "),
+    ("{not json", "json_schema is not valid JSON: "),
+    ([1, 2], "json_schema must be a JSON schema (an object), got list"),
+])
+def test_a_bad_schema_is_refused_before_any_work(gen, schema, message):
+    with pytest.raises(InvalidArgumentError) as err:
+        gen.generate(PROMPTS[0], 4, json_schema=schema)
+    assert str(err.value).startswith(message)
+
+
+def test_without_llguidance_the_error_names_the_extra(gen, monkeypatch):
+    from runtime.structured import Structured
+
+    monkeypatch.setitem(sys.modules, "llguidance", None)
+    fresh = Structured(gen.structured.tokenizer_json, gen.structured.vocab_size, gen.structured.eos_ids)
+    with pytest.raises(InvalidArgumentError, match=r"json_schema needs llguidance.*pip install 'skipdecode-edge\[json\]'"):
+        fresh.compile({"type": "object"})
+
+
+def test_the_cli_takes_a_schema_file(artifact_dir, tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMAS["enum and integer range"]))
+    done = subprocess.run([sys.executable, "-m", "runtime", str(artifact_dir), PROMPTS[0], "--json-schema",
+                           str(schema), "--max-new-tokens", str(NEW), "--no-check-hashes", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    jsonschema.validate(json.loads(json.loads(done.stdout)["text"]), SCHEMAS["enum and integer range"])
+    done = subprocess.run([sys.executable, "-m", "runtime", str(artifact_dir), "x", "--json-schema", "nosuch.json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "error: --json-schema 'nosuch.json' is neither a JSON object nor a file; pass the schema inline "
+        "('{\"type\": \"object\"}') or the path of a .json file")
+
+
+# -- the server's response_format ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(gen):
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from runtime.serve import ServeConfig, create_app
+    from tests.runtime.serve_helpers import LiveServer
+
+    with LiveServer(create_app(gen, ServeConfig(close_generator=False))) as live:
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            yield client
+
+
+@pytest.mark.parametrize("fmt, schema", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMAS["enum and integer range"]}},
+     SCHEMAS["enum and integer range"]),
+    ({"type": "json_object"}, {"type": "object"}),
+])
+def test_response_format_constrains_every_choice(server, gen, fmt, schema):
+    # json_object: any object; a random model might nest for long, so its text is checked as far as it got
+    r = server.post("/v1/completions", json={"prompt": PROMPTS[:2], "max_tokens": NEW, "temperature": 0,
+                                             "response_format": fmt})
+    assert r.status_code == 200, r.text
+    expected = gen.generate(PROMPTS[:2], NEW, json_schema=schema)
+    choices = r.json()["choices"]
+    assert [c["text"] for c in choices] == expected.texts  # the API's path is the Python API's
+    for c in choices:
+        if c["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(c["text"]), schema)
+        else:
+            assert fmt["type"] == "json_object" and c["text"].startswith("{")
+
+
+@pytest.mark.parametrize("fmt, param, words", [
+    ({"type": "xml"}, "response_format", 'response_format must be {"type": "text"}, {"type": "json_object"} or'),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}, "response_format.json_schema",
+     'must be an object with a "schema" object'),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "response_format",
+     "json_schema cannot be compiled: "),
+])
+def test_bad_response_formats_get_a_400_that_says_why(server, fmt, param, words):
+    r = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4, "response_format": fmt})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
+def test_response_format_text_is_free_text(server, gen):
+    r = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0,
+                                             "ignore_eos": True, "response_format": {"type": "text"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == gen.generate(PROMPTS[0], 6, ignore_eos=True).texts[0]
