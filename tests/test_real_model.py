@@ -137,9 +137,10 @@ def test_the_openai_client_chats(generator):
 
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+          "properties": {"name": {"type": "string", "maxLength": 24},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
                          "city": {"enum": ["Paris", "London", "Madrid"]},
-                         "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3}}}
+                         "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 24}, "maxItems": 3}}}
 
 
 def test_the_openai_client_gets_schema_valid_json(generator):
@@ -157,7 +158,7 @@ def test_the_openai_client_gets_schema_valid_json(generator):
     with LiveServer(app) as live, openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0,
                                                 timeout=120) as client:
         for speedup in (None, 2):
-            out = client.chat.completions.create(model=ALIAS, messages=question, max_tokens=80, temperature=0,
+            out = client.chat.completions.create(model=ALIAS, messages=question, max_tokens=120, temperature=0,
                                                  response_format=fmt, extra_body={"speedup": speedup})
             answer = json.loads(out.choices[0].message.content)
             jsonschema.validate(answer, PERSON)
