@@ -53,7 +53,8 @@ HELPS = [("runtime.__main__", []), ("export.__main__", ["build"]), ("export.__ma
          ("tools.evaluate.cli", []), ("tools.finetune.cli", []), ("tools.trtexec.cli", []),
          ("tools.e2e.__main__", ["split"]), ("tools.e2e.__main__", ["init"]), ("tools.e2e.__main__", ["distill"]),
          ("tools.bench.memory", []), ("tools.bench.startup", []), ("tools.bench.slots", []),
-         ("tools.bench.gap", []), ("tools.bench.context", []), ("tools.bench.serving", []), ("tools.bench.gpu", [])]
+         ("tools.bench.gap", []), ("tools.bench.context", []), ("tools.bench.serving", []), ("tools.bench.gpu", []),
+         ("tools.bench.structured", [])]
 
 
 def _help(module, argv, monkeypatch) -> dict[str, str]:

@@ -118,9 +118,9 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
         *([peer_line("llama.cpp", data["llamacpp"])] if "llamacpp" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
-        f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at the real OPT shapes, seed "
-        f"{data['settings']['seed']}; every row runs the same weights (the artifact and Optimum's "
-        f"export are both made from one saved checkpoint).",
+        f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at each architecture's real shapes, seed "
+        f"{data['settings']['seed']}; every row runs the same weights (the artifact and each peer's "
+        f"export, build or GGUF are all made from one saved checkpoint).",
         f"- {data['settings']['rounds']} rounds; each round runs every row once, in a shuffled order "
         f"(seeded per round); each run is a fresh process (so peak RSS is per row) that loads the "
         f"model, generates {data['settings']['warmup_tokens']} tokens to warm up, then the timed "
