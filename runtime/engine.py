@@ -46,6 +46,7 @@ from .errors import SkipDecodeError
 from .generation_config import GenerationConfig
 from .kvcache import KVCache
 from .policy import SkipPolicy
+from .prefix_cache import PrefixCache
 from .sampling import SamplingConfig, penalize, select, token_logprob
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 
@@ -190,8 +191,10 @@ class Engine:
     """The scheduler and decode loop over a KV cache. It talks to the backend only through ``Backend``."""
 
     def __init__(self, backend: Backend, num_layers: int, max_batch: int, capacity: int, page: int,
-                 max_queue: int | None = None, prefill_chunk: int | str | None = AUTO):
+                 max_queue: int | None = None, prefill_chunk: int | str | None = AUTO,
+                 prefix_cache: PrefixCache | None = None):
         self.backend, self.num_layers = backend, num_layers
+        self.prefix_cache = prefix_cache  # prompt prefixes' K/V for rows that start with them; None: off
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
@@ -333,6 +336,19 @@ class Engine:
         first = int(np.argmax(mask.any(axis=0)))  # the columns every seated row pads are cut
         self.prefill = Prefill(r, seqs, r.input_ids[picked, first:], mask[:, first:])
         self.cache.seat(seqs)
+        if self._reuses(r, k):
+            found = self.prefix_cache.lookup(self.prefill.input_ids[0])
+            if found is not None:  # the prompt's first pages ran before: their K/V, and the rest runs
+                blob, cached = found
+                self.cache.restore(seqs[0].row, blob, cached)
+                self.prefill.done = cached
+                r.stats.cached_tokens += cached
+
+    def _reuses(self, r: Request, rows: int) -> bool:
+        """Whether a prefill of ``rows`` rows of ``r`` takes and leaves prefixes (runtime.prefix_cache:
+        one row, every layer run)."""
+        return (self.prefix_cache is not None and rows == 1
+                and len(r.policy.prefill_layers()) == self.num_layers)
 
     def _end(self, request: Request, outcome) -> None:
         """Free the request's rows and deliver ``outcome`` (a result, an exception, or None)."""
@@ -384,6 +400,11 @@ class Engine:
         if auto:  # whole prompts too: the fit needs their sizes
             self.chunk_costs.add(chunk, seconds)
         if logits is not None:
+            if self._reuses(r, k):  # leave its whole pages for the rows that start with them
+                cached = self.prefix_cache.wants(p.input_ids[0])
+                blob = cache.snapshot(start, cached) if cached else None
+                if blob is not None:
+                    self.prefix_cache.store(p.input_ids[0, :cached], blob)
             with self.lock:
                 self.prefill = None
                 cache.promote()

@@ -6,6 +6,7 @@ A Generator is thread-safe: every ``generate``/``stream`` call becomes a request
 from __future__ import annotations
 
 import queue
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,6 +22,8 @@ from .policy import SkipPolicy
 from .generation_config import FIELDS, GenerationConfig
 from .stats import GenerationResult, TokenEvent
 from .structured import Structured
+from .kvcache import KVStorage
+from .prefix_cache import PrefixCache
 from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
@@ -85,7 +88,7 @@ class Generator:
 
     def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int | None = None,
                  max_length: int | None = None, max_queue: int | None = None,
-                 prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK):
+                 prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, prefix_cache_mb: float = 0):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
@@ -105,10 +108,17 @@ class Generator:
         if prefill_chunk not in (None, AUTO) and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
                                                   or prefill_chunk < 1):
             raise InvalidArgumentError(f"prefill_chunk must be 'auto', None or an int >= 1, got {prefill_chunk!r}")
+        if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) or prefix_cache_mb < 0:
+            raise InvalidArgumentError(f"prefix_cache_mb must be a number >= 0 (0: no prompt reuse), got {prefix_cache_mb!r}")
         backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
                              max_queue, prefill_chunk)
+        if prefix_cache_mb and type(self.engine.cache.storage).read is KVStorage.read:
+            warnings.warn(f"prefix_cache_mb={prefix_cache_mb:g}: the {type(backend).__name__}'s KV storage cannot copy a "
+                          f"row's K/V out, so prompts are not reused on it", stacklevel=3)
+        elif prefix_cache_mb:  # whole pages of prompts that ran, for the rows that start with them
+            self.engine.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), manifest.page_size)
         # json_schema's compiler, over the artifact's tokenizer; llguidance loads on the first schema
         self.structured = Structured(self.directory / manifest.tokenizer_dir / "tokenizer.json",
                                      manifest.model.vocab_size, manifest.model.eos_ids)
@@ -375,7 +385,8 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
 
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,
          max_length: int | None = None, max_queue: int | None = None,
-         prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, **backend_options) -> Generator:
+         prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, prefix_cache_mb: float = 0,
+         **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
@@ -393,6 +404,9 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     prefill_chunk: prompt tokens a joining request runs per step while other rows decode: an int,
         "auto" (the default: chunks of about one decode step's time, adjusted as they run) or None
         (every prompt whole, stalling the running rows for its length).
+    prefix_cache_mb: MiB of prompt prefixes' K/V kept for reuse (runtime.prefix_cache): a one-prompt
+        request whose prompt starts with whole pages another's already ran takes their K/V and runs
+        only the rest (exact). 0, the default here (the server's is 256), keeps none.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
         busy-wait briefly, for a device whose cores no other process uses; ``huge_pages``: True
@@ -404,7 +418,7 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     tokenizer = load_tokenizer(Path(directory) / manifest.tokenizer_dir, manifest.model.pad_token_id)
     return Generator(directory, manifest, create_backend(backend, directory, manifest, **backend_options),
                      tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue,
-                     prefill_chunk=prefill_chunk)
+                     prefill_chunk=prefill_chunk, prefix_cache_mb=prefix_cache_mb)
 
 
 def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> GenerationResult:

@@ -66,6 +66,15 @@ class KVStorage(ABC):
         """new_* (B, nh, T, hd), a layer graph's outputs: row ``src[k]``'s T new positions go to
         positions [positions[k], positions[k] + T) of cache row ``dst[k]``."""
 
+    def read(self, row: int, length: int):
+        """A copy of row ``row``'s K/V of every layer at positions [0, length), for a prompt's prefix
+        to be reused (runtime.prefix_cache); None where this storage cannot, which turns reuse off."""
+        return None
+
+    def load(self, row: int, blob, length: int) -> None:
+        """Positions [0, length) of row ``row``, every layer, from ``blob`` (``read``'s, perhaps longer)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load K/V into a row")
+
     def close(self) -> None:
         return None
 
@@ -199,6 +208,17 @@ class KVCache:
         self.valid[np.arange(start, stop)[:, None], cols] = new
         self.length[start:stop] += T
 
+    def snapshot(self, row: int, length: int):
+        """Row ``row``'s first ``length`` positions of K/V, copied (None: the storage cannot)."""
+        return self.storage.read(row, length)
+
+    def restore(self, row: int, blob, length: int) -> None:
+        """Row ``row`` (seated, holding nothing) now holds ``length`` valid positions from ``blob``."""
+        self.reserve(row, row + 1, length)
+        self.storage.load(row, blob, length)
+        self.valid[row, :length] = 1
+        self.length[row] = length
+
     def close(self) -> None:
         self.storage.close()
 
@@ -320,6 +340,17 @@ class ArrayStorage(KVStorage):
             else:
                 self.keys[layer][at, :, where] = new_key[picked].swapaxes(1, 2)
             self.values[layer][at, :, where] = new_value[picked].swapaxes(1, 2)
+
+    def read(self, row, length):
+        with self.scope():
+            return [(_copy(self._key_positions(k[row:row + 1], length)), _copy(v[row:row + 1, :, :length]))
+                    for k, v in zip(self.keys, self.values)]  # per layer (1, nh, hd | length, length | hd)
+
+    def load(self, row, blob, length):
+        with self.scope():
+            for (k, v), keys, values in zip(blob, self.keys, self.values):
+                self._key_positions(keys[row:row + 1], length)[...] = self._key_positions(k, length)
+                values[row:row + 1, :, :length] = v[:, :, :length]
 
     def close(self):
         self.flat, self.keys, self.values, self.zeros_flat = [], [], [], None

@@ -40,6 +40,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     steps: list[StepStats] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (runtime.prefix_cache), not run
 
     @property
     def layers_per_step(self) -> list[int]:
@@ -68,7 +69,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return {"num_layers": self.num_layers, "batch_size": self.batch_size,
                 "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
-                "prefill_seconds": round(self.prefill_seconds, 6),
+                "prefill_seconds": round(self.prefill_seconds, 6), "cached_tokens": self.cached_tokens,
                 "decode_seconds": round(self.decode_seconds, 6),
                 "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
                 "layers_per_step": self.layers_per_step,

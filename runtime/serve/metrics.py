@@ -27,6 +27,10 @@ class Metrics:
         self.prompt_tokens = Counter("skipdecode_prompt_tokens", "Prompt tokens of accepted requests "
                                      "(each prompt once, whatever n)", registry=r)
         self.generation_tokens = Counter("skipdecode_generation_tokens", "Tokens generated, all rows", registry=r)
+        self.prefix_hits = Counter("skipdecode_prefix_cache_hits", "Requests whose prompt began with cached pages "
+                                   "(--prefix-cache-mb)", registry=r)
+        self.prefix_tokens = Counter("skipdecode_prefix_cache_tokens", "Prompt tokens whose K/V came from the prefix "
+                                     "cache instead of a prefill", registry=r)
         queue = Gauge("skipdecode_queue_depth", "Requests waiting for a KV row", registry=r)
         running = Gauge("skipdecode_running_rows", "KV rows holding a request's row (prefilling or decoding)",
                         registry=r)
@@ -43,10 +47,13 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    def finished(self, label: str, layers_per_step: list[int]) -> None:
+    def finished(self, label: str, layers_per_step: list[int], cached_tokens: int = 0) -> None:
         hist = self.layers.labels(label)
         for n in layers_per_step:
             hist.observe(n)
+        if cached_tokens:
+            self.prefix_hits.inc()
+            self.prefix_tokens.inc(cached_tokens)
 
 
 def speedup_label(speedup: float | None, policy: dict | None) -> str:

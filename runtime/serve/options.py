@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-queue", type=int,
                      help="requests allowed to wait for a row; past it the server answers 503 with "
                           "Retry-After (default: unbounded)")
+    eng.add_argument("--prefix-cache-mb", type=float, default=256,
+                     help="MiB of prompt prefixes' K/V kept for reuse: a request whose prompt starts with whole "
+                          "pages another already ran (a shared system prompt) runs only the rest; 0 turns it off")
     eng.add_argument("--max-length", type=int,
                      help="positions per row, prompt + new tokens (default: the model's max_position_embeddings)")
     eng.add_argument("--speedup", type=float,
@@ -80,6 +83,8 @@ def check_args(args) -> None:
             raise SkipDecodeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.max_queue is not None and args.max_queue < 0:
         raise SkipDecodeError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.prefix_cache_mb < 0:
+        raise SkipDecodeError(f"--prefix-cache-mb must be >= 0 (0 turns prompt reuse off), got {args.prefix_cache_mb:g}")
     if args.api_key is not None and not args.api_key.strip():
         raise SkipDecodeError(f"--api-key (or ${API_KEY_ENV}) is empty; give a key, or unset it for no key")
     if args.device and args.backend == "tensorrt":

@@ -449,8 +449,10 @@ class Completion:
 
 def usage(prompt_tokens: int, result: GenerationResult) -> dict:
     completion_tokens = sum(len(ids) for ids in result.token_ids)
+    # OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens whose K/V were reused, not run
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
 
 
 def skipdecode_info(result: GenerationResult) -> dict:

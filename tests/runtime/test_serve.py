@@ -94,7 +94,8 @@ def test_responses_equal_generate(server, generator, sampling):
         assert ch["finish_reason"] == ("length" if expected.finish_reasons[0] == "length" else "stop")
         prompt_tokens = len(generator.tokenizer(prompt)["input_ids"])
         assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": len(expected.token_ids[0]),
-                                 "total_tokens": prompt_tokens + len(expected.token_ids[0])}
+                                 "total_tokens": prompt_tokens + len(expected.token_ids[0]),
+                                 "prompt_tokens_details": {"cached_tokens": 0}}  # the shared generator keeps none
         assert body["skipdecode"]["layers_per_token"] == expected.stats.layers_per_step
         assert body["skipdecode"]["theoretical_speedup"] == pytest.approx(expected.stats.theoretical_speedup, abs=1e-3)
         assert body["skipdecode"]["policy"] == expected.policy.to_dict()
@@ -515,6 +516,7 @@ def test_cli_explains_bad_speedup(artifact_dir, capsys):
     (["--port", "0", "--host", "192.0.2.1"], ["cannot listen on 192.0.2.1:0"]),  # not this machine's
     (["--port", "0", "--engine-dir", "x"], ["--engine-dir applies only to --backend tensorrt"]),
     (["--port", "0", "--max-batch", "0"], ["--max-batch must be >= 1"]),
+    (["--port", "0", "--prefix-cache-mb", "-1"], ["--prefix-cache-mb must be >= 0 (0 turns prompt reuse off), got -1"]),
     (["--port", "0", "--device", "cuda:7"], ["cuda"]),  # no such device here: the backend says so
 ])
 def test_cli_startup_errors_are_one_line(artifact_dir, capsys, args, words):
