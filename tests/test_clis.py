@@ -54,7 +54,7 @@ HELPS = [("runtime.__main__", []), ("export.__main__", ["build"]), ("export.__ma
          ("tools.e2e.__main__", ["split"]), ("tools.e2e.__main__", ["init"]), ("tools.e2e.__main__", ["distill"]),
          ("tools.bench.memory", []), ("tools.bench.startup", []), ("tools.bench.slots", []),
          ("tools.bench.gap", []), ("tools.bench.context", []), ("tools.bench.serving", []), ("tools.bench.gpu", []),
-         ("tools.bench.structured", [])]
+         ("tools.bench.structured", []), ("tools.bench.prefix", [])]
 
 
 def _help(module, argv, monkeypatch) -> dict[str, str]:
