@@ -165,3 +165,19 @@ def test_the_openai_client_gets_schema_valid_json(generator):
             assert out.choices[0].finish_reason == "stop"
             if speedup is None:  # at full depth the model reads the question
                 assert answer["name"] == "Ann" and answer["age"] == 31 and answer["city"] == "Paris", answer
+
+
+def test_a_shared_system_prompt_is_reused_with_the_same_answers(artifact, generator):
+    """Prompt reuse on the real model's fused graphs and chat template: the second question takes
+    the system prompt's pages and answers exactly as without the cache."""
+    import runtime
+
+    system = "You are a concise assistant for a hotel. " * 12
+    with runtime.load(artifact[0], prefix_cache_mb=64) as reusing:
+        # written out as SmolLM2's chat template renders a system and a user turn
+        prompts = [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+                   for q in QUESTIONS[:2]]
+        results = [reusing.generate([p], NEW_TOKENS) for p in prompts]
+    assert results[0].stats.cached_tokens == 0 and results[1].stats.cached_tokens >= 64
+    for p, ours in zip(prompts, results):
+        assert ours.token_ids == generator.generate([p], NEW_TOKENS).token_ids
