@@ -26,7 +26,7 @@ from runtime.swap import recover, remove_leftovers, swap_into_place, temp_siblin
 
 from . import checkpoint, gguf, parity
 from . import fused as fused_layers
-from runtime.families import family_of, head_dim, kv_heads, skip_model
+from runtime.models import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import ExportConfig, export_graph, graph_specs
 from .weights import SharedWeights
 from .quantize import BLOCK_SIZE

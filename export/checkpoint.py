@@ -1,5 +1,5 @@
 """Resolve ``--model`` (alias, hub id or local directory) and load a checkpoint of a supported
-family (runtime.families: OPT, Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3).
+family (runtime.models: OPT, Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3).
 
 Three kinds of source:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from runtime.errors import (CorruptCheckpointError, HubDownloadError, ModelNotFoundError, UnsupportedModelError,
                             first_line)
-from runtime.families import family_of
+from runtime.models import family_of
 
 from . import gguf, published
 
@@ -176,7 +176,7 @@ def load(source: ModelSource, dtype=None, seed: int = 0, progress: bool = True):
 
 
 def load_weights(location, dtype=None, model_class=None):
-    """``model_class.from_pretrained`` (default: OPTForCausalLM; runtime.families names each
+    """``model_class.from_pretrained`` (default: OPTForCausalLM; runtime.models names each
     family's) in eval mode, with a typed error naming the weight file when it is missing, truncated
     or corrupted (an interrupted download or copy)."""
     if model_class is None:

@@ -40,7 +40,7 @@ import re
 
 import numpy as np
 
-from runtime.families import head_dim, kv_heads
+from runtime.models import head_dim, kv_heads
 from runtime.gqa import FUSED_INPUTS, FUSED_OUTPUTS
 from runtime.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
 
@@ -56,7 +56,7 @@ _PROJECTIONS = {  # role -> the weights of the plain graph's product, in order (
 
 def why_not(config, dtype: str, weights_format: str) -> str | None:
     """Why a model gets no fused variant (None: it gets one)."""
-    from runtime.families import family_of
+    from runtime.models import family_of
 
     if family_of(config).name == "opt":
         return "OPT layers have no fused variant (learned positions, LayerNorm)"
@@ -89,7 +89,7 @@ def graph_spec(spec: GraphSpec, kv: int, hd: int) -> GraphSpec:
 
 def rope_tables(layer, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """GroupQueryAttention's cos and sin caches (positions, head_dim / 2), computed as the plain
-    graph computes its angles (runtime.llama.CachedLlamaLayer._rope: fp32 positions times the
+    graph computes its angles (runtime.models.llama.CachedLlamaLayer._rope: fp32 positions times the
     checkpoint's inverse frequencies, then cos and sin in fp32, times the attention factor), so the
     rotation is the same bits."""
     import torch
@@ -109,7 +109,7 @@ def _parts(node) -> list[str]:
 
 def fused_layer(plain, layer, config, spec: GraphSpec):
     """The fused variant (an onnx.ModelProto) of ``plain``, the final plain graph of ``layer``
-    (runtime.llama.CachedLlamaLayer) before its weights are externalized: its products are copied
+    (runtime.models.llama.CachedLlamaLayer) before its weights are externalized: its products are copied
     with their initializers, so the shared weights file stores them once. Its RoPE tables cover
     the checkpoint's max_position_embeddings."""
     import onnx

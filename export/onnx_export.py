@@ -12,7 +12,7 @@ Graph contract (names are the manifest's; all dims dynamic except the model's ow
   head:     hidden_states (batch, sequence, hidden) -> logits (batch, sequence, vocab)
 
 total_sequence = past_sequence + sequence: the mask covers the bound past, then the new positions.
-The past is a block of rows of a preallocated KV buffer (see runtime.modeling.CachedOPTLayer): a
+The past is a block of rows of a preallocated KV buffer (see runtime.models.opt.CachedOPTLayer): a
 runtime binds the rows that run in place, at the buffer's current width past_sequence, and writes
 only the new K/V the graph returns into their own positions, so no step copies or concatenates the
 past. That width is a whole multiple of the manifest's kv_cache.page_size (the step by which it
@@ -21,7 +21,7 @@ grows), at least one page and wide enough for the longest row's past and new pos
 over the rest. A later chunk of a prompt binds its rows' block the same way; a prompt's first chunk,
 whose rows hold nothing yet, binds one page of zeros, all masked. The embedding gets the same mask (past width + new positions): positions come
 from the mask's cumulative sum, so masked columns contribute nothing. kv_heads is the attention
-heads for OPT and fewer under grouped-query attention (Llama family, runtime.llama), whose layers
+heads for OPT and fewer under grouped-query attention (Llama family, runtime.models.llama), whose layers
 derive their RoPE positions from the same mask: every family has this one contract.
 """
 
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
-from runtime.families import head_dim, kv_heads
+from runtime.models import head_dim, kv_heads
 from runtime.kvcache import bound_width
 from runtime.manifest import GraphSpec, TensorSpec, layer_name
 
-from runtime.skip_model import SkipModel, graph_module
+from runtime.models.base import SkipModel, graph_module
 
 from . import fused as fused_layers
 from .quantize import QuantConfig, quantize_graph

@@ -41,7 +41,7 @@ from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
 if TYPE_CHECKING:
-    from runtime.skip_model import SkipModel
+    from runtime.models.base import SkipModel
 
 # (atol, rtol) per dtype. fp32 graphs differ from torch by kernel order only (~1e-6); fp16 rounds
 # every matmul to 11 bits of mantissa, so hidden states of magnitude ~10 move by ~1e-2.
@@ -134,7 +134,7 @@ def torch_cases(model: SkipModel, spec: GraphSpec, page_size: int, directory: Pa
     module's outputs kept as ``float_expected``."""
     import torch
 
-    from runtime.skip_model import graph_module
+    from runtime.models.base import graph_module
 
     from .onnx_export import example_inputs
 

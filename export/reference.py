@@ -73,7 +73,7 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
     """Everything verify needs from PyTorch, in this process."""
     from tqdm.auto import tqdm
 
-    from runtime.families import skip_model
+    from runtime.models import skip_model
 
     from . import parity
 

@@ -58,7 +58,7 @@ def _transposes_of_initializers(graph: onnx.GraphProto):
 def tie_head(model: onnx.ModelProto) -> bool:
     """Rewrite the head's ``MatMul(x, Transpose(lm_head.weight))`` as ``Gemm(x, lm_head.weight,
     transB=1)``, keeping the weight in the embedding's (vocab, hidden) layout so both graphs can
-    share it. ``x`` is 2-D there (runtime.modeling.OPTHead flattens batch and sequence for this).
+    share it. ``x`` is 2-D there (runtime.models.opt.OPTHead flattens batch and sequence for this).
     Returns whether the pattern was found."""
     graph = model.graph
     for node, init, users in _transposes_of_initializers(graph):

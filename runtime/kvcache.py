@@ -1,6 +1,6 @@
 """The KV cache: which row holds which sequence, how much of it is valid, and the K/V themselves.
 
-Layout (the layer graphs' contract, runtime.modeling.CachedOPTLayer): per layer one K buffer
+Layout (the layer graphs' contract, runtime.models.opt.CachedOPTLayer): per layer one K buffer
 (rows, nh, hd, W) and one V buffer (rows, nh, W, hd). A step binds the rows it runs as one block
 ``[start, stop)`` of the first axis, which is contiguous, so it goes to the graph in place: nothing
 is gathered or copied per step, and no empty row is computed or read.

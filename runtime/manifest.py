@@ -19,7 +19,7 @@ from .swap import recover
 # 2: layers read a paged past in place and return only the new K/V; 3: the past is a block of
 # rows (B, nh, hd|W, W|hd), so a step binds the rows that run and no others (runtime.kvcache)
 SCHEMA_VERSION = 3
-KV_LAYOUT = "rows"  # see runtime.modeling.CachedOPTLayer
+KV_LAYOUT = "rows"  # see runtime.models.opt.CachedOPTLayer
 WEIGHT_KINDS = ("embed", "layers", "head")  # the manifest's ``weights`` keys that name a format
 WEIGHT_FORMATS = ("float", "int8", "int4")
 # A linear weight W that a graph stores transposed, in the (in, out) layout MatMul reads, is named
@@ -87,7 +87,7 @@ class ModelInfo:
     bos_token_id: int
     eos_token_id: int
     pad_token_id: int
-    # Written since the Llama family (runtime.families); manifests before it are OPT's:
+    # Written since the Llama family (runtime.models); manifests before it are OPT's:
     architecture: str = "opt"  # the family its graphs were traced from: "opt", "llama", "qwen2", "qwen3"
     num_kv_heads: int | None = None  # heads of the K/V the layers store (grouped-query attention);
     # None: num_heads

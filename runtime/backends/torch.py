@@ -1,10 +1,10 @@
-"""PyTorch backend: the skip-aware reference layers (runtime.modeling) with preallocated KV buffers.
+"""PyTorch backend: the skip-aware reference layers (runtime.models.opt) with preallocated KV buffers.
 
 The weights come from the artifact itself, not from a source checkpoint: the graphs were exported
 without constant folding, so their initializers keep the exported modules' state_dict names. They
 are loaded into the checkpoint's causal LM (``OPTForCausalLM``, ``LlamaForCausalLM``, ...) built on
 the meta device from ``hf_config/`` (no random init, whatever the model size) and wrapped with its
-family's skip-aware reference (runtime.families).
+family's skip-aware reference (runtime.models).
 
 Each layer's K/V live in buffers of the whole capacity, K (rows, nh, hd, capacity) and V (rows, nh,
 capacity, hd), allocated once by the KV cache (``ArrayStorage(fixed=True)``); a step writes only
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import ArtifactError, InvalidArgumentError
-from ..families import family_named
+from ..models import family_named
 from ..kvcache import ArrayStorage, KVCache
 from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
 from .base import Backend, DecodeStep, run_decode
@@ -67,11 +67,11 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
 
 
 def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
-    """The checkpoint's causal LM (OPTForCausalLM, LlamaForCausalLM, ...: runtime.families) from
+    """The checkpoint's causal LM (OPTForCausalLM, LlamaForCausalLM, ...: runtime.models) from
     ``hf_config/`` with every weight taken from the artifact's graphs."""
     from transformers import AutoConfig
 
-    from ..skip_model import graph_module
+    from ..models.base import graph_module
 
     if manifest.quantized:  # its graphs hold packed integer weights, not the modules' state_dict
         raise ArtifactError(
@@ -167,7 +167,7 @@ class TorchBackend(Backend):
         return backend
 
     def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
-        from ..families import head_dim, kv_heads, skip_model
+        from ..models import head_dim, kv_heads, skip_model
 
         self.device = device
         capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked

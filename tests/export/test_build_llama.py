@@ -12,7 +12,7 @@ import runtime
 from export.build import BuildOptions, build
 from export.verify import verify
 from runtime.errors import UnsupportedModelError
-from runtime.families import skip_model
+from runtime.models import skip_model
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model

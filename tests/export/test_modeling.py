@@ -2,7 +2,7 @@ import copy
 
 import torch
 
-from runtime.modeling import SkipOPT
+from runtime.models.opt import SkipOPT
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 

@@ -9,7 +9,7 @@ from transformers import OPTForCausalLM
 
 from export.onnx_export import ExportConfig, export_graph, graph_specs
 from export.trt_compat import check_graph
-from runtime.families import skip_model
+from runtime.models import skip_model
 from runtime.graph_ops import reshape
 from tests.conftest import tiny_config
 from tests.families import tiny_model

@@ -7,7 +7,7 @@ import pytest
 
 from export import parity
 from runtime.manifest import load_manifest
-from runtime.modeling import SkipOPT
+from runtime.models.opt import SkipOPT
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from export.quantize import QuantConfig, dequantized_weights
 from export.trt_compat import check_model
 from runtime.errors import ArtifactError, InvalidArgumentError
 from runtime.manifest import MANIFEST_NAME, load_manifest
-from runtime.modeling import SkipOPT
-from runtime.skip_model import graph_module
+from runtime.models.opt import SkipOPT
+from runtime.models.base import graph_module
 from tests.conftest import PROMPTS, save_tiny_checkpoint
 
 quiet = dict(log=lambda *_: None)

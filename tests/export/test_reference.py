@@ -34,7 +34,7 @@ def test_verify_never_imports_torch_in_its_own_process(artifact_dir):
 
 def test_child_cases_equal_the_in_process_reference(artifact_dir, hf_model):
     """What comes back through the pickle is what check_graph computes in process."""
-    from runtime.modeling import SkipOPT
+    from runtime.models.opt import SkipOPT
 
     side = reference.run(artifact_dir, None, list(PROMPTS), 4, 2.0)
     manifest = load_manifest(artifact_dir)
@@ -66,7 +66,7 @@ def test_a_child_that_dies_is_a_verification_error(artifact_dir, monkeypatch):
 
 def test_a_wrong_graph_still_fails_against_the_child_cases(artifact_dir, tmp_path, hf_model):
     """compare judges the graph file, whatever computed the expectations: feed it another layer."""
-    from runtime.modeling import SkipOPT
+    from runtime.models.opt import SkipOPT
 
     manifest = load_manifest(artifact_dir)
     layer0, layer1 = manifest.layers[0], manifest.layers[1]

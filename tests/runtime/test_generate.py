@@ -6,7 +6,7 @@ import torch
 
 import runtime
 from runtime.backends.base import run_decode, run_layers
-from runtime.modeling import SkipOPT
+from runtime.models.opt import SkipOPT
 from runtime.errors import InputTooLongError, PolicyError
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS

@@ -1,11 +1,11 @@
-"""The skip-aware Llama-family reference (runtime.llama) against transformers, and the family
-registry's refusals (runtime.families)."""
+"""The skip-aware Llama-family reference (runtime.models.llama) against transformers, and the family
+registry's refusals (runtime.models)."""
 
 import pytest
 import torch
 
 from runtime.errors import UnsupportedModelError
-from runtime.families import family_of, skip_model
+from runtime.models import family_of, skip_model
 from runtime.policy import SkipPolicy
 from tests.families import VARIANTS, tiny_config, tiny_model
 
@@ -89,8 +89,8 @@ def test_manifest_model_before_the_llama_family_reads_as_opt():
 
 @pytest.mark.parametrize("variant", ["opt", *VARIANTS])
 def test_every_family_reference_is_a_skip_model_built_through_its_base(variant):
-    """One neutral base (runtime.skip_model): no family's reference skips another's __init__."""
-    from runtime.skip_model import SkipModel, graph_module
+    """One neutral base (runtime.models.base): no family's reference skips another's __init__."""
+    from runtime.models.base import SkipModel, graph_module
     from tests.conftest import tiny_config as tiny_opt_config
 
     if variant == "opt":

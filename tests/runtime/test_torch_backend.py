@@ -14,7 +14,7 @@ from export.build import BuildOptions, build
 from runtime.backends.base import run_layers
 from runtime.backends.torch import TorchBackend
 from runtime.kvcache import KVCache
-from runtime.modeling import CachedOPTLayer, OPTLayer, SkipOPT
+from runtime.models.opt import CachedOPTLayer, OPTLayer, SkipOPT
 from runtime.errors import ArtifactError
 from runtime.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.policy import SkipPolicy

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, OPTForCausalLM
 
-from runtime.modeling import SkipOPT
+from runtime.models.opt import SkipOPT
 from runtime.policy import SkipPolicy
 from tests.conftest import save_tiny_checkpoint, tiny_config
 from tools.finetune.data import (DataError, Encoded, Example, collate, encode, read_pairs,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.families import skip_model
+from runtime.models import skip_model
 from runtime.policy import SkipPolicy
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model
 from tests.tools.test_finetune import _config, assert_equals_step_by_step

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from export.checkpoint import build_tokenizer
-from runtime.families import skip_model
+from runtime.models import skip_model
 from tests.families import tiny_model
 from tools.evaluate import perplexity as ppl
 

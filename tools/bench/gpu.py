@@ -106,7 +106,7 @@ def device_bandwidth(device, mib: int, repeats: int = 5) -> tuple[float, str]:
 
 def step_bytes(model, layers, batch: int, past: int) -> int:
     """Bytes a decode step must read: active layers' weights, the head, the rows' K/V over ``past``."""
-    from runtime.families import head_dim, kv_heads
+    from runtime.models import head_dim, kv_heads
 
     body = getattr(model.model, "decoder", model.model)  # OPT nests its layers one level deeper
     size = lambda module: sum(p.numel() * p.element_size() for p in module.parameters())  # noqa: E731

@@ -152,7 +152,7 @@ def _run(args) -> int:
     import torch
 
     from export import checkpoint
-    from runtime.families import skip_model
+    from runtime.models import skip_model
 
     for name in ("prompt_tokens", "tokens", "windows", "batch_size"):
         if getattr(args, name) < 1:

@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from runtime.skip_model import SkipModel
+from runtime.models.base import SkipModel
 from runtime.policy import SkipPolicy
 
 

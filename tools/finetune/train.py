@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from export.build import swap_into_place
 from export.checkpoint import SKIPDECODE_JSON
-from runtime.families import skip_model
-from runtime.skip_model import SkipModel
+from runtime.models import skip_model
+from runtime.models.base import SkipModel
 from runtime.errors import SkipDecodeError
 
 from .data import Encoded, batches, encode, read_pairs
@@ -77,7 +77,7 @@ def _device(name: str) -> torch.device:
 def _load(spec: str):
     """(model, tokenizer, skipdecode.json's fields) of anything `export build --model` takes: a
     checkpoint directory (a run's checkpoint-N too), a GGUF file, an alias (smollm2-135m-instruct),
-    a hub id; of a supported family (runtime.families), checked before the weights load."""
+    a hub id; of a supported family (runtime.models), checked before the weights load."""
     from export import checkpoint
 
     source = checkpoint.resolve(spec)

@@ -4,7 +4,7 @@ The decoder math is reimplemented on the Hugging Face modules' own weights, so i
 transformers' changing cache API and is exactly what gets traced into the per-layer ONNX graphs:
 ``OPTEmbed``, ``CachedOPTLayer`` (an ``OPTLayer`` reading its past from rows of a KV buffer) and
 ``OPTHead`` each become one graph, with the KV cache as explicit inputs and outputs. ``SkipOPT``
-strings them together under a ``SkipPolicy`` (runtime.skip_model.SkipModel, the base every
+strings them together under a ``SkipPolicy`` (runtime.models.base.SkipModel, the base every
 family's reference shares) and is the reference every backend is checked against.
 
 It lives in ``runtime`` (imported only by the torch backend, so only with torch) because the
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
-from .skip_model import SkipModel
+from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
+from .base import SkipModel
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
 

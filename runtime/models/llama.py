@@ -1,6 +1,6 @@
 """The skip-aware Llama-family reference in PyTorch: Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3.
 
-The same graph contract as OPT (runtime.modeling, export.onnx_export): ``LlamaEmbed``,
+The same graph contract as OPT (runtime.models.opt, export.onnx_export): ``LlamaEmbed``,
 ``CachedLlamaLayer`` and ``LlamaHead`` each become one graph, on the Hugging Face modules' own
 weights and names. What differs from OPT, all inside the graphs:
 
@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .families import head_dim, kv_heads
-from .graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
-from .skip_model import SkipModel
+from . import head_dim, kv_heads
+from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
+from .base import SkipModel
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ class LlamaEmbed(nn.Module):
 
 
 class CachedLlamaLayer(nn.Module):
-    """One decoder layer on the rows layout (runtime.modeling.CachedOPTLayer says why):
+    """One decoder layer on the rows layout (runtime.models.opt.CachedOPTLayer says why):
 
     hidden (B, T, D), attention_mask (B, W + T), past_key (B, nkv, hd, W), past_value (B, nkv, W, hd)
     -> hidden (B, T, D), new_key / new_value (B, nkv, T, hd): only the T new positions, rotated.
@@ -64,7 +64,7 @@ class CachedLlamaLayer(nn.Module):
     def __init__(self, layer: nn.Module, config, inv_freq: torch.Tensor, rope_scale: float):
         super().__init__()
         # The HF modules themselves, under their own names, so the graphs' weights keep the
-        # checkpoint's keys (runtime.families._llama_key).
+        # checkpoint's keys (runtime.models._llama_key).
         self.self_attn = layer.self_attn
         self.mlp = layer.mlp
         self.input_layernorm = layer.input_layernorm
@@ -144,7 +144,7 @@ class LlamaHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = rms_norm(self.norm, hidden)
-        # 2-D for one Gemm on the embedding's layout when tied (runtime.modeling.OPTHead)
+        # 2-D for one Gemm on the embedding's layout when tied (runtime.models.opt.OPTHead)
         logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
         return unflatten_rows(logits, hidden)  # (B, T, V)
 

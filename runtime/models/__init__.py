@@ -1,4 +1,8 @@
-"""The model families this toolkit exports and runs, each declared once.
+"""The model families this toolkit exports and runs, each declared once, and their references.
+
+This package is each family's home: ``base`` (``SkipModel``, what every skip-aware reference shares),
+``opt`` and ``llama`` (the references whose modules become the graphs: Llama 3.x, SmolLM2, Qwen2/2.5,
+Qwen3), and here the registry that says which reference serves which checkpoint.
 
 A ``Family`` says what differs between architectures and nothing else: which transformers
 ``model_type`` values it covers, its causal-LM class, the PyTorch reference that becomes its graphs
@@ -10,7 +14,7 @@ KV heads and head size (``runtime.manifest.ModelInfo``), and every graph derives
 attention mask it is given, so the graph contract is the same for all families.
 
 Like optimum's per-architecture export configs, adding a Llama-like architecture is one entry in
-``FAMILIES``, provided its layers are the reference's math (runtime.llama).
+``FAMILIES``, provided its layers are the reference's math (runtime.models.llama).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 _OPT_ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # under self_attn. in the HF OPT layer
 
@@ -45,7 +49,7 @@ def _opt_key(graph: str, name: str) -> str:
 
 
 def _llama_key(graph: str, name: str) -> str:
-    """The reference keeps the HF modules' own names under ``model.`` (runtime.llama): embed:
+    """The reference keeps the HF modules' own names under ``model.`` (runtime.models.llama): embed:
     embed_tokens.weight -> model.embed_tokens.weight; layer_NN: self_attn.q_proj.weight ->
     model.layers.N.self_attn.q_proj.weight; head: norm.weight -> model.norm.weight, lm_head.weight."""
     if graph == "embed":
@@ -84,7 +88,7 @@ class Family:
     name: str  # what the manifest records as model.architecture
     model_types: tuple[str, ...]  # transformers config.model_type values it covers
     hf_class: str  # the transformers causal-LM class of its checkpoints
-    reference: str  # "module:Class" of the skip-aware PyTorch reference (runtime.modeling / runtime.llama)
+    reference: str  # "module:Class" of the skip-aware PyTorch reference (runtime.models.opt / runtime.models.llama)
     hf_key: object  # (graph name, weight name in the graph) -> the checkpoint's state_dict key
     embed_key: str  # the token embedding's state_dict key (lm_head ties to it)
     unsupported: tuple[Unsupported, ...] = ()
@@ -110,16 +114,16 @@ class Family:
 
 
 FAMILIES = (
-    Family("opt", ("opt",), "OPTForCausalLM", "runtime.modeling:SkipOPT", _opt_key,
+    Family("opt", ("opt",), "OPTForCausalLM", "runtime.models.opt:SkipOPT", _opt_key,
            "model.decoder.embed_tokens.weight"),
     # Llama 2/3.x (llama3 RoPE scaling, tied or untied head) and SmolLM2, which is a Llama
-    Family("llama", ("llama",), "LlamaForCausalLM", "runtime.llama:SkipLlama", _llama_key,
+    Family("llama", ("llama",), "LlamaForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
            "model.embed_tokens.weight", _LLAMA_LIKE),
     # Qwen2 / Qwen2.5: q/k/v projections with bias
-    Family("qwen2", ("qwen2",), "Qwen2ForCausalLM", "runtime.llama:SkipLlama", _llama_key,
+    Family("qwen2", ("qwen2",), "Qwen2ForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
            "model.embed_tokens.weight", _LLAMA_LIKE),
     # Qwen3: RMSNorm on each head's q and k, head_dim independent of hidden / heads
-    Family("qwen3", ("qwen3",), "Qwen3ForCausalLM", "runtime.llama:SkipLlama", _llama_key,
+    Family("qwen3", ("qwen3",), "Qwen3ForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
            "model.embed_tokens.weight", _LLAMA_LIKE),
 )
 
@@ -158,7 +162,7 @@ def head_dim(config) -> int:
 
 
 def skip_model(hf_model):
-    """The skip-aware reference of any supported checkpoint (a runtime.skip_model.SkipModel)."""
+    """The skip-aware reference of any supported checkpoint (a runtime.models.base.SkipModel)."""
     return family_of(hf_model.config).skip_model(hf_model)
 
 

@@ -1,6 +1,6 @@
 """The skip-aware reference every family shares: embed, layers and head run under a SkipDecode policy.
 
-A family's reference (runtime.modeling.SkipOPT, runtime.llama.SkipLlama) builds its three parts on
+A family's reference (runtime.models.opt.SkipOPT, runtime.models.llama.SkipLlama) builds its three parts on
 the Hugging Face modules' own weights and says how a layer's K/V returns from a call
 (``empty_past``, ``extend_past``) and which module a layer's graph is traced from
 (``graph_layer``). Everything else is here: the forward pass over a set of active layers, greedy
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .policy import SkipPolicy
+from ..policy import SkipPolicy
 
 
 @dataclass
