@@ -197,9 +197,7 @@ def arch_from_artifact(directory) -> Arch:
     directory = Path(directory)
     m = load_manifest(directory, check_hashes=False).model
     config_path = directory / "hf_config" / "config.json"
-    if m.architecture != "opt":  # the Llama family's shapes (export.published)
-        from . import published
-
+    if m.architecture != "opt":  # the Llama family's shapes, from its config.json
         try:
             return plan_arch(str(directory), json.loads(config_path.read_text()))
         except (OSError, ValueError, KeyError) as exc:
