@@ -460,7 +460,7 @@ class Engine:
                 logits[b] = s.logits
                 detok, before = r.detok[b], s.text
                 scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
-                if s.matcher is not None:
+                if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
                     scores = s.matcher.mask(scores)  # only what keeps the text on its schema
                 token = int(select(scores[None, :], r.sampling, s.rng)[0])
                 complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)

@@ -105,6 +105,11 @@ class RowMatcher:
         self._numpy.apply_token_bitmask_inplace(masked, self._bitmask)
         return masked[0]
 
+    def allows(self, token: int) -> bool:
+        """Whether ``token`` may come next (~0.5 us: no mask is computed). Greedy decoding asks this
+        of its argmax first: when the grammar allows it, it is also the masked logits' argmax."""
+        return self._matcher.validate_tokens([token]) == 1
+
     def consume(self, token: int) -> bool:
         """Advance by ``token``; True once the document is complete (nothing but EOS may follow)."""
         if not self._matcher.consume_token(token):  # only a token the mask allowed gets here

@@ -160,3 +160,20 @@ def test_response_format_text_is_free_text(server, gen):
     r = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 6, "temperature": 0,
                                              "ignore_eos": True, "response_format": {"type": "text"}})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == gen.generate(PROMPTS[0], 6, ignore_eos=True).texts[0]
+
+
+def test_greedy_rows_skip_the_mask_exactly_when_their_argmax_is_allowed(gen, monkeypatch):
+    """Greedy decoding checks its argmax against the grammar before computing a mask: the same
+    tokens as masking every step, and most steps compute none."""
+    from runtime.structured import RowMatcher
+
+    schema = {"type": "string", "maxLength": 24}  # inside a string most of a random model's argmaxes are allowed
+    lazy = gen.generate(PROMPTS, NEW, json_schema=schema)
+    calls = []
+    mask = RowMatcher.mask
+    monkeypatch.setattr(RowMatcher, "mask", lambda self, logits: calls.append(1) or mask(self, logits))
+    gen.generate(PROMPTS, NEW, json_schema=schema)
+    steps = sum(len(ids) for ids in lazy.token_ids)
+    assert 0 < len(calls) < steps / 2  # the opening quote needs a mask; most of the string did not
+    monkeypatch.setattr(RowMatcher, "allows", lambda self, token: False)  # mask every step
+    assert gen.generate(PROMPTS, NEW, json_schema=schema).token_ids == lazy.token_ids
