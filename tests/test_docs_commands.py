@@ -134,6 +134,8 @@ RULES = [
     ("python -m tools.bench.gpu", "parse", LONG + " (on a CUDA GPU; --device cpu runs the same for 8 minutes)"),
     ("python -m tools.bench.prefix /tmp/fz/smolq4b", "parse",
      PLACEHOLDER + " (the real model's int4 export; tests/tools/test_bench_prefix.py runs it on a tiny model)"),
+    ("python -m tools.bench.structured /tmp/fz/q3q4", "parse",
+     PLACEHOLDER + " (Qwen3-0.6B shapes exported with random weights at int4)"),
     ("python -m tools.bench.structured /tmp/fz/smolq4b --rounds 7", "parse",
      PLACEHOLDER + " (the real model's int4 export; tests/tools/test_bench_structured.py runs it on a tiny model)"),
     ("python -m tools.bench --render", "parse", "re-renders the results a full run left in .bench/"),
