@@ -37,6 +37,7 @@ from pathlib import Path
 from engines.config import EngineBuildConfig
 from runtime.errors import ModelNotFoundError, SkipDecodeError
 from runtime.kvcache import pages_width
+from runtime.models import family_named
 
 from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
 from .quantize import BLOCK_SIZE, QUANT_BITS  # noqa: F401 - the planner's, and its callers' from here
@@ -393,8 +394,8 @@ def weight_tensors(config: dict) -> tuple[tuple[str, tuple[int, int], bool], ...
     nh = config["num_attention_heads"]
     nkv = config.get("num_key_value_heads") or nh
     hd = config.get("head_dim") or D // nh
-    kind = config.get("model_type")
-    bias = kind == "qwen2" or bool(config.get("attention_bias"))  # Qwen2: q/k/v biases
+    family = family_named(config.get("model_type"))  # what differs between families: runtime.models
+    bias = family.qkv_bias or bool(config.get("attention_bias"))
     out = [("embed_tokens", (V, D), False)]
     for i in range(config["num_hidden_layers"]):
         p = f"layers.{i}."
@@ -403,12 +404,12 @@ def weight_tensors(config: dict) -> tuple[tuple[str, tuple[int, int], bool], ...
             if bias:
                 out.append((p + name + ".bias", (1, n), False))
         out.append((p + "o_proj", (nh * hd, D), True))
-        if kind == "qwen3":
+        if family.qk_norm:
             out += [(p + "q_norm", (1, hd), False), (p + "k_norm", (1, hd), False)]
         out += [(p + "gate_proj", (D, F), True), (p + "up_proj", (D, F), True), (p + "down_proj", (F, D), True),
                 (p + "input_layernorm", (1, D), False), (p + "post_attention_layernorm", (1, D), False)]
     out.append(("norm", (1, D), False))
-    tied = config.get("tie_word_embeddings", kind != "llama")  # transformers' defaults
+    tied = config.get("tie_word_embeddings", family.tied_by_default)
     out.append(("lm_head" if tied else "lm_head.untied", (D, V), True))
     return tuple(out)
 

@@ -92,6 +92,10 @@ class Family:
     hf_key: object  # (graph name, weight name in the graph) -> the checkpoint's state_dict key
     embed_key: str  # the token embedding's state_dict key (lm_head ties to it)
     unsupported: tuple[Unsupported, ...] = ()
+    # What export.plan counts (from config.json alone), so that it branches on no family's name:
+    qkv_bias: bool = False  # q/k/v projections always carry biases (else only with attention_bias)
+    qk_norm: bool = False  # an RMSNorm on each head's q and k
+    tied_by_default: bool = True  # tie_word_embeddings where config.json leaves it out (transformers')
 
     def check(self, config, what: str = "the checkpoint") -> None:
         """Refuse a config with a feature the graphs do not implement, before any work."""
@@ -118,13 +122,13 @@ FAMILIES = (
            "model.decoder.embed_tokens.weight"),
     # Llama 2/3.x (llama3 RoPE scaling, tied or untied head) and SmolLM2, which is a Llama
     Family("llama", ("llama",), "LlamaForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
-           "model.embed_tokens.weight", _LLAMA_LIKE),
+           "model.embed_tokens.weight", _LLAMA_LIKE, tied_by_default=False),
     # Qwen2 / Qwen2.5: q/k/v projections with bias
     Family("qwen2", ("qwen2",), "Qwen2ForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
-           "model.embed_tokens.weight", _LLAMA_LIKE),
+           "model.embed_tokens.weight", _LLAMA_LIKE, qkv_bias=True),
     # Qwen3: RMSNorm on each head's q and k, head_dim independent of hidden / heads
     Family("qwen3", ("qwen3",), "Qwen3ForCausalLM", "runtime.models.llama:SkipLlama", _llama_key,
-           "model.embed_tokens.weight", _LLAMA_LIKE),
+           "model.embed_tokens.weight", _LLAMA_LIKE, qk_norm=True),
 )
 
 
