@@ -17,5 +17,6 @@ def test_the_table_compares_free_and_constrained_steps(artifact_dir, capsys):
     for r in rows:
         free, constrained = float(r[1]), float(r[2])
         assert free > 0 and constrained > 0
-        # the cost as printed, within the rounding of the two printed step times
-        assert float(r[3].strip().rstrip("%")) == pytest.approx((constrained / free - 1) * 100, abs=2)
+        # the cost as printed, within what the rounding of the two printed step times (0.005 ms) allows
+        low, high = ((constrained - 0.005) / (free + 0.005) - 1) * 100, ((constrained + 0.005) / (free - 0.005) - 1) * 100
+        assert low - 0.05 <= float(r[3].strip().rstrip("%")) <= high + 0.05
