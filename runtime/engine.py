@@ -191,10 +191,11 @@ class Engine:
     """The scheduler and decode loop over a KV cache. It talks to the backend only through ``Backend``."""
 
     def __init__(self, backend: Backend, num_layers: int, max_batch: int, capacity: int, page: int,
-                 max_queue: int | None = None, prefill_chunk: int | str | None = AUTO,
-                 prefix_cache: PrefixCache | None = None):
+                 max_queue: int | None = None, prefill_chunk: int | str | None = AUTO):
         self.backend, self.num_layers = backend, num_layers
-        self.prefix_cache = prefix_cache  # prompt prefixes' K/V for rows that start with them; None: off
+        # prompt prefixes' K/V for rows that start with them (the Generator sets it where its
+        # storage can copy rows); None: off
+        self.prefix_cache: PrefixCache | None = None
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
