@@ -25,6 +25,7 @@ the graph column is the static step run eagerly (cuda_graphs.EagerCapture), not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -160,10 +161,7 @@ def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=No
         cache.reserve(0, B, 1)
         step = DecodeStep(tokens[:, None].astype(np.int64), cache.mask(0, B, new), layers,
                           [np.ones(B, bool)] * len(layers))
-        if probe is not None and g == new_tokens - 1:
-            with probe:
-                tokens = backend.decode(step, cache).argmax(-1)
-        else:
+        with probe if probe is not None and g == new_tokens - 1 else contextlib.nullcontext():
             tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
         cache.advance(0, B, new)
         counts.append(len(layers))
