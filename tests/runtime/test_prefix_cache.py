@@ -26,10 +26,24 @@ def _run(gen, tail, **options):
     return stream.result, logits
 
 
-@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
-def test_a_reused_prefix_gives_the_tokens_it_would_have(artifact_dir, backend):
-    plain = runtime.load(artifact_dir, backend=backend, check_hashes=False)
-    reusing = runtime.load(artifact_dir, backend=backend, check_hashes=False, prefix_cache_mb=1)
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("backend, device", [
+    ("onnxruntime", None), ("torch", None),
+    pytest.param("torch", "cuda", marks=pytest.mark.skipif(not _cuda_visible(), reason="no CUDA device here")),
+])
+def test_a_reused_prefix_gives_the_tokens_it_would_have(artifact_dir, backend, device):
+    # On CUDA the torch backend's K/V rows are device tensors, and decode steps are CUDA graphs
+    # bound to them: a loaded prefix must land in the tensors the graphs read.
+    on = {} if device is None else {"device": device}
+    plain = runtime.load(artifact_dir, backend=backend, check_hashes=False, **on)
+    reusing = runtime.load(artifact_dir, backend=backend, check_hashes=False, prefix_cache_mb=1, **on)
     try:
         first, _ = _run(reusing, [7, 8, 9])
         assert first.stats.cached_tokens == 0 and len(reusing.engine.prefix_cache) == 1  # it left its page
