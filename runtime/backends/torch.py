@@ -170,16 +170,18 @@ class TorchBackend(Backend):
         from ..models import head_dim, kv_heads, skip_model
 
         self.device = device
-        capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
-        self.graphs = GraphCache(capture) if capture is not None else None
         self.hf_model = hf_model
         self.model = skip_model(hf_model)  # embed and head; also the reference to compare with
         self.dtype = self.model.dtype
         # The exported layer itself, reading a strided view of the buffers: the torch backend
-        # runs exactly the graphs' math.
+        # runs exactly the graphs' math (decode steps: its ``step``, runtime.models.step).
         self.layers = [self.model.graph_layer(i) for i in range(self.model.num_layers)]
         self._nh, self._hd = kv_heads(hf_model.config), head_dim(hf_model.config)  # the K/V stored
         self.storage: ArrayStorage | None = None
+        self.graphs = None
+        capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
+        if capture is not None:
+            self.use_graphs(capture)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -209,6 +211,9 @@ class TorchBackend(Backend):
     def use_graphs(self, capture) -> None:
         """Run decode steps as static steps through ``capture`` (cuda_graphs.CudaGraphCapture, or
         EagerCapture, which runs the very same step eagerly: the CPU tests of the graph path)."""
+        if self.graphs is None:
+            for layer in self.layers:
+                layer.fuse_for_steps()  # the modules' weights become views: no memory added
         self.graphs = GraphCache(capture)
 
     @torch.inference_mode()
@@ -290,16 +295,12 @@ class StaticStep:
         backend, W, B = self.backend, self.key.width, self.key.batch
         storage = backend.storage
         hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
+        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a step
         for k, index in enumerate(self.key.layers):
-            update = self.updates[k].bool()  # (B,)
-            key = storage.keys[index][:B]  # (B, nh, hd, capacity): a view
-            value = storage.values[index][:B]  # (B, nh, capacity, hd)
-            out, new_key, new_value = backend.layers[index](hidden, self.mask, key[..., :W], value[:, :, :W])
-            keep = update[:, None, None]  # (B, 1, 1): rows that skip write back what was there
-            at_k = (self.at, slice(None), slice(None), self.positions)  # (B, nh, hd)
-            at_v = (self.at, slice(None), self.positions)  # (B, nh, hd)
-            key[at_k] = torch.where(keep, new_key[:, :, 0], key[at_k])
-            value[at_v] = torch.where(keep, new_value[:, :, 0], value[at_v])
+            keep = self.updates[k].bool()[:, None, None]  # (B, 1, 1): rows that skip write back what was there
+            key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
+            value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
+            out = backend.layers[index].step(hidden, shared, key, value, keep)  # writes its K/V
             hidden = torch.where(keep, out, hidden)  # (B, 1, D)
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 

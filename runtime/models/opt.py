@@ -23,6 +23,7 @@ from torch import nn
 
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .base import SkipModel
+from .step import StepInputs, fuse_linears, step_attention, step_bias
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
 
@@ -97,21 +98,25 @@ class OPTLayer(nn.Module):
         return F.dropout(x, self.dropout) if self.training and self.dropout else x
 
     def forward(self, hidden, attention_mask, past_key, past_value):
+        return self._block(hidden, lambda h: self._attention(h, attention_mask, past_key, past_value))
+
+    def _block(self, hidden, attend, norm=_layer_norm):
+        """The layer around its attention: ``attend`` (the normed hidden -> (out, key, value))."""
         residual = hidden
         if self.pre_layer_norm:
-            hidden = _layer_norm(self.self_attn_layer_norm, hidden)
-        hidden, key, value = self._attention(hidden, attention_mask, past_key, past_value)
+            hidden = norm(self.self_attn_layer_norm, hidden)
+        hidden, key, value = attend(hidden)
         hidden = residual + self._dropout(hidden)
         if not self.pre_layer_norm:
-            hidden = _layer_norm(self.self_attn_layer_norm, hidden)
+            hidden = norm(self.self_attn_layer_norm, hidden)
 
         residual = hidden
         if self.pre_layer_norm:
-            hidden = _layer_norm(self.final_layer_norm, hidden)
+            hidden = norm(self.final_layer_norm, hidden)
         hidden = self.fc2(self.activation_fn(self.fc1(hidden)))
         hidden = residual + self._dropout(hidden)
         if not self.pre_layer_norm:
-            hidden = _layer_norm(self.final_layer_norm, hidden)
+            hidden = norm(self.final_layer_norm, hidden)
         return hidden, key, value
 
 
@@ -160,6 +165,30 @@ class CachedOPTLayer(OPTLayer):
         out = reshape(out.transpose(1, 2), 0, -1, nh * hd)  # (B, T, D)
         return self.out_proj(out), k, v
 
+    # -- the torch backend's decode step (runtime.models.step says why it differs) --------------
+
+    def fuse_for_steps(self) -> None:
+        """q/k/v as one product, and the norms' fp32 weights made once, for ``step``."""
+        self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.norms32 = {id(ln): tuple(None if p is None else p.float() for p in (ln.weight, ln.bias))
+                        for ln in (self.self_attn_layer_norm, self.final_layer_norm)}
+
+    def _step_norm(self, ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        """``_layer_norm`` over the fp32 weights ``fuse_for_steps`` made."""
+        return F.layer_norm(x.float(), ln.normalized_shape, *self.norms32[id(ln)], ln.eps).to(x.dtype)
+
+    def step(self, hidden, inputs: StepInputs, key, value, keep):
+        """hidden (B, 1, D) -> (B, 1, D); writes the rows' new K/V into ``key`` (B, nh, hd, W) and
+        ``value`` (B, nh, W, hd) where ``keep`` (B, 1, 1). The math of ``forward`` at T = 1."""
+        nh, hd = self.num_heads, self.head_dim
+
+        def attend(h):
+            q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).view(h.shape[0], 3, nh, hd).unbind(1)
+            q = (q * self.scaling)[:, :, None]  # (B, nh, 1, hd): one query head per KV head
+            return self.out_proj(step_attention(q, k, v, key, value, keep, inputs)), None, None
+
+        return self._block(hidden, attend, self._step_norm)[0]
+
 
 class OPTHead(nn.Module):
     """hidden (B, T, D) -> logits (B, T, V): final layer norm (pre-LN models) or project_out (350m)."""
@@ -197,6 +226,11 @@ class SkipOPT(SkipModel):
     def graph_layer(self, index: int) -> nn.Module:
         """The graphs read their past from rows of a KV buffer (CachedOPTLayer)."""
         return CachedOPTLayer(self.layers[index])
+
+    def step_inputs(self, mask, at, positions, like) -> StepInputs:
+        """What every layer of a decode step shares (runtime.models.step): the bias (the
+        positions are the embedding's)."""
+        return StepInputs(step_bias(mask, positions), at, positions)
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nh = self.config.num_attention_heads

@@ -201,6 +201,32 @@ def test_iobinding_backend_equals_the_plain_one(exported, speedup):
         bound.close()
 
 
+@pytest.mark.parametrize("speedup", [None, 2])
+def test_torch_backend_static_steps_equal_onnxruntime(exported, speedup):
+    """The step a CUDA graph captures (runtime.models.step: the bias and RoPE tables once a step,
+    q/k/v and gate/up as one product, K/V written before one attention product), run eagerly on the
+    CPU: ONNX Runtime's tokens, logits within 1e-5, over padded rows and a growing width; and the
+    fused products hold no second copy of the weights."""
+    from runtime.backends.cuda_graphs import EagerCapture
+
+    _, _, art = exported
+    static, cpu = runtime.load(art, backend="torch", max_batch=4), runtime.load(art, threads=1, max_batch=4)
+    try:
+        static.backend.use_graphs(EagerCapture())
+        (a, a_logits), (b, b_logits) = _run(static, 36, speedup=speedup), _run(cpu, 36, speedup=speedup)
+        assert a.result.token_ids == b.result.token_ids
+        for x, y in zip(a_logits, b_logits, strict=True):
+            np.testing.assert_allclose(x, y, atol=5e-5, rtol=0)  # fp32, attention summed in another order (<= 1.6e-5 seen)
+        assert static.backend.graphs.steps, "no static step ran"
+        layer = static.backend.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        assert attn.k_proj.weight.untyped_storage().data_ptr() == layer.qkv_weight.untyped_storage().data_ptr()
+        assert mlp.up_proj.weight.untyped_storage().data_ptr() == layer.gate_up_weight.untyped_storage().data_ptr()
+    finally:
+        static.close()
+        cpu.close()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device visible to PyTorch on this machine; the CUDA path runs only on a GPU")
 @pytest.mark.parametrize("speedup", [None, 2])
