@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from runtime import cli
-from runtime.errors import PolicyError
 
 from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
 from .gguf import INSTALL_COMMAND, INSTRUCT_ALIAS
@@ -76,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
     pol.add_argument("--min-layers", type=int, help="budget once the decay reaches the horizon")
-    pol.add_argument("--warmup-layers", type=int, default=1, help="bottom layers every step runs (default: 1)")
+    pol.add_argument("--warmup-layers", type=int,
+                     help="bottom layers every step runs (default: the checkpoint's trained warm-up, else 1)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
     v = sub.add_parser("verify", help="recheck an artifact against PyTorch and transformers")
@@ -117,19 +117,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _policy_fields(args) -> dict | None:
-    if args.speedup is not None:
-        if args.max_layers is not None or args.min_layers is not None:
-            raise PolicyError("pass --speedup or --max-layers/--min-layers, not both")
-        return {"speedup": args.speedup, "warmup_layers": args.warmup_layers}
-    if args.max_layers is None and args.min_layers is None:
-        return None
-    if args.max_layers is None or args.min_layers is None:
-        raise PolicyError("--max-layers and --min-layers go together")
-    return {"max_layers": args.max_layers, "min_layers": args.min_layers,
-            "warmup_layers": args.warmup_layers}
-
-
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     return cli.run(lambda: {"build": _build, "plan": _plan, "verify": _verify}[args.command](args))
@@ -138,7 +125,7 @@ def main(argv=None) -> int:
 def _build(args) -> int:
     from .build import BuildOptions, build
 
-    policy = _policy_fields(args)
+    policy = cli.policy_fields(args.speedup, args.max_layers, args.min_layers, args.warmup_layers)
     if args.engine == "trt":
         # before the export, not after it: TensorRT and a CUDA GPU must be here to build engines
         from engines.builder import TensorRTToolchain

@@ -95,20 +95,17 @@ def default_policy(num_layers: int, fields: dict | None, trained: dict | None = 
     trained = trained or {}
     warmup = trained.get("warmup_layers", 1)
     fields = dict(fields or {"max_layers": num_layers, "min_layers": num_layers, "warmup_layers": warmup})
-    fields.setdefault("warmup_layers", warmup)
+    if fields.get("warmup_layers") is None:
+        fields["warmup_layers"] = warmup
     fields.setdefault("horizon", trained.get("horizon"))
     # the policy shape a model was trained under (tools.finetune) is the one it must run
     shape = {k: trained[k] for k in ("decay", "exponent", "prefill") if k in trained}
-    if "speedup" in fields:  # over the trained horizon, else 128 steps (the paper's lengths)
-        p = SkipPolicy.for_speedup(num_layers, fields.pop("speedup"), fields["horizon"] or 128,
-                                   fields["warmup_layers"], **shape)
-        fields.update(max_layers=p.max_layers, min_layers=p.min_layers)
-    policy = SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], fields["warmup_layers"],
-                        fields["horizon"] or 128, **shape)
+    # a speedup over the trained horizon, else 128 steps (the paper's lengths)
+    policy = SkipPolicy.from_fields(num_layers, {**fields, **shape})
     # the shape only where it is not the paper's, so the manifests of linear models stay as they were
     extra = {k: v for k, v in policy.to_dict().items() if k in ("decay", "exponent", "prefill")}
-    return {"max_layers": fields["max_layers"], "min_layers": fields["min_layers"],
-            "warmup_layers": fields["warmup_layers"], "horizon": fields.get("horizon"), **extra}
+    return {"max_layers": policy.max_layers, "min_layers": policy.min_layers,
+            "warmup_layers": policy.warmup_layers, "horizon": fields.get("horizon"), **extra}
 
 
 def _prepare_out(out: Path) -> None:

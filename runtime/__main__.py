@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import cli
 from .backends import BACKENDS
-from .errors import InvalidArgumentError, PolicyError
+from .errors import InvalidArgumentError
 from .generation_config import GenerationConfig
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
@@ -84,19 +84,6 @@ def _parser():
     return p
 
 
-def _policy(args) -> dict | None:
-    """--max-layers/--min-layers/--warmup-layers as the dict ``generate(policy=...)`` takes."""
-    fields = {k: v for k, v in (("max_layers", args.max_layers), ("min_layers", args.min_layers),
-                                ("warmup_layers", args.warmup_layers)) if v is not None}
-    if not fields:
-        return None
-    if args.speedup is not None:
-        raise PolicyError("pass --speedup or --max-layers/--min-layers/--warmup-layers, not both")
-    if "max_layers" not in fields or "min_layers" not in fields:
-        raise PolicyError("--max-layers and --min-layers go together (--warmup-layers is optional)")
-    return fields
-
-
 def _sampling(args) -> dict:
     """The sampling options, defaults filled in; those given without --do-sample are warned about
     (they change nothing then), as transformers' generate does."""
@@ -132,7 +119,7 @@ def _print_text(event) -> None:
 
 
 def _run(args) -> int:
-    policy = _policy(args)
+    policy = cli.policy_fields(args.speedup, args.max_layers, args.min_layers, args.warmup_layers)
     if args.stream and len(args.prompts) > 1:
         raise InvalidArgumentError(f"--stream prints one prompt's text as it comes, got {len(args.prompts)} "
                                    f"prompts; pass one, or leave out --stream (or use --json) for several")
@@ -145,7 +132,7 @@ def _run(args) -> int:
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, **cli.backend_options(args))
     try:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
-        config = GenerationConfig(args.max_new_tokens, speedup=args.speedup, policy=policy, decay=args.decay,
+        config = GenerationConfig(args.max_new_tokens, policy=policy, decay=args.decay,
                                   exponent=args.exponent, prefill=args.prefill, ignore_eos=args.ignore_eos,
                                   stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
         result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)

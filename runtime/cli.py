@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import Callable
 
-from .errors import InvalidArgumentError, SkipDecodeError
+from .errors import InvalidArgumentError, PolicyError, SkipDecodeError
 from .version import __version__
 
 USER_ERROR = 2  # exit code of every user error, the same as argparse's usage errors
@@ -153,6 +153,21 @@ def prefill_chunk(text: str) -> int | str | None:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto', 'none' or a number of tokens >= 1, got {text!r}")
     return value
+
+
+def policy_fields(speedup: float | None, max_layers: int | None, min_layers: int | None,
+                  warmup_layers: int | None) -> dict | None:
+    """--speedup / --max-layers / --min-layers / --warmup-layers as the fields
+    SkipPolicy.from_fields takes (None when none is given): each command line's policy flags."""
+    if speedup is not None and (max_layers is not None or min_layers is not None):
+        raise PolicyError("pass --speedup or --max-layers/--min-layers, not both")
+    if speedup is not None:
+        return {"speedup": speedup, "warmup_layers": warmup_layers}
+    if max_layers is None and min_layers is None and warmup_layers is None:
+        return None
+    if max_layers is None or min_layers is None:
+        raise PolicyError("--max-layers and --min-layers go together (--warmup-layers is optional)")
+    return {"max_layers": max_layers, "min_layers": min_layers, "warmup_layers": warmup_layers}
 
 
 def backend_options(args) -> dict:

@@ -347,7 +347,8 @@ def _token_id_rows(prompts, vocab_size: int) -> list[list[int]] | None:
 def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None, *,
                decay: str | None = None, exponent: float | None = None,
                prefill: str | None = None) -> SkipPolicy:
-    """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest default.
+    """The policy a call runs: explicit ``policy`` (a SkipPolicy, or a dict of its fields or of
+    ``speedup`` and the shape: SkipPolicy.from_fields), a ``speedup`` target, or the manifest default.
 
     A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
     must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
@@ -365,16 +366,13 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
     shape = {k: default[k] for k in ("decay", "exponent", "prefill") if k in default} | given
     if shape.get("decay", "linear") == "linear" and "exponent" not in given:
         shape.pop("exponent", None)  # a power decay's exponent means nothing to a linear one
-    if speedup is not None:
-        return SkipPolicy.for_speedup(L, speedup, horizon=horizon,
-                                      warmup_layers=default.get("warmup_layers", 1), **shape)
-    if policy is None:
-        return SkipPolicy(L, default["max_layers"], default["min_layers"],
-                          default["warmup_layers"], horizon, **shape)
-    if isinstance(policy, dict):
-        policy = SkipPolicy(**{"num_layers": L, "horizon": horizon, **shape, **policy})
-    if not isinstance(policy, SkipPolicy):
+    if policy is not None and not isinstance(policy, (dict, SkipPolicy)):
         raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
+    if not isinstance(policy, SkipPolicy):
+        # the manifest's warm-up (the one a model was trained with) unless the call sets one
+        fields = ({"speedup": speedup} if speedup is not None else policy if policy is not None
+                  else {k: default.get(k) for k in ("max_layers", "min_layers")})
+        return SkipPolicy.from_fields(L, {**shape, "warmup_layers": default.get("warmup_layers"), **fields}, horizon)
     if given and any(getattr(policy, k) != v for k, v in given.items()):
         raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "
                           f"policy itself (dataclasses.replace)")

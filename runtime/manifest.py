@@ -314,12 +314,9 @@ def _check_model(m: Manifest, path: Path) -> None:
                     f"{t.name} sizes {shapes[t.name]} (num_kv_heads / head_dim / hidden_size); {REBUILD_HINT}")
     p = m.policy
     try:
-        shape = {k: p[k] for k in ("decay", "exponent", "prefill") if k in p}
-        SkipPolicy(info.num_layers, p["max_layers"], p["min_layers"], p.get("warmup_layers", 1),
-                   p.get("horizon") or 128, **shape)
-    except (KeyError, TypeError, PolicyError) as exc:
-        why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise ArtifactError(f"{path}: policy {p} is not a valid skip policy ({why}); {REBUILD_HINT}") from None
+        SkipPolicy.from_fields(info.num_layers, p)
+    except (TypeError, PolicyError) as exc:
+        raise ArtifactError(f"{path}: policy {p} is not a valid skip policy ({exc}); {REBUILD_HINT}") from None
 
 
 def _check_structure(m: Manifest, path: Path) -> None:

@@ -17,7 +17,7 @@ set (``prefill="policy"``): every later set is a subset of it, so the KV cache i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from .errors import PolicyError
@@ -62,6 +62,36 @@ class SkipPolicy:
         _check_shape(self.decay, self.exponent, self.prefill)
 
     # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_fields(cls, num_layers: int, fields, horizon: int = 128) -> "SkipPolicy":
+        """The one place where policy fields become a policy: a manifest's default, a call's
+        ``policy=`` dict, the server's ``policy`` object, the command lines' flags.
+
+        ``fields``: SkipPolicy's fields with ``max_layers`` and ``min_layers`` together, or
+        ``speedup`` instead of them (``for_speedup``); a field given as None takes its default,
+        and ``horizon`` absent or None is the ``horizon`` argument. Every error is a PolicyError
+        whose message starts with the field it is about."""
+        fields = {k: v for k, v in dict(fields).items() if v is not None}
+        layers = fields.pop("num_layers", num_layers)  # to_dict's dicts carry it
+        if layers != num_layers:
+            raise PolicyError(f"policy is for {layers} layers but the model has {num_layers}")
+        unknown = sorted(set(fields) - {*POLICY_FIELDS, "speedup"})
+        if unknown:
+            raise PolicyError(f"{unknown[0]} is not a policy field; a policy has {', '.join(POLICY_FIELDS)}, "
+                              f"or speedup instead of max_layers and min_layers")
+        horizon = fields.pop("horizon", horizon)
+        if "speedup" in fields:
+            both = [k for k in ("max_layers", "min_layers") if k in fields]
+            if both:
+                raise PolicyError(f"{both[0]} and speedup exclude each other: pass speedup, or "
+                                  f"max_layers and min_layers")
+            return cls.for_speedup(num_layers, fields.pop("speedup"), horizon, **fields)
+        for name, other in (("max_layers", "min_layers"), ("min_layers", "max_layers")):
+            if name not in fields:
+                raise PolicyError(f"{name} is required{' with ' + other if other in fields else ''}: "
+                                  f"max_layers and min_layers go together")
+        return cls(num_layers, horizon=horizon, **fields)
 
     @classmethod
     def full_depth(cls, num_layers: int, horizon: int = 128) -> "SkipPolicy":
@@ -159,6 +189,8 @@ class SkipPolicy:
 
 DECAYS = ("linear", "power")
 PREFILLS = ("full", "policy")
+# what a dict of policy fields may hold (SkipPolicy.from_fields): the layer count is the model's
+POLICY_FIELDS = tuple(f.name for f in fields(SkipPolicy) if f.name != "num_layers")
 
 
 def _check_shape(decay, exponent, prefill) -> None:

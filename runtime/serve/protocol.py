@@ -7,7 +7,6 @@ HTTP layer on top.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import time
@@ -17,15 +16,12 @@ from dataclasses import dataclass, field
 from ..detokenize import IncrementalDetokenizer
 from ..errors import SkipDecodeError
 from ..generation_config import GenerationConfig
-from ..policy import SkipPolicy
+from ..policy import POLICY_FIELDS
 from ..sampling import PENALTY_RANGE
 from ..stats import GenerationResult, TokenLogprob
 from ..structured import JSON_OBJECT
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
-# SkipPolicy's fields a request may set; decay/exponent/prefill: the shape options (runtime.policy)
-# a request's "policy": SkipPolicy's own fields, the layer count aside (the model's)
-POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(SkipPolicy) if f.name != "num_layers")
 
 
 class RequestError(SkipDecodeError, ValueError):
@@ -287,9 +283,6 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
             if key not in POLICY_FIELDS:
                 raise RequestError(f"unknown policy field {key!r}; a policy has {', '.join(POLICY_FIELDS)}",
                                    f"policy.{key}")
-        for key in ("max_layers", "min_layers"):
-            if key not in policy:
-                raise RequestError(f"policy.{key} is required", f"policy.{key}")
     if speedup is None and policy is None:
         speedup = default_speedup
     return CompletionRequest(prompts, max_tokens, stream, include_usage, temperature, top_p, top_k,

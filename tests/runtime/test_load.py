@@ -95,7 +95,8 @@ def test_graph_io_names_are_checked_against_the_manifest(copy):
 
 @pytest.mark.parametrize("change, message", [
     (lambda d: d["policy"].pop("min_layers"), "policy {'max_layers': 6, 'warmup_layers': 1, 'horizon': None} "
-                                               "is not a valid skip policy (no 'min_layers')"),
+                                               "is not a valid skip policy (min_layers is required with max_layers: "
+                                               "max_layers and min_layers go together)"),
     (lambda d: d["policy"].update(min_layers=9), "is not a valid skip policy (min_layers (9) must be <= "
                                                   "max_layers (6): the budget only decays)"),
     (lambda d: d["model"].update(num_heads=0), "model {'num_heads': 0} must be ints >= 1"),
