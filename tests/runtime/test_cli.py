@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from runtime.__main__ import main
+from runtime.policy import SkipPolicy
 from runtime.version import __version__
 
 
@@ -65,6 +66,16 @@ def test_policy_shape_options(artifact_dir, capsys):
     assert main(argv) == 0
     row = json.loads(capsys.readouterr().out.splitlines()[0])
     assert (row["policy"]["decay"], row["policy"]["exponent"], row["policy"]["prefill"]) == ("power", 3.0, "policy")
+
+
+def test_speedup_with_warmup_layers(artifact_dir, capsys):
+    """--speedup and --warmup-layers together: the speedup met with that many warm-up layers
+    (runtime.cli.policy_fields, SkipPolicy.from_fields), as export build takes them."""
+    argv = [str(artifact_dir), "Hello, my name is", "--json", "--max-new-tokens", "8", "--ignore-eos",
+            "--speedup", "2", "--warmup-layers", "2", "--no-check-hashes"]
+    assert main(argv) == 0
+    policy = json.loads(capsys.readouterr().out.splitlines()[0])["policy"]
+    assert SkipPolicy(**policy) == SkipPolicy.for_speedup(policy["num_layers"], 2, horizon=7, warmup_layers=2)
 
 
 def test_version_and_defaults_in_help(capsys):

@@ -1,5 +1,6 @@
 import itertools
 import math
+import re
 
 import pytest
 
@@ -147,3 +148,35 @@ def test_shape_round_trips_and_linear_dicts_keep_their_keys():
     linear = SkipPolicy(24, 16, 8)
     assert set(linear.to_dict()) == {"num_layers", "max_layers", "min_layers", "warmup_layers", "horizon"}
     assert SkipPolicy.from_dict(linear.to_dict()) == linear
+
+
+# -- SkipPolicy.from_fields: the one place where policy fields become a policy ---------------------
+
+
+@pytest.mark.parametrize("fields, want", [
+    ({"max_layers": 16, "min_layers": 8}, SkipPolicy(24, 16, 8)),
+    ({"max_layers": 16, "min_layers": 8, "warmup_layers": None, "horizon": None}, SkipPolicy(24, 16, 8)),
+    ({"max_layers": 16, "min_layers": 8, "horizon": 40, "decay": "power"}, SkipPolicy(24, 16, 8, horizon=40, decay="power")),
+    ({"speedup": 2, "warmup_layers": 2}, SkipPolicy.for_speedup(24, 2, horizon=128, warmup_layers=2)),
+    (SkipPolicy(24, 12, 6, horizon=9).to_dict(), SkipPolicy(24, 12, 6, horizon=9)),  # round trip
+])
+def test_from_fields(fields, want):
+    assert SkipPolicy.from_fields(24, fields) == want
+
+
+def test_from_fields_takes_the_horizon_given_when_the_fields_have_none():
+    assert SkipPolicy.from_fields(24, {"speedup": 3}, horizon=50) == SkipPolicy.for_speedup(24, 3, horizon=50)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_layers": 4}, "min_layers is required with max_layers: max_layers and min_layers go together"),
+    ({}, "max_layers is required: max_layers and min_layers go together"),
+    ({"speedup": 2, "min_layers": 3}, "min_layers and speedup exclude each other"),
+    ({"max_layers": 4, "min_layers": 2, "layers": 3}, "layers is not a policy field; a policy has max_layers, "
+                                                      "min_layers, warmup_layers, horizon, decay, exponent, prefill"),
+    ({"num_layers": 12, "max_layers": 4, "min_layers": 2}, "policy is for 12 layers but the model has 24"),
+    ({"max_layers": 30, "min_layers": 2}, "max_layers (30) must be <= num_layers (24)"),
+])
+def test_from_fields_refuses_with_the_field_first(fields, message):
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        SkipPolicy.from_fields(24, fields)
