@@ -8,9 +8,11 @@ from pathlib import Path
 
 from runtime import cli
 
-from .checkpoint import ALIASES, DEMO_MODEL, TINY_RANDOM
+from runtime.models.published import OPT_ALIASES as ALIASES
+
+from .checkpoint import DEMO_MODEL, TINY_RANDOM
 from .gguf import INSTALL_COMMAND, INSTRUCT_ALIAS
-from .published import ALIASES as LLAMA_ALIASES
+from runtime.models.published import ALIASES as LLAMA_ALIASES
 from .quantize import BLOCK_SIZE
 from .quantize import FORMATS, WEIGHTS
 

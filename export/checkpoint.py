@@ -5,7 +5,7 @@ Three kinds of source:
 
 * a local directory holding a Hugging Face checkpoint (config.json, weights, tokenizer);
 * a hub id (``facebook/opt-1.3b``, ``Qwen/Qwen3-0.6B``) or one of the aliases below (OPT's, and the
-  Llama family's in export.published), downloaded by transformers;
+  Llama family's in runtime.models.published), downloaded by transformers;
 * ``opt-e2e-skipdecode`` (the default): the demo model shipped in this repository under models/,
   a 12-layer OPT trained on E2E restaurant descriptions and fine-tuned under SkipDecode;
 * a GGUF file (``FILE.gguf``, llama.cpp's format) of the Llama family, read by export.gguf; the
@@ -27,23 +27,11 @@ from runtime.errors import (CorruptCheckpointError, HubDownloadError, ModelNotFo
                             first_line)
 from runtime.models import family_of
 
-from . import gguf, published
+from runtime.models import published
+from runtime.models.published import OPT_ALIASES, OPT_ARCHS, OPT_HUB_ORG, OPT_VOCAB_SIZE
 
-HUB_ORG = "facebook"
-# Architectures of the public OPT checkpoints, so that random-weight models of the real shapes can
-# be built offline: (layers, hidden, heads, ffn, word_embed_proj_dim, pre-LayerNorm).
-OPT_ARCHS: dict[str, tuple[int, int, int, int, int, bool]] = {
-    "opt-125m": (12, 768, 12, 3072, 768, True),
-    "opt-350m": (24, 1024, 16, 4096, 512, False),
-    "opt-1.3b": (24, 2048, 32, 8192, 2048, True),
-    "opt-2.7b": (32, 2560, 32, 10240, 2560, True),
-    "opt-6.7b": (32, 4096, 32, 16384, 4096, True),
-    "opt-13b": (40, 5120, 40, 20480, 5120, True),
-    "opt-30b": (48, 7168, 56, 28672, 7168, True),
-    "opt-66b": (64, 9216, 72, 36864, 9216, True),
-}
-ALIASES = {name: f"{HUB_ORG}/{name}" for name in OPT_ARCHS}
-OPT_VOCAB_SIZE = 50272  # every public OPT checkpoint's embedding rows
+from . import gguf
+
 TINY_RANDOM = "tiny-random"  # a random 8-layer OPT built offline: fast, for tests and smoke runs
 DEMO_MODEL = "opt-e2e-skipdecode"  # the default: the trained demo model that ships in models/
 # Any of these makes a directory's tokenizer (fast, byte-level BPE's pair, SentencePiece's model)
@@ -85,7 +73,7 @@ class ModelSource:
 def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
     spec = str(spec)
-    known = ", ".join([DEMO_MODEL, TINY_RANDOM, gguf.INSTRUCT_ALIAS, *ALIASES, *published.ALIASES])
+    known = ", ".join([DEMO_MODEL, TINY_RANDOM, gguf.INSTRUCT_ALIAS, *OPT_ALIASES, *published.ALIASES])
     llama = published.alias_of(spec)  # a Llama-family alias or its hub id
     if spec == TINY_RANDOM:
         return ModelSource(spec, "random", TINY_RANDOM)
@@ -98,7 +86,7 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
     if spec.lower() == gguf.INSTRUCT_ALIAS and not random_weights:
         return ModelSource(spec, "gguf", str(gguf.installed_instruct()))
-    short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{HUB_ORG}/") else spec.lower()
+    short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{OPT_HUB_ORG}/") else spec.lower()
     if random_weights:
         if llama is not None:
             return ModelSource(spec, "random", llama)
@@ -118,8 +106,8 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     if path.exists():
         raise UnsupportedModelError(
             f"{path} is a file; --model takes a checkpoint directory or a GGUF file (FILE.gguf)")
-    if short in ALIASES:
-        return ModelSource(spec, "hub", ALIASES[short])
+    if short in OPT_ALIASES:
+        return ModelSource(spec, "hub", OPT_ALIASES[short])
     if llama is not None:
         return ModelSource(spec, "hub", published.ALIASES[llama])
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:  # a path, not org/name

@@ -37,9 +37,9 @@ from pathlib import Path
 from engines.config import EngineBuildConfig
 from runtime.errors import ModelNotFoundError, SkipDecodeError
 from runtime.kvcache import pages_width
-from runtime.models import family_named
+from runtime.models import family_named, published
+from runtime.models.published import OPT_ARCHS, OPT_VOCAB_SIZE
 
-from .checkpoint import OPT_ARCHS, OPT_VOCAB_SIZE
 from .quantize import BLOCK_SIZE, QUANT_BITS  # noqa: F401 - the planner's, and its callers' from here
 
 GiB = 1024**3
@@ -78,7 +78,7 @@ class Arch:
     pre_layer_norm: bool  # False for OPT-350m: post-LayerNorm, no final layer norm
     kv_width: int | None = None  # K/V values per position and layer: KV heads x head_dim, smaller than
     # hidden_size under grouped-query attention (Llama family); None: hidden_size (OPT)
-    weights: tuple | None = None  # (name, (K, N), quantizable) of a non-OPT family (export.published); None: OPT's
+    weights: tuple | None = None  # (name, (K, N), quantizable) of a non-OPT family (runtime.models.published); None: OPT's
 
 
 ENGINE_DEFAULTS = EngineBuildConfig()  # what `python -m engines build` builds when given no limits
@@ -178,8 +178,6 @@ class Plan:
 
 
 def arch_from_alias(name: str) -> Arch:
-    from . import published
-
     if (alias := published.alias_of(name)) is not None:  # a Llama-family alias
         return plan_arch(alias, published.PUBLISHED[alias].fields())
     key = name.lower().split("/")[-1]
@@ -382,7 +380,7 @@ def parse_gib(text: str) -> int:
     return int(value * GiB)
 
 
-# -- the Llama family's shapes (export.published) ------------------------------------------------
+# -- the Llama family's shapes (runtime.models.published) ------------------------------------------------
 
 
 def weight_tensors(config: dict) -> tuple[tuple[str, tuple[int, int], bool], ...]:

@@ -8,7 +8,7 @@ from transformers import OPTConfig, OPTForCausalLM
 
 from export import plan as pm
 from export.__main__ import main
-from export.checkpoint import OPT_ARCHS
+from runtime.models.published import OPT_ARCHS
 
 TINY = dict(num_layers=2, hidden_size=64, num_heads=4, ffn_dim=96, vocab_size=40, max_positions=48)
 

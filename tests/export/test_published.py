@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from export import checkpoint
-from export.published import PUBLISHED
 from runtime.models import family_of
+from runtime.models.published import PUBLISHED
 
 # Parameters of the published checkpoints (model cards; tied embeddings counted once), in millions.
 PARAMS_M = {"llama-3.2-1b": 1236, "llama-3.2-3b": 3213, "qwen2.5-0.5b": 494, "qwen3-0.6b": 596,

@@ -3,7 +3,7 @@ at full depth and under SkipDecode policies, against the device's measured memor
 
 Random weights at real shapes are built on the device (no download, no export): OPT's from
 ``OPTConfig``, the Llama family's (``smollm2-135m``, ``qwen3-0.6b``, ...) from the published shapes of
-``export.published``; ``TorchBackend.from_model`` runs them. What is timed is the backend's whole decode step
+``runtime.models.published``; ``TorchBackend.from_model`` runs them. What is timed is the backend's whole decode step
 (``Backend.decode``: embed, the policy's active layers, head, logits of every row back on the
 host, fed back greedily), the step the engine calls; the engine's scheduling, sampling and
 detokenising are left out. Eager and graph steps are timed in interleaved rounds on the same
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from export.published import PUBLISHED
+from runtime.models.published import PUBLISHED
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 

@@ -1,15 +1,35 @@
-"""The Llama-family checkpoints the aliases name: hub ids for real use, and their published shapes,
-so that ``--random-weights`` builds the real architecture offline (benchmarks, plans, smoke runs).
+"""The public checkpoints the aliases name, per family: hub ids for real use, and their published
+shapes, so that ``--random-weights`` builds the real architecture offline (benchmarks, plans,
+smoke runs) and ``export plan`` counts its bytes. Data only: no torch, no transformers at import.
 
-The shapes are the checkpoints' config.json values (hidden, layers, heads, KV heads, head_dim,
-MLP width, vocabulary, context, RoPE, tied embeddings). A random build keeps them all except the
-special-token ids, which are those of the offline tokenizer (export.checkpoint.build_tokenizer,
-filled up to the real vocabulary size), so every id the model can emit decodes to text.
+OPT's shapes are (layers, hidden, heads, ffn, word_embed_proj_dim, pre-LayerNorm). The Llama
+family's are the checkpoints' config.json values (hidden, layers, heads, KV heads, head_dim, MLP
+width, vocabulary, context, RoPE, tied embeddings). A random build (export.checkpoint) keeps them
+all except the special-token ids, which are those of the offline tokenizer (filled up to the real
+vocabulary size), so every id the model can emit decodes to text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+# -- OPT ---------------------------------------------------------------------------------------------
+
+OPT_HUB_ORG = "facebook"
+OPT_ARCHS: dict[str, tuple[int, int, int, int, int, bool]] = {
+    "opt-125m": (12, 768, 12, 3072, 768, True),
+    "opt-350m": (24, 1024, 16, 4096, 512, False),
+    "opt-1.3b": (24, 2048, 32, 8192, 2048, True),
+    "opt-2.7b": (32, 2560, 32, 10240, 2560, True),
+    "opt-6.7b": (32, 4096, 32, 16384, 4096, True),
+    "opt-13b": (40, 5120, 40, 20480, 5120, True),
+    "opt-30b": (48, 7168, 56, 28672, 7168, True),
+    "opt-66b": (64, 9216, 72, 36864, 9216, True),
+}
+OPT_ALIASES = {name: f"{OPT_HUB_ORG}/{name}" for name in OPT_ARCHS}
+OPT_VOCAB_SIZE = 50272  # every public OPT checkpoint's embedding rows
+
+# -- the Llama family ----------------------------------------------------------------------------------
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
@@ -78,4 +98,5 @@ def alias_of(spec: str) -> str | None:
     return None
 
 
-__all__ = ["ALIASES", "PUBLISHED", "Published", "alias_of"]
+__all__ = ["ALIASES", "OPT_ALIASES", "OPT_ARCHS", "OPT_HUB_ORG", "OPT_VOCAB_SIZE", "PUBLISHED", "Published",
+           "alias_of"]
