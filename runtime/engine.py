@@ -47,9 +47,16 @@ from .generation_config import GenerationConfig
 from .kvcache import KVCache
 from .policy import SkipPolicy
 from .prefix_cache import PrefixCache
-from .sampling import SamplingConfig, penalize, select, token_logprob
+from .sampling import SamplingConfig, draw, penalize, probabilities, select, token_logprob, verify_draft
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 
+
+# Lossless decoding (issue 31): a row drafts k tokens with its policy's layers, then one full-depth
+# pass over them keeps the agreeing prefix and full depth's own next token.
+DRAFT_START = 4  # k at a row's start
+DRAFT_MAX = 8  # k grows by 2 after a pass that kept every draft, shrinks by 1 after one that did not
+FALLBACK_AFTER = 16  # tokens a row is judged on before it may fall back
+FALLBACK_BELOW = 1.1  # tokens per full-depth step's worth of layers under which it falls back
 
 class EngineClosedError(SkipDecodeError, RuntimeError):
     """A request submitted to, or still running in, a Generator that was closed."""
@@ -134,6 +141,15 @@ class Sequence:
     reason: str | None = None  # why it stopped: "eos", "stop" or "length"
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
     matcher: object = None  # runtime.structured.RowMatcher of a constrained row
+    # lossless decoding (self-speculative): the policy's layers draft, a full-depth pass verifies
+    lossless: bool = False  # drafting; False again once drafting costs more than it gives
+    drafts: list = field(default_factory=list)  # (token, q (V,) or None) drafted since the last verify
+    draft_len: int = 0  # drafts per verify pass (k), adapted to the row's acceptance
+    first: int = 0  # the token its first draft step ran (the verify pass runs it again)
+    base: int = 0  # its KV length before that step: the verify pass writes from there
+    proposal: tuple | None = None  # the draft a verify position judges (engine._emit)
+    spent: float = 0.0  # full-depth steps' worth of layers its drafts and verify passes ran
+    gained: int = 0  # tokens those gave
 
 
 @dataclass(eq=False)
@@ -151,6 +167,7 @@ class Request:
     logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
     config: GenerationConfig | None = None  # what it was made from, as the caller gave it
     constraint: object = None  # runtime.structured.Constraint: every row's output matches its schema
+    lossless: bool = False  # its rows draft with the policy's layers and keep only full depth's tokens
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -164,6 +181,8 @@ class Request:
         if self.constraint is not None:
             for s in self.seqs:
                 s.matcher = self.constraint.matcher()
+        for s in self.seqs:
+            s.lossless, s.draft_len = self.lossless, DRAFT_START
         self.stats = GenerationStats(0, B, T0, 0)
         self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 
@@ -414,14 +433,24 @@ class Engine:
             self._emit(seqs)
 
     def _decode(self) -> None:
-        """One token for every decoding row: embed, the union of the rows' active sets, head."""
+        """One token for every decoding row: embed, the union of the rows' active sets, head. A
+        lossless row drafts its token instead; once a row's drafts are complete the round is their
+        verify pass (``_verify``)."""
         cache = self.cache
         R = cache.decoding
         seqs = cache.owners[:R]
-        sets = [s.request.policy.active_layers(s.step) for s in seqs]
+        ready = [s for s in seqs if s.drafts and len(s.drafts) >= self._drafts_wanted(s)]
+        if ready:
+            return self._verify(seqs, ready)
+        drafting = [bool(self._drafts_wanted(s)) for s in seqs]
+        steps = [s.step + len(s.drafts) for s in seqs]  # the generation step of each row's input
+        sets = [self._layers(s, g, d) for s, g, d in zip(seqs, steps, drafting)]
         layers = sorted(set().union(*sets))
         updates = [np.array([i in active for active in sets]) for i in layers]
         ids = np.array([[s.token] for s in seqs], dtype=np.int64)  # (R, 1)
+        for s, d in zip(seqs, drafting):
+            if d and not s.drafts:  # its first draft: the verify pass runs this token again from here
+                s.first, s.base = s.token, int(cache.length[s.row])
         began = time.perf_counter()
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
@@ -432,17 +461,111 @@ class Engine:
         self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(seqs):
-            s.logits = logits[j]
-            groups.setdefault((s.request, s.step), []).append(j)
+            groups.setdefault((s.request, steps[j]), []).append(j)
         for r in dict.fromkeys(s.request for s in seqs):
             r.stats.decode_seconds += seconds
         for (r, g), members in groups.items():
             r.stats.steps.append(StepStats(g, r.policy.budget(g), sets[members[0]], seconds,
                                            self.num_layers, tuple(seqs[j].index for j in members),
                                            tuple(layers)))
-        for s in seqs:
-            s.step += 1
-        self._emit(seqs)
+        emit = []
+        for j, s in enumerate(seqs):
+            if drafting[j]:
+                self._draft(s, logits[j])
+                s.spent += len(sets[j]) / self.num_layers
+            else:
+                s.logits = logits[j]
+                s.step += 1
+                emit.append(s)
+        self._emit(emit)
+
+    def _drafts_wanted(self, s: Sequence) -> int:
+        """Drafts a lossless row makes before its verify pass (0: it decodes plainly): its k, less
+        where fewer tokens are left (a pass gives up to drafts + 1)."""
+        if not s.lossless:
+            return 0
+        left = s.request.max_new_tokens - 1 - s.step  # tokens still to select
+        return min(s.draft_len, left - 1) if left >= 2 else 0
+
+    def _layers(self, s: Sequence, g: int, drafting: bool) -> tuple[int, ...]:
+        """A row's layers for a step whose input is its g-th token: the policy's active set, or
+        every layer for a lossless row's token that no pass verifies."""
+        if s.request.lossless and not drafting:
+            return tuple(range(self.num_layers))
+        return s.request.policy.active_layers(g)
+
+    def _draft(self, s: Sequence, logits: np.ndarray) -> None:
+        """A lossless row's next draft from its draft step's logits (V,): greedy, or drawn from
+        the processed distribution q, kept for the verify pass's rule."""
+        r = s.request
+        scores = logits
+        if r.sampling.penalized:  # over the tokens so far and the drafts before this one
+            scores = penalize(scores, r.detok[s.index].tokens + [d for d, _ in s.drafts], r.sampling)
+        if r.sampling.do_sample:
+            q = probabilities(scores[None, :], r.sampling)[0]  # (V,)
+            token = int(draw(q[None, :], s.rng)[0])
+        else:
+            q, token = None, int(scores.argmax())
+        s.drafts.append((token, q))
+        s.token = token
+
+    def _verify(self, seqs: list[Sequence], ready: list[Sequence]) -> None:
+        """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most
+        drafts; rows with fewer are padded, the other decoding rows ride along unchanged): K/V of
+        every layer at those positions, every position's logits, then the tokens position by
+        position, each row until its first token that differs from its draft (that token is full
+        depth's own, and kept); the rejected drafts' positions are dropped."""
+        cache, L = self.cache, self.num_layers
+        R, T = len(seqs), 1 + max(len(s.drafts) for s in ready)
+        ids = np.zeros((R, T), dtype=np.int64)
+        new = np.zeros((R, T), dtype=np.int64)
+        update = np.zeros(R, dtype=bool)
+        began = time.perf_counter()
+        for s in ready:
+            n = len(s.drafts)
+            cache.rewind(s.row, s.base)  # the drafts' positions, written again at every layer
+            ids[s.row, : n + 1] = [s.first, *(d for d, _ in s.drafts)]
+            new[s.row, : n + 1] = 1
+            update[s.row] = True
+        cache.reserve(0, R, T)
+        mask = cache.mask(0, R, new)  # (R, W + T)
+        rows = np.array([s.row for s in ready])
+        hidden = self.backend.embed(ids, mask)  # (R, T, D)
+        hidden = self.backend.run_layers(cache, 0, R, hidden, mask, range(L), [update] * L)
+        logits = self.backend.head_all(hidden, rows)  # (len(ready), T, V)
+        for s in ready:
+            cache.grow(s.row, len(s.drafts) + 1)
+        seconds = time.perf_counter() - began
+        for r in dict.fromkeys(s.request for s in ready):
+            r.stats.decode_seconds += seconds
+            members = [s for s in ready if s.request is r]
+            r.stats.verify_passes += 1
+            r.stats.verified_rows += len(members)
+            r.stats.steps.append(StepStats(members[0].step, L, tuple(range(L)), seconds, L,
+                                           tuple(s.index for s in members), tuple(range(L))))
+        kept = dict.fromkeys(ready, 0)
+        active = list(ready)
+        for i in range(T):
+            for j, s in enumerate(ready):
+                if s in active:
+                    s.logits, s.step = logits[j, i], s.step + 1
+                    s.proposal = s.drafts[i] if i < len(s.drafts) else None
+            self._emit(active)
+            active = [s for s in active if i < len(s.drafts) and s.reason is None and s.token == s.drafts[i][0]]
+            for s in active:
+                kept[s] += 1
+        for s in ready:
+            n, a = len(s.drafts), kept[s]
+            s.request.stats.drafted_tokens += n
+            s.request.stats.accepted_tokens += a
+            s.drafts, s.proposal = [], None
+            if s.row >= 0:  # still running: its rejected drafts' positions go
+                cache.rewind(s.row, s.base + a + 1)
+            s.draft_len = min(s.draft_len + 2, DRAFT_MAX) if a == n else max(1, s.draft_len - 1)
+            s.spent += 1.0
+            s.gained += a + 1
+            if s.gained >= FALLBACK_AFTER and s.gained < FALLBACK_BELOW * s.spent:
+                s.lossless = False  # drafting costs more than it gives: plain full depth from here
 
     def _emit(self, seqs: list[Sequence]) -> None:
         """Select each row's next token, stream it (one event per request and step), retire
@@ -463,7 +586,11 @@ class Engine:
                 scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
                 if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
                     scores = s.matcher.mask(scores)  # only what keeps the text on its schema
-                token = int(select(scores[None, :], r.sampling, s.rng)[0])
+                if s.proposal is not None and r.sampling.do_sample:  # a draft judged (lossless)
+                    draft, q = s.proposal
+                    token = verify_draft(probabilities(scores[None, :], r.sampling)[0], draft, q, s.rng)
+                else:  # greedy: full depth's argmax, which the verify pass compares with the draft
+                    token = int(select(scores[None, :], r.sampling, s.rng)[0])
                 complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)
                 if r.logprobs is not None:
                     event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
@@ -485,6 +612,8 @@ class Engine:
                         self.cache.release(s.row)
             event.finished = [s.reason is not None for s in r.seqs]
             r.stats.new_tokens = max(r.stats.new_tokens, g + 1)
+            if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
+                r.stats.decode_tokens += len(members)
             r.events.put(event)
         for r in dict.fromkeys(s.request for s in seqs):
             if r.done:

@@ -30,6 +30,8 @@ class GenerationConfig:
     decay: str | None = None  # "linear" | "power": the budget curve; None: the artifact's
     exponent: float | None = None  # of the power decay; None: the artifact's, else 2
     prefill: str | None = None  # "full" | "policy": the prompt's layers; None: the artifact's
+    # True: the policy's layers only draft; every token is full depth's (self-speculative decoding)
+    lossless: bool = False
     # -- sampling (runtime.sampling.SamplingConfig; transformers' names and defaults)
     do_sample: bool = False  # False: greedy
     temperature: float = 1.0  # divides the logits; < 1 sharpens
@@ -49,6 +51,13 @@ class GenerationConfig:
 
     def __post_init__(self) -> None:
         self.sampling()  # sampling's types and ranges, checked where the config is made
+        if not isinstance(self.lossless, bool):
+            raise InvalidArgumentError(f"lossless must be True or False, got {self.lossless!r}")
+        if self.lossless and self.prefill == "policy":
+            raise InvalidArgumentError(
+                "lossless=True verifies every token at full depth, which reads every layer's K/V of the "
+                "prompt: prefill='policy' leaves the layers outside step 0's set without it; leave out "
+                "prefill (lossless prompts run at full depth)")
 
     @classmethod
     def build(cls, config: "GenerationConfig | None" = None, **overrides) -> "GenerationConfig":

@@ -5,6 +5,8 @@ A Generator is thread-safe: every ``generate``/``stream`` call becomes a request
 
 from __future__ import annotations
 
+import dataclasses
+
 import queue
 import warnings
 from pathlib import Path
@@ -165,6 +167,8 @@ class Generator:
                                        f"got {c.logprobs!r}")
         chosen = self.policy_for(max_new_tokens, c.policy, c.speedup, decay=c.decay, exponent=c.exponent,
                                  prefill=c.prefill)
+        if c.lossless and chosen.prefill != "full":  # the artifact's default: verify passes read every layer
+            chosen = dataclasses.replace(chosen, prefill="full")
         constraint = None if c.json_schema is None else self.structured.compile(c.json_schema)
         if ids is not None:
             width = max(map(len, ids))
@@ -185,7 +189,7 @@ class Generator:
                               last_resort="load with a larger max_length")
         return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
                        [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c,
-                       constraint=constraint)
+                       constraint=constraint, lossless=c.lossless)
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).

@@ -208,6 +208,18 @@ class KVCache:
         self.valid[np.arange(start, stop)[:, None], cols] = new
         self.length[start:stop] += T
 
+    def rewind(self, row: int, length: int) -> None:
+        """Row ``row`` keeps its first ``length`` positions, those after are dropped (lossless
+        decoding: a draft's positions before the verify pass writes them again, then the rejected
+        ones); their K/V stay in memory, masked, until positions are written there again."""
+        self.valid[row, length: self.length[row]] = 0
+        self.length[row] = min(self.length[row], length)
+
+    def grow(self, row: int, count: int) -> None:
+        """Row ``row`` now holds ``count`` more valid positions (written by a call over its block)."""
+        self.valid[row, self.length[row]: self.length[row] + count] = 1
+        self.length[row] += count
+
     def snapshot(self, row: int, length: int):
         """Row ``row``'s first ``length`` positions of K/V, copied (None: the storage cannot)."""
         return self.storage.read(row, length)

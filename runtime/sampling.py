@@ -65,6 +65,12 @@ def select(logits: np.ndarray, config: SamplingConfig, rng: np.random.Generator)
     """logits (B, V) fp32 -> token ids (B,) int64."""
     if not config.do_sample:
         return logits.argmax(axis=-1).astype(np.int64)
+    return draw(probabilities(logits, config), rng)
+
+
+def probabilities(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
+    """logits (B, V) fp32 -> (B, V) fp64: the distribution ``select`` samples from (temperature,
+    then top-k, then top-p)."""
     scores = logits.astype(np.float64) / config.temperature  # (B, V)
     if config.top_k and config.top_k < scores.shape[-1]:
         kth = np.partition(scores, -config.top_k, axis=-1)[:, -config.top_k][:, None]  # (B, 1)
@@ -78,9 +84,26 @@ def select(logits: np.ndarray, config: SamplingConfig, rng: np.random.Generator)
         drop = np.zeros_like(drop_sorted)
         np.put_along_axis(drop, order, drop_sorted, axis=-1)
         scores = np.where(drop, -np.inf, scores)
-    probs = _softmax(scores)
+    return _softmax(scores)
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """probs (B, V) -> one token id per row (B,) int64, by inverting the cumulative distribution."""
     u = rng.random((probs.shape[0], 1))
     return (probs.cumsum(axis=-1) < u).sum(axis=-1).clip(max=probs.shape[-1] - 1).astype(np.int64)
+
+
+def verify_draft(p: np.ndarray, draft: int, q: np.ndarray, rng: np.random.Generator) -> int:
+    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023): a ``draft`` token
+    drawn from ``q`` (V,) is kept with probability min(1, p[d] / q[d]), else the token is drawn from
+    max(p - q, 0), renormalised; either way the token is distributed as ``p`` (V,), the target's."""
+    if rng.random() * q[draft] < p[draft]:  # u < p/q without dividing by a q[d] of 0
+        return draft
+    residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    if total <= 0:  # p == q up to rounding: nothing to correct
+        return int(draw(p[None, :], rng)[0])
+    return int(draw(residual[None, :] / total, rng)[0])
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

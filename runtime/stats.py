@@ -41,6 +41,24 @@ class GenerationStats:
     decode_seconds: float = 0.0
     steps: list[StepStats] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (runtime.prefix_cache), not run
+    decode_tokens: int = 0  # tokens the decode steps and verify passes selected, every row's
+    # lossless decoding: drafts made and kept, and the full-depth passes that judged them
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_passes: int = 0
+    verified_rows: int = 0  # rows over those passes: a pass verifies each of its rows' drafts
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Drafts kept / drafts made (None: nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def tokens_per_verify(self) -> float | None:
+        """Tokens per verify pass and row: its kept drafts and full depth's own next token."""
+        if not self.verified_rows:
+            return None
+        return (self.accepted_tokens + self.verified_rows) / self.verified_rows
 
     @property
     def layers_per_step(self) -> list[int]:
@@ -63,8 +81,7 @@ class GenerationStats:
     @property
     def decode_tokens_per_second(self) -> float:
         """Tokens the decode steps produced (each step's rows) per second of them."""
-        tokens = sum(len(s.rows) or self.batch_size for s in self.steps)
-        return tokens / self.decode_seconds if self.decode_seconds else 0.0
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
         return {"num_layers": self.num_layers, "batch_size": self.batch_size,
@@ -74,7 +91,11 @@ class GenerationStats:
                 "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
                 "layers_per_step": self.layers_per_step,
                 "theoretical_speedup": round(self.theoretical_speedup, 4),
-                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4)}
+                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4),
+                **({} if not self.verify_passes else {
+                    "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+                    "verify_passes": self.verify_passes, "acceptance_rate": round(self.acceptance_rate or 0.0, 4),
+                    "tokens_per_verify": round(self.tokens_per_verify, 4)})}
 
     def __repr__(self) -> str:
         return f"GenerationStats({self.to_dict()})"

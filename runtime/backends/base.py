@@ -5,7 +5,8 @@ A backend runs graphs and knows nothing of policies, rows or positions: the KV c
 backend gives it a ``KVStorage`` for its device. The engine (runtime/engine.py) decides which rows
 run which layers.
 
-- ``embed(ids, mask)``, ``head(hidden, rows)``: the embedding and head graphs.
+- ``embed(ids, mask)``, ``head(hidden, rows)``: the embedding and head graphs (``head_all``: every
+  position's logits, for a lossless verify pass).
 - ``layer(i, hidden, mask, past_key, past_value)``: run layer graph i over a block of rows whose
   past the cache binds, returning (hidden, new_key, new_value); the cache writes the new K/V.
 - ``run_layers(cache, start, count, hidden, mask, layers, updates)``: a call's layers over a block
@@ -86,6 +87,12 @@ class Backend(ABC):
     @abstractmethod
     def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
+
+    def head_all(self, hidden, rows: np.ndarray) -> np.ndarray:
+        """hidden (B, T, D) -> fp32 logits (len(rows), T, V) of every position of ``rows``: a
+        verify pass's (lossless decoding). By default one ``head`` call per position."""
+        T = hidden.shape[1]
+        return np.stack([self.head(hidden[:, : t + 1], rows) for t in range(T)], axis=1)
 
     def run_layers(self, cache: KVCache, start: int, count: int, hidden, mask, layers, updates=None):
         """Layers ``layers`` over cache rows [start, start + count) (``run_layers``); a backend

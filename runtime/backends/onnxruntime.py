@@ -255,5 +255,9 @@ class OnnxRuntimeBackend(Backend):
         last = np.ascontiguousarray(last)
         return self._sessions["head"].run(None, {"hidden_states": last})[0][:, -1, :].astype(np.float32)
 
+    def head_all(self, hidden, rows):
+        picked = np.ascontiguousarray(hidden[rows])  # (R, T, D): one run for every position
+        return self._sessions["head"].run(None, {"hidden_states": picked})[0].astype(np.float32)  # (R, T, V)
+
     def close(self):
         self._sessions.clear()

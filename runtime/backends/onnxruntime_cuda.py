@@ -359,6 +359,10 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         logits = self._run(self._sessions["head"], b, outputs_to="cpu")[0]  # (R, 1, V) on the host
         return logits.numpy()[:, -1, :].astype(np.float32)
 
+    def head_all(self, hidden, rows):
+        host = self._on_device(hidden).numpy()  # (B, T, D): the generic per-position head reads slices
+        return super().head_all(host, rows)
+
     def decode(self, step: DecodeStep, cache: KVCache):
         mask = self._to_device(step.attention_mask)  # once per step, bound by every layer
         hidden = self.embed(step.input_ids, mask)  # (R, 1, D) on the device

@@ -248,6 +248,11 @@ class TorchBackend(Backend):
         # .cpu() waits for the device, so the loop's timings include the queued GPU work.
         return self.model.head(last)[:, -1, :].float().cpu().numpy()  # (R, V) fp32
 
+    @torch.inference_mode()
+    def head_all(self, hidden, rows):
+        picked = self._hidden(hidden)[self._tensor(rows)]  # (R, T, D)
+        return self.model.head(picked).float().cpu().numpy()  # (R, T, V) fp32
+
     def close(self):
         if self.storage is not None:
             self.storage.close()
