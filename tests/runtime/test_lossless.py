@@ -1,0 +1,192 @@
+"""Lossless SkipDecode (self-speculative decoding): the policy's layers draft, a full-depth pass
+verifies, and the tokens are full depth's: greedy token for token (alone, batched, beside plain
+rows, with EOS, stop strings and max_new_tokens inside a draft, on every backend), sampled by
+full depth's distribution (speculative sampling's rule), and observable in the stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+from export.build import BuildOptions, build
+from runtime.backends.cuda_graphs import EagerCapture
+from runtime.engine import FALLBACK_AFTER
+from runtime.errors import InvalidArgumentError
+from runtime.sampling import verify_draft
+from tests.conftest import PROMPTS
+from tests.families import save_tiny_checkpoint
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def gen(artifact_dir):
+    g = runtime.load(artifact_dir, max_batch=4, check_hashes=False)
+    yield g
+    g.close()
+
+
+@pytest.fixture(scope="module")
+def full(gen):
+    return gen.generate(PROMPTS, NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen3"])
+def llama_artifact(request, tmp_path_factory):
+    """A Llama-family artifact (fused GroupQueryAttention layers on ONNX Runtime's CPU)."""
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp(f"{request.param}-ckpt"), request.param)
+    out = tmp_path_factory.mktemp(f"{request.param}-art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False), log=lambda *_: None)
+    return out
+
+
+@pytest.mark.parametrize("speedup", [2, 3, 5])
+def test_greedy_lossless_is_full_depth(gen, full, speedup):
+    result = gen.generate(PROMPTS, NEW, speedup=speedup, lossless=True, ignore_eos=True)
+    assert result.token_ids == full.token_ids
+    assert result.texts == full.texts
+    s = result.stats
+    assert s.verify_passes > 0 and s.drafted_tokens > 0 and 0 <= s.accepted_tokens <= s.drafted_tokens
+    assert s.decode_tokens == len(PROMPTS) * (NEW - 1)  # every token after the prompt's first
+    assert s.to_dict()["acceptance_rate"] == round(s.accepted_tokens / s.drafted_tokens, 4)
+
+
+def test_the_skipping_policy_alone_differs(gen, full):
+    """The drafts are not full depth's on this random model: the test above verifies something."""
+    plain = gen.generate(PROMPTS, NEW, speedup=3, ignore_eos=True)
+    assert plain.token_ids != full.token_ids
+    lossless = gen.generate(PROMPTS, NEW, speedup=3, lossless=True, ignore_eos=True)
+    assert lossless.stats.accepted_tokens < lossless.stats.drafted_tokens  # some drafts were rejected
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5, 9])
+def test_max_new_tokens_inside_a_draft(gen, max_new_tokens):
+    want = gen.generate(PROMPTS, max_new_tokens, ignore_eos=True)
+    got = gen.generate(PROMPTS, max_new_tokens, speedup=2, lossless=True, ignore_eos=True)
+    assert got.token_ids == want.token_ids
+    assert got.finish_reasons == want.finish_reasons == ["length"] * len(PROMPTS)
+
+
+@pytest.mark.parametrize("at", [1, 4, 7])
+def test_eos_and_stop_strings_inside_a_draft(gen, full, at):
+    """A row ends at full depth's EOS (or stop string) even when a kept draft or the verify pass's
+    own token carries it mid-pass; the tokens after it are never emitted."""
+    eos = full.token_ids[0][at]
+    want = gen.generate(PROMPTS[0], NEW, eos_token_id=eos)
+    got = gen.generate(PROMPTS[0], NEW, eos_token_id=eos, speedup=2, lossless=True)
+    assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons == ["eos"]
+    stop = full.texts[0][len(gen.tokenizer.decode(full.token_ids[0][:at])):][:3]
+    if stop.strip():
+        want = gen.generate(PROMPTS[0], NEW, stop_strings=[stop], ignore_eos=True)
+        got = gen.generate(PROMPTS[0], NEW, stop_strings=[stop], speedup=2, lossless=True, ignore_eos=True)
+        assert (got.token_ids, got.texts, got.finish_reasons) == (want.token_ids, want.texts, want.finish_reasons)
+
+
+def test_lossless_rows_beside_plain_rows(artifact_dir, gen, full):
+    """One engine, one lossless request and one plain SkipDecode request sharing its steps: each
+    gives what it gives alone (the plain rows ride along the verify passes unchanged)."""
+    plain_alone = gen.generate(PROMPTS[1:], NEW, speedup=2, ignore_eos=True)
+    mixed = runtime.load(artifact_dir, max_batch=4, check_hashes=False)
+    try:
+        with mixed.stepper() as stepper:
+            a = stepper.add(PROMPTS[:1], NEW, speedup=3, lossless=True, ignore_eos=True)
+            b = stepper.add(PROMPTS[1:], NEW, speedup=2, ignore_eos=True)
+            while not stepper.done:
+                stepper.step()
+        assert a.error is None and b.error is None
+        assert a.result.token_ids == full.token_ids[:1]
+        assert b.result.token_ids == plain_alone.token_ids
+        assert a.result.stats.verify_passes > 0
+    finally:
+        mixed.close()
+
+
+def test_rows_that_draft_badly_fall_back_to_full_depth(gen, full):
+    """On a random model a 5x draft is mostly wrong: once its drafts cost more than they give, a
+    row decodes at plain full depth (no more drafts, no more verify passes)."""
+    result = gen.generate(PROMPTS[0], 48, speedup=5, lossless=True, ignore_eos=True)
+    want = gen.generate(PROMPTS[0], 48, ignore_eos=True)
+    assert result.token_ids == want.token_ids
+    s = result.stats
+    assert s.accepted_tokens < s.drafted_tokens / 4  # mostly rejected
+    assert s.verify_passes <= FALLBACK_AFTER  # a pass gains a token at least: judged by then
+    tail = s.steps[-8:]  # after the fallback: full-depth steps of one token each
+    assert all(len(step.layers) == gen.num_layers for step in tail)
+    assert s.decode_tokens == 47
+
+
+def test_torch_backend_and_its_static_steps(artifact_dir, full):
+    """The torch backend, its decode steps run as the static steps CUDA graphs capture (EagerCapture
+    on the CPU) and the verify pass as a chunk: the same tokens."""
+    t = runtime.load(artifact_dir, backend="torch", max_batch=4, check_hashes=False)
+    try:
+        t.backend.use_graphs(EagerCapture())
+        result = t.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True)
+        assert result.token_ids == full.token_ids
+    finally:
+        t.close()
+
+
+def test_iobinding_storage(artifact_dir, full):
+    io = runtime.load(artifact_dir, device="cpu", max_batch=4, check_hashes=False)  # IOBinding storage
+    try:
+        assert io.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True).token_ids == full.token_ids
+    finally:
+        io.close()
+
+
+@pytest.mark.parametrize("speedup", [2, 5])
+def test_llama_family_fused_layers(llama_artifact, speedup):
+    g = runtime.load(llama_artifact, max_batch=4, check_hashes=False)
+    try:
+        want = g.generate(PROMPTS, NEW, ignore_eos=True)
+        got = g.generate(PROMPTS, NEW, speedup=speedup, lossless=True, ignore_eos=True)
+        assert got.token_ids == want.token_ids
+        assert got.stats.verify_passes > 0
+    finally:
+        g.close()
+
+
+def test_prefill_policy_is_refused(gen):
+    with pytest.raises(InvalidArgumentError, match="prefill='policy' leaves the layers outside step 0's set"):
+        gen.generate(PROMPTS[0], 4, speedup=2, lossless=True, prefill="policy")
+    with pytest.raises(InvalidArgumentError, match="lossless must be True or False, got 1"):
+        gen.generate(PROMPTS[0], 4, lossless=1)
+
+
+# -- sampling: full depth's distribution ----------------------------------------------------------
+
+
+def test_verify_draft_keeps_the_target_distribution():
+    """Speculative sampling's rule: whatever q the draft came from, the token is distributed as p."""
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(6))
+    q = rng.dirichlet(np.ones(6) * 0.3)
+    q[2] = 0.0
+    q /= q.sum()
+    n = 60000
+    drafts = rng.choice(6, size=n, p=q)
+    tokens = np.array([verify_draft(p, int(d), q, rng) for d in drafts])
+    seen = np.bincount(tokens, minlength=6) / n
+    assert np.abs(seen - p).sum() / 2 < 0.01  # total variation; ~0.003 expected at this n
+
+
+def test_sampled_lossless_rows_follow_full_depth(gen):
+    """The second and third tokens of many seeds, sampled with top_k=3 so that few tokens carry the
+    mass: lossless at 3x and plain full depth give the same distribution (total variation within
+    what 400 draws each allow), and a seed repeats its tokens."""
+    options = dict(do_sample=True, top_k=3, temperature=1.5, ignore_eos=True)
+    seeds = range(400)
+    ours = [tuple(gen.generate(PROMPTS[2], 3, seed=s, speedup=3, lossless=True, **options).token_ids[0][1:])
+            for s in seeds]
+    theirs = [tuple(gen.generate(PROMPTS[2], 3, seed=s + 10_000, **options).token_ids[0][1:]) for s in seeds]
+    for position in (0, 1):
+        a = np.array([t[position] for t in ours])
+        b = np.array([t[position] for t in theirs])
+        support = np.union1d(a, b)
+        pa = np.array([(a == v).mean() for v in support])
+        pb = np.array([(b == v).mean() for v in support])
+        assert np.abs(pa - pb).sum() / 2 < 0.12, (position, dict(zip(support.tolist(), zip(pa, pb))))
+    again = gen.generate(PROMPTS[2], 3, seed=7, speedup=3, lossless=True, **options).token_ids[0][1:]
+    assert tuple(again) == ours[7]
