@@ -45,6 +45,9 @@ def _parser():
                      help="power decay: budget = min + (max - min) * (1 - t) ** exponent (default 2)")
     pol.add_argument("--prefill", choices=PREFILLS,
                      help="the prompt's layers: full depth, or the first step's active set (default: full)")
+    pol.add_argument("--lossless", action="store_true",
+                     help="the policy's layers only draft tokens; a full-depth pass verifies them, so the "
+                          "output is full depth's, token for token (self-speculative decoding)")
     be = p.add_argument_group("backend")
     be.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="what runs the graphs")
     be.add_argument("--device", help="cpu, cuda or cuda:N (onnxruntime: cuda keeps the KV cache and "
@@ -133,7 +136,7 @@ def _run(args) -> int:
     try:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         config = GenerationConfig(args.max_new_tokens, policy=policy, decay=args.decay,
-                                  exponent=args.exponent, prefill=args.prefill, ignore_eos=args.ignore_eos,
+                                  exponent=args.exponent, prefill=args.prefill, lossless=args.lossless, ignore_eos=args.ignore_eos,
                                   stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
         result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)
     finally:
@@ -155,6 +158,10 @@ def _run(args) -> int:
           f"decoded; the horizon speedup spans the policy's {result.policy.horizon}), layers run "
           f"{s.achieved_layer_ratio:.2f}x, prefill {s.prefill_seconds * 1e3:.1f} ms, decode "
           f"{s.decode_tokens_per_second:.1f} tokens/s", file=sys.stderr)
+    if s.verify_passes:
+        print(f"lossless: {s.accepted_tokens} of {s.drafted_tokens} drafts kept "
+              f"({(s.acceptance_rate or 0) * 100:.0f}%), {s.tokens_per_verify:.2f} tokens per verify pass "
+              f"and row, {s.verify_passes} passes", file=sys.stderr)
     return 0
 
 

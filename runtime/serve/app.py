@@ -277,8 +277,7 @@ class CompletionServer:
         return Response(status_code=499)  # the client left; nobody reads this
 
     def _finished(self, req: CompletionRequest, result) -> None:
-        self.metrics.finished(speedup_label(req.speedup, req.policy), result.stats.layers_per_step,
-                              result.stats.cached_tokens)
+        self.metrics.finished(speedup_label(req.speedup, req.policy), result.stats)
 
     async def _events(self, stream: GenerationStream, timer: RequestTimer, req: CompletionRequest,
                       completion: Completion, prompt_tokens: int, echoes: list[str]):

@@ -31,6 +31,12 @@ class Metrics:
                                    "(--prefix-cache-mb)", registry=r)
         self.prefix_tokens = Counter("skipdecode_prefix_cache_tokens", "Prompt tokens whose K/V came from the prefix "
                                      "cache instead of a prefill", registry=r)
+        self.drafted = Counter("skipdecode_lossless_drafted_tokens", "Tokens drafted by lossless rows' "
+                               "policy layers", registry=r)
+        self.accepted = Counter("skipdecode_lossless_accepted_tokens", "Drafted tokens a full-depth verify "
+                                "pass kept (acceptance: this over drafted)", registry=r)
+        self.verify_passes = Counter("skipdecode_lossless_verify_passes", "Full-depth verify passes, counted "
+                                     "per request", registry=r)
         queue = Gauge("skipdecode_queue_depth", "Requests waiting for a KV row", registry=r)
         running = Gauge("skipdecode_running_rows", "KV rows holding a request's row (prefilling or decoding)",
                         registry=r)
@@ -47,13 +53,18 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    def finished(self, label: str, layers_per_step: list[int], cached_tokens: int = 0) -> None:
+    def finished(self, label: str, stats) -> None:
+        """A request's result is in: its layers per step, prompt reuse and lossless drafts."""
         hist = self.layers.labels(label)
-        for n in layers_per_step:
+        for n in stats.layers_per_step:
             hist.observe(n)
-        if cached_tokens:
+        if stats.cached_tokens:
             self.prefix_hits.inc()
-            self.prefix_tokens.inc(cached_tokens)
+            self.prefix_tokens.inc(stats.cached_tokens)
+        if stats.verify_passes:
+            self.drafted.inc(stats.drafted_tokens)
+            self.accepted.inc(stats.accepted_tokens)
+            self.verify_passes.inc(stats.verify_passes)
 
 
 def speedup_label(speedup: float | None, policy: dict | None) -> str:

@@ -65,6 +65,7 @@ class CompletionRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     json_schema: dict | None = None  # response_format's schema: every choice's text is JSON matching it
+    lossless: bool = False  # extension: the policy's layers draft, full depth verifies (full depth's text)
 
     @property
     def rows(self) -> list:
@@ -79,7 +80,7 @@ class CompletionRequest:
                                 top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
                                 stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
                                 frequency_penalty=self.frequency_penalty, logprobs=self.logprobs,
-                                json_schema=self.json_schema)
+                                json_schema=self.json_schema, lossless=self.lossless)
 
 
 # Fields OpenAI defines that this server accepts only at their neutral value: the message says why.
@@ -89,7 +90,7 @@ _NEUTRAL = {
 }
 _IGNORED = {"user"}  # accepted and not used, as many OpenAI-compatible servers do
 _COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed",
-           "stop", "ignore_eos", "speedup", "policy", "logit_bias", "n", "presence_penalty",
+           "stop", "ignore_eos", "speedup", "policy", "lossless", "logit_bias", "n", "presence_penalty",
            "frequency_penalty", "logprobs", "response_format", *_IGNORED}
 _KNOWN = {"prompt", "echo", *_COMMON, *_NEUTRAL}
 MAX_LOGPROBS = 5  # OpenAI's limit of a completion's logprobs
@@ -269,6 +270,7 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
         raise RequestError(f"stop must be a non-empty string or a list of at most "
                            f"{MAX_STOP_SEQUENCES} non-empty strings, got {stop!r}", "stop")
     ignore_eos = _bool(body, "ignore_eos")
+    lossless = _bool(body, "lossless")
 
     speedup, policy = body.get("speedup"), body.get("policy")
     if speedup is not None and policy is not None:
@@ -287,7 +289,8 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
         speedup = default_speedup
     return CompletionRequest(prompts, max_tokens, stream, include_usage, temperature, top_p, top_k,
                              seed, stops, ignore_eos, None if speedup is None else float(speedup), policy,
-                             n=n, **penalties, json_schema=_response_format(body.get("response_format")), **extra)
+                             n=n, **penalties, json_schema=_response_format(body.get("response_format")),
+                             lossless=lossless, **extra)
 
 
 def _response_format(value) -> dict | None:
@@ -457,7 +460,11 @@ def skipdecode_info(result: GenerationResult) -> dict:
     return {"policy": result.policy.to_dict(), "num_layers": stats.num_layers,
             "layers_per_token": stats.layers_per_step,
             "theoretical_speedup": round(stats.theoretical_speedup, 4),
-            "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4)}
+            "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4),
+            **({} if not stats.verify_passes else {"lossless": {
+                "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
+                "verify_passes": stats.verify_passes, "acceptance_rate": round(stats.acceptance_rate or 0.0, 4),
+                "tokens_per_verify": round(stats.tokens_per_verify, 4)}})}
 
 
 def token_text(tokenizer, token_id: int) -> str:

@@ -2,6 +2,7 @@
 user error."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,20 @@ def test_speedup_with_warmup_layers(artifact_dir, capsys):
     assert main(argv) == 0
     policy = json.loads(capsys.readouterr().out.splitlines()[0])["policy"]
     assert SkipPolicy(**policy) == SkipPolicy.for_speedup(policy["num_layers"], 2, horizon=7, warmup_layers=2)
+
+
+def test_lossless(artifact_dir, capsys):
+    """--lossless: full depth's tokens at a 3x draft policy, and a summary line of the drafts."""
+    base = [str(artifact_dir), "Hello, my name is", "--max-new-tokens", "12", "--ignore-eos", "--no-check-hashes"]
+    assert main(base + ["--json"]) == 0
+    full = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert main(base + ["--json", "--speedup", "3", "--lossless"]) == 0
+    ours = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert ours["token_ids"] == full["token_ids"]
+    assert ours["stats"]["verify_passes"] > 0 and "acceptance_rate" in ours["stats"]
+    assert main(base + ["--speedup", "3", "--lossless"]) == 0
+    assert re.search(r"^lossless: \d+ of \d+ drafts kept \(\d+%\), [\d.]+ tokens per verify pass and row, "
+                     r"\d+ passes$", capsys.readouterr().err, re.M)
 
 
 def test_version_and_defaults_in_help(capsys):

@@ -397,6 +397,28 @@ def test_api_key_and_cors_only_when_asked(generator, server):
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
+def test_lossless_requests_get_full_depths_text_and_their_counts(generator):
+    """The ``lossless`` extension field: full depth's greedy text at a 2x draft policy, the drafts'
+    counts in the response's skipdecode object and in /metrics; a non-boolean is a 400."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prompt = PROMPTS[1]
+    expected = generator.generate(prompt, 12, ignore_eos=True)
+    with LiveServer(create_app(generator, ServeConfig(close_generator=False))) as live, \
+            httpx.Client(base_url=live.url, timeout=TIMEOUT) as c:
+        out = complete(c, prompt=prompt, max_tokens=12, temperature=0, speedup=2, lossless=True, ignore_eos=True)
+        bad = c.post("/v1/completions", json=dict(prompt=prompt, lossless="yes"))
+        metrics = c.get("/metrics").text
+    assert out["choices"][0]["text"] == expected.texts[0]
+    info = out["skipdecode"]["lossless"]
+    assert info["verify_passes"] > 0 and 0 <= info["accepted_tokens"] <= info["drafted_tokens"]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lossless"
+    samples = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples}
+    assert samples["skipdecode_lossless_drafted_tokens_total"] == info["drafted_tokens"]
+    assert samples["skipdecode_lossless_accepted_tokens_total"] == info["accepted_tokens"]
+    assert samples["skipdecode_lossless_verify_passes_total"] == info["verify_passes"]
+
+
 def test_metrics_count_what_was_served(generator):
     from prometheus_client.parser import text_string_to_metric_families
 
