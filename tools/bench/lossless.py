@@ -1,0 +1,141 @@
+"""``python -m tools.bench.lossless ARTIFACT``: lossless SkipDecode against full depth, and the lossy policy.
+
+The same prompts (by default the first ``--count`` meaning representations of the E2E development
+split, the demo model's task; ``--prompts FILE`` one per line; ``--chat`` renders each as a user
+turn of the artifact's chat template), greedy, at batch 1 (each prompt alone) and at batch B (all
+of them together: mixed lengths), on one Generator. Each round runs every row once, in an order
+that alternates between rounds: full depth, the plain (lossy) policy at each ``--speedups`` S, and
+lossless at each S (the policy's layers draft, full depth verifies: runtime.engine). A row's time
+is its decode seconds (the steps and verify passes after each prompt's first token); its speed is
+the tokens those gave per second, the median over the rounds. "same" says whether a row's tokens
+are full depth's, for every prompt: lossless rows must say yes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from runtime import cli
+from runtime.errors import InvalidArgumentError
+
+
+def load_prompts(path: str | None, column: str, count: int) -> list[str]:
+    from tools.evaluate.perplexity import read_text
+
+    if path is None:
+        path = "data/e2e/devset.csv.gz"
+    text = read_text(path, column if path.endswith((".csv", ".csv.gz", ".jsonl", ".jsonl.gz")) else None)
+    prompts = [line for line in text.splitlines() if line.strip()][:count]
+    if not prompts:
+        raise InvalidArgumentError(f"{path} holds no prompt")
+    return prompts
+
+
+def rows(speedups: list[float]) -> list[tuple[str, dict]]:
+    out = [("full depth", {})]
+    out += [(f"plain {s:g}x", {"speedup": s}) for s in speedups]
+    out += [(f"lossless {s:g}x", {"speedup": s, "lossless": True}) for s in speedups]
+    return out
+
+
+def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_tokens: int, rounds: int,
+            log=print) -> list[dict]:
+    groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    table = rows(speedups)
+    seconds = {name: [] for name, _ in table}
+    tokens, drafted, accepted, verified, outputs = {}, {}, {}, {}, {}
+    gen.generate(prompts[:1], 4)  # warm up
+    for r in range(rounds):
+        order = table if r % 2 == 0 else table[::-1]
+        for name, options in order:
+            spent = made = d = a = v = 0
+            out = []
+            for group in groups:
+                result = gen.generate(group, new_tokens, **options)
+                s = result.stats
+                spent, made = spent + s.decode_seconds, made + s.decode_tokens
+                d, a, v = d + s.drafted_tokens, a + s.accepted_tokens, v + s.verified_rows
+                out += result.token_ids
+            seconds[name].append(spent)
+            tokens[name], drafted[name], accepted[name], verified[name], outputs[name] = made, d, a, v, out
+        log(f"batch {batch} round {r + 1}/{rounds}: " + ", ".join(
+            f"{name} {tokens[name] / seconds[name][-1]:.1f} tok/s" for name, _ in table))
+    full = statistics.median(seconds["full depth"]) / tokens["full depth"]
+    results = []
+    for name, _ in table:
+        per = statistics.median(seconds[name]) / tokens[name]
+        results.append({"batch": batch, "row": name, "ms_per_token": per * 1e3, "vs_full": full / per,
+                        "acceptance": accepted[name] / drafted[name] if drafted[name] else None,
+                        "tokens_per_verify": (accepted[name] + verified[name]) / verified[name] if verified[name] else None,
+                        "same": outputs[name] == outputs["full depth"], "tokens": tokens[name]})
+    return results
+
+
+def render(results: list[dict], header: str) -> str:
+    lines = [header, "",
+             "| batch | row | decode ms/token | vs full depth | drafts kept | tokens per verify pass | same tokens as full depth |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance'] * 100:.0f}%"
+        tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
+        lines.append(f"| {r['batch']} | {r['row']} | {r['ms_per_token']:.2f} | {r['vs_full']:.2f}x | {acc} | "
+                     f"{tpv} | {'yes' if r['same'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = cli.parser("python -m tools.bench.lossless", description=__doc__.split("\n\n")[0])
+    p.add_argument("artifact", help="an artifact directory (python -m export build)")
+    p.add_argument("--prompts", help="a .txt file (one prompt per line) or a .csv/.jsonl(.gz) with --column "
+                                     "(default: data/e2e/devset.csv.gz)")
+    p.add_argument("--column", default="mr", help="the prompts' column of a .csv/.jsonl (default mr)")
+    p.add_argument("--count", type=int, default=8, help="prompts (default 8)")
+    p.add_argument("--chat", action="store_true", help="each prompt as a user turn of the chat template")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
+    p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5], help="policies (default 2 3 5)")
+    cli.add_max_new_tokens(p, 64, "tokens per prompt (EOS ends a row earlier)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, every row once each (default 3)")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    args = p.parse_args(argv)
+    return cli.run(lambda: _run(args, sys.argv[1:] if argv is None else argv))
+
+
+def _run(args, argv: list[str]) -> int:
+    import runtime
+
+    prompts = load_prompts(args.prompts, args.column, args.count)
+    gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch))
+    try:
+        if args.chat:
+            from pathlib import Path
+
+            from runtime.serve.chat import ChatTemplate
+
+            template = ChatTemplate.from_dir(Path(gen.directory) / gen.manifest.tokenizer_dir)
+            if template is None:
+                raise InvalidArgumentError("--chat needs a chat template, and this artifact has none")
+            prompts = [template.render([{"role": "user", "content": q}]) for q in prompts]
+        results = []
+        for batch in args.batch:
+            results += measure(gen, prompts, batch, args.speedups, args.max_new_tokens, args.rounds,
+                               log=lambda m: print(m, file=sys.stderr))
+    finally:
+        gen.close()
+    command = "python -m tools.bench.lossless " + " ".join(argv)
+    header = (f"{args.artifact}, {len(prompts)} prompts, greedy, up to {args.max_new_tokens} new tokens, "
+              f"{args.threads} threads, median of {args.rounds} rounds ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+              f"\nCommand: `{command.strip()}`")
+    table = render(results, header)
+    print(table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
