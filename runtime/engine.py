@@ -45,18 +45,12 @@ from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
 from .generation_config import GenerationConfig
 from .kvcache import KVCache
+from .lossless import DRAFT_MAX, DraftPlan
 from .policy import SkipPolicy
 from .prefix_cache import PrefixCache
 from .sampling import SamplingConfig, draw, penalize, probabilities, select, token_logprob, verify_draft
 from .stats import GenerationResult, GenerationStats, StepStats, TokenEvent
 
-
-# Lossless decoding (issue 31): a row drafts k tokens with its policy's layers, then one full-depth
-# pass over them keeps the agreeing prefix and full depth's own next token.
-DRAFT_START = 6  # k at a row's start
-DRAFT_MAX = 16  # k grows by 2 after a pass that kept every draft, shrinks by 1 after one that did not
-FALLBACK_AFTER = 16  # tokens a row is judged on before it may fall back
-FALLBACK_BELOW = 1.1  # tokens per full-depth step's worth of layers under which it falls back
 
 class EngineClosedError(SkipDecodeError, RuntimeError):
     """A request submitted to, or still running in, a Generator that was closed."""
@@ -142,14 +136,11 @@ class Sequence:
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
     matcher: object = None  # runtime.structured.RowMatcher of a constrained row
     # lossless decoding (self-speculative): the policy's layers draft, a full-depth pass verifies
-    lossless: bool = False  # drafting; False again once drafting costs more than it gives
+    plan: DraftPlan | None = None  # a lossless row's k and pauses (runtime.lossless)
     drafts: list = field(default_factory=list)  # (token, q (V,) or None) drafted since the last verify
-    draft_len: int = 0  # drafts per verify pass (k), adapted to the row's acceptance
     first: int = 0  # the token its first draft step ran (the verify pass runs it again)
     base: int = 0  # its KV length before that step: the verify pass writes from there
     proposal: tuple | None = None  # the draft a verify position judges (engine._emit)
-    spent: float = 0.0  # full-depth steps' worth of layers its drafts and verify passes ran
-    gained: int = 0  # tokens those gave
 
 
 @dataclass(eq=False)
@@ -181,8 +172,9 @@ class Request:
         if self.constraint is not None:
             for s in self.seqs:
                 s.matcher = self.constraint.matcher()
-        for s in self.seqs:
-            s.lossless, s.draft_len = self.lossless, DRAFT_START
+        if self.lossless:
+            for s in self.seqs:
+                s.plan = DraftPlan()
         self.stats = GenerationStats(0, B, T0, 0)
         self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 
@@ -218,6 +210,11 @@ class Engine:
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
+        # lossless rows' costs, smoothed: a full-depth decode step, a step of drafts only, a verify
+        # pass (runtime.lossless weighs them against the rows' acceptance)
+        self.full_seconds: float | None = None
+        self.draft_seconds: float | None = None
+        self.verify_seconds: float | None = None
         self.cache = KVCache(backend.kv_storage(), max_batch, capacity, page)
         self.waiting: deque[Request] = deque()  # requests with rows not yet seated, in arrival order
         self.running: list[Request] = []  # requests with seated rows
@@ -439,13 +436,21 @@ class Engine:
         cache = self.cache
         R = cache.decoding
         seqs = cache.owners[:R]
-        if any(s.drafts and len(s.drafts) >= self._drafts_wanted(s) for s in seqs):
-            # every row with drafts is verified with it, so the rows' passes fall on the same rounds
-            # (a pass costs a full-depth call over every decoding row, whichever it verifies)
+        # Lossless rows draft until each has its k drafts (or no room for more), then one pass verifies
+        # them all: a pass is a full-depth call over every decoding row, whichever it verifies, while
+        # a draft step costs a row that rides along only its compute. So rows with their k drafts,
+        # and paused rows, draft on while others still do; nobody skips layers for another's sake.
+        rooms = [self._draft_room(s) for s in seqs]
+        short = any(len(s.drafts) < min(s.plan.k, room) for s, room in zip(seqs, rooms)
+                    if s.plan is not None and s.plan.drafting(s.step))
+        if not short and any(s.drafts for s in seqs):
             return self._verify(seqs, [s for s in seqs if s.drafts])
-        drafting = [bool(self._drafts_wanted(s)) for s in seqs]
+        drafting = [short and len(s.drafts) < room for s, room in zip(seqs, rooms)]
+        # a row whose drafts fill its room waits for the pass: it runs no layer, and the position
+        # this step gives it is dropped by the pass (which rewinds it to where its drafts began)
+        waiting = [bool(s.drafts) and not d for s, d in zip(seqs, drafting)]
         steps = [s.step + len(s.drafts) for s in seqs]  # the generation step of each row's input
-        sets = [self._layers(s, g, d) for s, g, d in zip(seqs, steps, drafting)]
+        sets = [() if w else self._layers(s, g, d) for s, g, d, w in zip(seqs, steps, drafting, waiting)]
         layers = sorted(set().union(*sets))
         updates = [np.array([i in active for active in sets]) for i in layers]
         ids = np.array([[s.token] for s in seqs], dtype=np.int64)  # (R, 1)
@@ -455,14 +460,20 @@ class Engine:
         began = time.perf_counter()
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
+        new[waiting] = 0
         step = DecodeStep(ids, cache.mask(0, R, new), layers, updates)
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
         seconds = time.perf_counter() - began
-        self.step_seconds = seconds if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * seconds
+        self.step_seconds = _smoothed(self.step_seconds, seconds)
+        if len(layers) == self.num_layers:
+            self.full_seconds = _smoothed(self.full_seconds, seconds)
+        elif all(drafting):
+            self.draft_seconds = _smoothed(self.draft_seconds, seconds)
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(seqs):
-            groups.setdefault((s.request, steps[j]), []).append(j)
+            if not waiting[j]:
+                groups.setdefault((s.request, steps[j]), []).append(j)
         for r in dict.fromkeys(s.request for s in seqs):
             r.stats.decode_seconds += seconds
         for (r, g), members in groups.items():
@@ -471,24 +482,25 @@ class Engine:
                                            tuple(layers)))
         emit = []
         for j, s in enumerate(seqs):
+            if waiting[j]:
+                continue
             if drafting[j]:
                 self._draft(s, logits[j])
-                s.spent += len(sets[j]) / self.num_layers
             else:
                 s.logits = logits[j]
                 s.step += 1
                 emit.append(s)
         self._emit(emit)
 
-    def _drafts_wanted(self, s: Sequence) -> int:
-        """Drafts a lossless row makes before its verify pass (0: it decodes plainly): its k, less
-        where fewer tokens are left (a pass gives up to drafts + 1)."""
-        if not s.lossless:
+    def _draft_room(self, s: Sequence) -> int:
+        """The most drafts a row may hold before its verify pass: none for a plain row (or before
+        a full-depth step was timed: what drafts must beat), no more after a drafted EOS, and at
+        most DRAFT_MAX and one less than the tokens left (a pass gives up to drafts + 1)."""
+        if s.plan is None or self.full_seconds is None:
             return 0
-        if s.drafts and s.drafts[-1][0] in s.request.eos:  # nothing follows an EOS: verify now
+        if s.drafts and s.drafts[-1][0] in s.request.eos:  # nothing follows an EOS
             return len(s.drafts)
-        left = s.request.max_new_tokens - 1 - s.step  # tokens still to select
-        return min(s.draft_len, left - 1) if left >= 2 else 0
+        return max(min(DRAFT_MAX, s.request.max_new_tokens - 2 - s.step), 0)
 
     def _layers(self, s: Sequence, g: int, drafting: bool) -> tuple[int, ...]:
         """A row's layers for a step whose input is its g-th token: the policy's active set; for a
@@ -543,6 +555,7 @@ class Engine:
         for s in ready:
             cache.grow(s.row, len(s.drafts) + 1)
         seconds = time.perf_counter() - began
+        self.verify_seconds = _smoothed(self.verify_seconds, seconds)
         for r in dict.fromkeys(s.request for s in ready):
             r.stats.decode_seconds += seconds
             members = [s for s in ready if s.request is r]
@@ -550,6 +563,12 @@ class Engine:
             r.stats.verified_rows += len(members)
             r.stats.steps.append(StepStats(members[0].step, L, tuple(range(L)), seconds, L,
                                            tuple(s.index for s in members), tuple(range(L))))
+        # what a draft step and this pass cost in full-depth steps (a step of drafts: its layers' share
+        # until one is measured)
+        full = self.full_seconds
+        draft_cost = (self.draft_seconds or full * len(self._layers(ready[0], 0, True)) / L) / full
+        verify_cost = self.verify_seconds / full
+        judged = [s for s in ready if s.plan.drafting(s.step)]  # not a paused row's ride-along draft
         kept = dict.fromkeys(ready, 0)
         active = list(ready)
         for i in range(T):
@@ -568,11 +587,8 @@ class Engine:
             s.drafts, s.proposal = [], None
             if s.row >= 0:  # still running: its rejected drafts' positions go
                 cache.rewind(s.row, s.base + a + 1)
-            s.draft_len = min(s.draft_len + 2, DRAFT_MAX) if a == n else max(1, s.draft_len - 1)
-            s.spent += 1.0
-            s.gained += a + 1
-            if s.gained >= FALLBACK_AFTER and s.gained < FALLBACK_BELOW * s.spent:
-                s.lossless = False  # drafting costs more than it gives: plain full depth from here
+            if s in judged:
+                s.plan.verified(n, a, draft_cost, verify_cost, s.step)  # the next k, or a pause
 
     def _emit(self, seqs: list[Sequence]) -> None:
         """Select each row's next token, stream it (one event per request and step), retire
@@ -626,6 +642,10 @@ class Engine:
             if r.done:
                 with self.lock:
                     self._end(r, _result(r))
+
+
+def _smoothed(average: float | None, seconds: float) -> float:
+    return seconds if average is None else 0.8 * average + 0.2 * seconds
 
 
 def _result(r: Request, unfinished: str | None = None) -> GenerationResult:

@@ -11,7 +11,6 @@ import pytest
 import runtime
 from export.build import BuildOptions, build
 from runtime.backends.cuda_graphs import EagerCapture
-from runtime.engine import FALLBACK_AFTER
 from runtime.errors import InvalidArgumentError
 from runtime.sampling import verify_draft
 from tests.conftest import PROMPTS
@@ -83,6 +82,17 @@ def test_eos_and_stop_strings_inside_a_draft(gen, full, at):
         assert (got.token_ids, got.texts, got.finish_reasons) == (want.token_ids, want.texts, want.finish_reasons)
 
 
+@pytest.mark.parametrize("row, at", [(0, 2), (1, 3), (2, 5)])
+def test_a_batch_whose_rows_end_apart(gen, full, row, at):
+    """One row drafts an EOS (no room for more drafts) while the others draft on: it waits for the
+    pass without running a token of its own, and every row gives full depth's tokens."""
+    eos = full.token_ids[row][at]
+    want = gen.generate(PROMPTS, NEW, eos_token_id=eos)
+    for speedup in (2, 5):
+        got = gen.generate(PROMPTS, NEW, eos_token_id=eos, speedup=speedup, lossless=True)
+        assert got.token_ids == want.token_ids and got.finish_reasons == want.finish_reasons
+
+
 def test_lossless_rows_beside_plain_rows(artifact_dir, gen, full):
     """One engine, one lossless request and one plain SkipDecode request sharing its steps: each
     gives what it gives alone (the plain rows ride along the verify passes unchanged)."""
@@ -102,17 +112,18 @@ def test_lossless_rows_beside_plain_rows(artifact_dir, gen, full):
         mixed.close()
 
 
-def test_rows_that_draft_badly_fall_back_to_full_depth(gen, full):
-    """On a random model a 5x draft is mostly wrong: once its drafts cost more than they give, a
-    row decodes at plain full depth (no more drafts, no more verify passes)."""
+def test_rows_that_draft_badly_pause_at_full_depth(gen, full):
+    """On a random model a 5x draft is mostly wrong: once no number of drafts pays (runtime.lossless),
+    a row decodes at plain full depth for a while, then tries one draft again, pausing twice as long
+    each time it still does not pay."""
     result = gen.generate(PROMPTS[0], 48, speedup=5, lossless=True, ignore_eos=True)
     want = gen.generate(PROMPTS[0], 48, ignore_eos=True)
     assert result.token_ids == want.token_ids
     s = result.stats
     assert s.accepted_tokens < s.drafted_tokens / 4  # mostly rejected
-    assert s.verify_passes <= FALLBACK_AFTER  # a pass gains a token at least: judged by then
-    tail = s.steps[-8:]  # after the fallback: full-depth steps of one token each
-    assert all(len(step.layers) == gen.num_layers for step in tail)
+    assert s.verify_passes <= 3  # the first pass, then one draft after each pause (16, then 32 tokens)
+    full_steps = [len(step.layers) == gen.num_layers for step in s.steps]
+    assert sum(full_steps) >= 47 - s.drafted_tokens - s.verify_passes and all(full_steps[-8:])
     assert s.decode_tokens == 47
 
 

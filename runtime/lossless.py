@@ -1,0 +1,66 @@
+"""How many tokens a lossless row drafts before each verify pass, and when it stops drafting.
+
+Lossless decoding (runtime.engine): a row drafts k tokens with its policy's layers, then one
+full-depth pass over them keeps the agreeing prefix and full depth's own next token. Whether that
+beats plain full-depth steps depends on the model and the text, so each row measures it: the
+drafts' acceptance a (kept / made, with half a kept draft of one as the prior), a draft step's time r and a
+verify pass's time v, both in full-depth steps. If each draft is kept with probability a, a pass of
+k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time; the next k is the one that
+gives the most tokens per full-depth step's time, at most doubling (plus 2) from one pass to the
+next. When no k beats full depth, the row pauses: plain full-depth steps for ``PAUSE_START``
+tokens, then it drafts again (k = 1), each pause twice the last (up to ``PAUSE_MAX``) and its
+counts halved, so a model that drafts badly costs a pass now and then, and one that drafts well
+again (another part of the text) is found again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFT_START = 2  # k of a row's first pass: cheap to lose, grows by 2 a pass
+DRAFT_MAX = 16  # the most drafts per pass (a verify pass over 17 tokens)
+PAUSE_START = 32  # tokens of plain full depth after the first pass that lost time
+PAUSE_MAX = 256
+
+
+@dataclass
+class DraftPlan:
+    """One lossless row's drafting: its k, its acceptance, its pauses."""
+
+    k: int = DRAFT_START  # drafts before the next verify pass
+    made: int = 0  # drafts verified
+    kept: int = 0  # of those, kept
+    resume_at: int = 0  # the generation step from which it drafts again
+    pause: int = PAUSE_START  # the next pause's length, tokens
+
+    def drafting(self, step: int) -> bool:
+        return step >= self.resume_at
+
+    def verified(self, made: int, kept: int, r: float, v: float, step: int) -> None:
+        """A pass kept ``kept`` of ``made`` drafts; a draft step takes ``r`` and a verify pass ``v``
+        full-depth steps' time; the row's next token is step ``step``'s: the next k, or a pause."""
+        self.made, self.kept = self.made + made, self.kept + kept
+        if best_draft(self.kept / self.made if self.made else 0.0, self.made, r, v)[0]:
+            # drafting pays for some k: the row's runs of kept drafts choose which
+            self.k = min(self.k + 2, DRAFT_MAX) if kept == made else max(1, self.k - 1)
+            return
+        self.resume_at, self.pause = step + self.pause, min(2 * self.pause, PAUSE_MAX)
+        self.k = 1
+        self.made, self.kept = self.made // 2, self.kept // 2  # what comes after the pause weighs more
+
+
+def best_draft(rate: float, made: int, r: float, v: float) -> tuple[int, float]:
+    """(k, tokens per full-depth step's time) of the best pass length, (0, 1.0) when plain
+    full-depth steps are at least as fast: ``rate`` the drafts kept so far over ``made``, ``r`` a
+    draft step's and ``v`` a verify pass's time in full-depth steps."""
+    a = (rate * made + 0.5) / (made + 1)  # half a kept draft as the prior
+    best_k, best = 0, 1.0
+    for k in range(1, DRAFT_MAX + 1):
+        tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+        speed = tokens / (k * r + v)
+        if speed > best:
+            best_k, best = k, speed
+    return best_k, best
+
+
+__all__ = ["DRAFT_MAX", "DRAFT_START", "DraftPlan", "PAUSE_MAX", "PAUSE_START", "best_draft"]
