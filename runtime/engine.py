@@ -45,7 +45,7 @@ from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
 from .generation_config import GenerationConfig
 from .kvcache import KVCache
-from .lossless import DRAFT_MAX, DraftPlan
+from .lossless import DRAFT_MAX, DraftPlan, pays_off
 from .policy import SkipPolicy
 from .prefix_cache import PrefixCache
 from .sampling import SamplingConfig, draw, penalize, probabilities, select, token_logprob, verify_draft
@@ -500,7 +500,9 @@ class Engine:
             return 0
         if s.drafts and s.drafts[-1][0] in s.request.eos:  # nothing follows an EOS
             return len(s.drafts)
-        return max(min(DRAFT_MAX, s.request.max_new_tokens - 2 - s.step), 0)
+        most = self.backend.max_tokens()  # a verify pass is one call of drafts + 1 tokens (TensorRT: max_prompt)
+        room = min(DRAFT_MAX, s.request.max_new_tokens - 2 - s.step, (most or DRAFT_MAX + 1) - 1)
+        return max(room, 0)
 
     def _layers(self, s: Sequence, g: int, drafting: bool) -> tuple[int, ...]:
         """A row's layers for a step whose input is its g-th token: the policy's active set; for a
@@ -584,11 +586,15 @@ class Engine:
             n, a = len(s.drafts), kept[s]
             s.request.stats.drafted_tokens += n
             s.request.stats.accepted_tokens += a
-            s.drafts, s.proposal = [], None
             if s.row >= 0:  # still running: its rejected drafts' positions go
                 cache.rewind(s.row, s.base + a + 1)
-            if s in judged:
-                s.plan.verified(n, a, draft_cost, verify_cost, s.step)  # the next k, or a pause
+        # the rows one pass verifies are judged together (the pass costs the same whichever drafted well)
+        pays = pays_off([s.plan for s in judged], sum(len(s.drafts) for s in judged),
+                        sum(kept[s] for s in judged), draft_cost, verify_cost)
+        for s in judged:
+            s.plan.verified(len(s.drafts), kept[s], pays, s.step)  # the next k, or a pause
+        for s in ready:
+            s.drafts, s.proposal = [], None
 
     def _emit(self, seqs: list[Sequence]) -> None:
         """Select each row's next token, stream it (one event per request and step), retire

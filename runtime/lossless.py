@@ -5,9 +5,10 @@ full-depth pass over them keeps the agreeing prefix and full depth's own next to
 beats plain full-depth steps depends on the model and the text, so each row measures it: the
 drafts' acceptance a (kept / made, with half a kept draft of one as the prior), a draft step's time r and a
 verify pass's time v, both in full-depth steps. If each draft is kept with probability a, a pass of
-k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time; the next k is the one that
-gives the most tokens per full-depth step's time, at most doubling (plus 2) from one pass to the
-next. When no k beats full depth, the row pauses: plain full-depth steps for ``PAUSE_START``
+k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time. While some k beats full depth
+(the rows one pass verifies are judged together: the pass costs the same whichever of them drafted
+well), each row's k follows its runs of kept drafts (+2 after a pass that kept all, -1 after one
+that did not). When no k beats full depth, the rows pause: plain full-depth steps for ``PAUSE_START``
 tokens, then it drafts again (k = 1), each pause twice the last (up to ``PAUSE_MAX``) and its
 counts halved, so a model that drafts badly costs a pass now and then, and one that drafts well
 again (another part of the text) is found again.
@@ -36,17 +37,26 @@ class DraftPlan:
     def drafting(self, step: int) -> bool:
         return step >= self.resume_at
 
-    def verified(self, made: int, kept: int, r: float, v: float, step: int) -> None:
-        """A pass kept ``kept`` of ``made`` drafts; a draft step takes ``r`` and a verify pass ``v``
-        full-depth steps' time; the row's next token is step ``step``'s: the next k, or a pause."""
+    def verified(self, made: int, kept: int, pays: bool, step: int) -> None:
+        """A pass kept ``kept`` of ``made`` drafts; ``pays``: whether drafting beats full depth for
+        the rows this pass verified (``pays_off``); the row's next token is step ``step``'s."""
         self.made, self.kept = self.made + made, self.kept + kept
-        if best_draft(self.kept / self.made if self.made else 0.0, self.made, r, v)[0]:
-            # drafting pays for some k: the row's runs of kept drafts choose which
+        if pays:  # the row's runs of kept drafts choose its k
             self.k = min(self.k + 2, DRAFT_MAX) if kept == made else max(1, self.k - 1)
             return
         self.resume_at, self.pause = step + self.pause, min(2 * self.pause, PAUSE_MAX)
         self.k = 1
         self.made, self.kept = self.made // 2, self.kept // 2  # what comes after the pause weighs more
+
+
+def pays_off(plans: list[DraftPlan], made: int, kept: int, r: float, v: float) -> bool:
+    """Whether some pass length beats full-depth steps for the rows of ``plans``, whose pass just
+    kept ``kept`` of ``made`` drafts (one pass verifies them all, so they are judged together):
+    their drafts' acceptance against a draft step's time ``r`` and a verify pass's ``v``, in
+    full-depth steps."""
+    made += sum(p.made for p in plans)
+    kept += sum(p.kept for p in plans)
+    return best_draft(kept / made if made else 0.0, made, r, v)[0] > 0
 
 
 def best_draft(rate: float, made: int, r: float, v: float) -> tuple[int, float]:
@@ -63,4 +73,4 @@ def best_draft(rate: float, made: int, r: float, v: float) -> tuple[int, float]:
     return best_k, best
 
 
-__all__ = ["DRAFT_MAX", "DRAFT_START", "DraftPlan", "PAUSE_MAX", "PAUSE_START", "best_draft"]
+__all__ = ["DRAFT_MAX", "DRAFT_START", "DraftPlan", "PAUSE_MAX", "PAUSE_START", "best_draft", "pays_off"]

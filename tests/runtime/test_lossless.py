@@ -15,6 +15,7 @@ from runtime.errors import InvalidArgumentError
 from runtime.sampling import verify_draft
 from tests.conftest import PROMPTS
 from tests.families import save_tiny_checkpoint
+from tests.runtime.test_tensorrt_backend import fake_gpu  # noqa: F401  (a fixture)
 
 NEW = 24
 
@@ -145,6 +146,24 @@ def test_iobinding_storage(artifact_dir, full):
         assert io.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True).token_ids == full.token_ids
     finally:
         io.close()
+
+
+def test_tensorrt_engines_whose_profile_takes_few_tokens(artifact_dir, tmp_path, fake_gpu, full):
+    """Engines built for at most 4 tokens a call (max_prompt): a verify pass is one call of drafts + 1
+    tokens, so a row drafts at most 3; the tokens are full depth's (the fake TensorRT of
+    tests/engines/fakes.py)."""
+    from tests.runtime.test_tensorrt_backend import build as build_engines
+    from tests.runtime.test_tensorrt_backend import load as load_engines
+
+    fake_gpu()
+    trt = load_engines(artifact_dir, build_engines(artifact_dir, tmp_path, max_prompt=4))
+    try:
+        assert trt.backend.max_tokens() == 4
+        result = trt.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True)
+        assert result.token_ids == full.token_ids
+        assert result.stats.tokens_per_verify <= 4 and result.stats.verify_passes > 0
+    finally:
+        trt.close()
 
 
 @pytest.mark.parametrize("speedup", [2, 5])
