@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 DRAFT_START = 2  # k of a row's first pass: cheap to lose, grows by 2 a pass
 DRAFT_MAX = 16  # the most drafts per pass (a verify pass over 17 tokens)
-PAUSE_START = 32  # tokens of plain full depth after the first pass that lost time
+PAUSE_START = 64  # tokens of plain full depth after the first pass that lost time
 PAUSE_MAX = 256
 
 
