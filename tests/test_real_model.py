@@ -181,3 +181,19 @@ def test_a_shared_system_prompt_is_reused_with_the_same_answers(artifact, genera
     assert results[0].stats.cached_tokens == 0 and results[1].stats.cached_tokens >= 64
     for p, ours in zip(prompts, results):
         assert ours.token_ids == generator.generate([p], NEW_TOKENS).token_ids
+
+
+def test_lossless_chat_is_full_depths_on_the_real_model(generator):
+    """Lossless decoding on the real model's fp32 fused graphs, never fine-tuned under the policy:
+    its drafts are nearly all rejected, and the answers are still full depth's, token for token,
+    alone and as a batch (where one pass verifies the rows together)."""
+    from runtime.serve.chat import ChatTemplate
+
+    template = ChatTemplate.from_dir(generator.directory / generator.manifest.tokenizer_dir)
+    prompts = [template.render([{"role": "user", "content": q}]) for q in QUESTIONS]
+    want = generator.generate(prompts, 2 * NEW_TOKENS)
+    for speedup in (2, 5):
+        batch = generator.generate(prompts, 2 * NEW_TOKENS, speedup=speedup, lossless=True)
+        assert batch.token_ids == want.token_ids and batch.stats.verify_passes > 0
+        alone = generator.generate(prompts[0], 2 * NEW_TOKENS, speedup=speedup, lossless=True)
+        assert alone.token_ids == want.token_ids[:1]

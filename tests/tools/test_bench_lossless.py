@@ -12,7 +12,7 @@ def test_lossless_rows_say_they_are_full_depths_tokens(artifact_dir, tmp_path, c
     assert lossless.main(argv) == 0
     out = capsys.readouterr().out
     assert f"Command: `python -m tools.bench.lossless {' '.join(argv)}`" in out
-    assert "3 prompts" in out and out_file.read_text() == out.split("\n", 0)[0].rstrip("\n") + "\n"
+    assert "3 prompts" in out and out_file.read_text() in out  # the same table, written
     rows = {(cells[1].strip(), cells[2].strip()): cells for cells in
             (line.split("|") for line in out.splitlines() if line.startswith("| ") and "row" not in line)}
     assert set(rows) == {(b, r) for b in ("1", "3") for r in ("full depth", "plain 2x", "lossless 2x")}
