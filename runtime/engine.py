@@ -477,7 +477,8 @@ class Engine:
         for r in dict.fromkeys(s.request for s in seqs):
             r.stats.decode_seconds += seconds
         for (r, g), members in groups.items():
-            r.stats.steps.append(StepStats(g, r.policy.budget(g), sets[members[0]], seconds,
+            budget = len(sets[members[0]]) if r.lossless else r.policy.budget(g)  # a draft's: its set's
+            r.stats.steps.append(StepStats(g, budget, sets[members[0]], seconds,
                                            self.num_layers, tuple(seqs[j].index for j in members),
                                            tuple(layers)))
         emit = []

@@ -49,6 +49,7 @@ def test_greedy_lossless_is_full_depth(gen, full, speedup):
     s = result.stats
     assert s.verify_passes > 0 and s.drafted_tokens > 0 and 0 <= s.accepted_tokens <= s.drafted_tokens
     assert s.decode_tokens == len(PROMPTS) * (NEW - 1)  # every token after the prompt's first
+    assert all(step.budget == len(step.layers) for step in s.steps)  # drafts, passes: the layers they ran
     assert s.to_dict()["acceptance_rate"] == round(s.accepted_tokens / s.drafted_tokens, 4)
 
 
