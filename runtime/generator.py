@@ -6,7 +6,6 @@ A Generator is thread-safe: every ``generate``/``stream`` call becomes a request
 from __future__ import annotations
 
 import dataclasses
-
 import queue
 import warnings
 from pathlib import Path

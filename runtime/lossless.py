@@ -56,21 +56,21 @@ def pays_off(plans: list[DraftPlan], made: int, kept: int, r: float, v: float) -
     full-depth steps."""
     made += sum(p.made for p in plans)
     kept += sum(p.kept for p in plans)
-    return best_draft(kept / made if made else 0.0, made, r, v)[0] > 0
+    return best_draft(kept, made, r, v) > 0
 
 
-def best_draft(rate: float, made: int, r: float, v: float) -> tuple[int, float]:
-    """(k, tokens per full-depth step's time) of the best pass length, (0, 1.0) when plain
-    full-depth steps are at least as fast: ``rate`` the drafts kept so far over ``made``, ``r`` a
-    draft step's and ``v`` a verify pass's time in full-depth steps."""
-    a = (rate * made + 0.5) / (made + 1)  # half a kept draft as the prior
+def best_draft(kept: int, made: int, r: float, v: float) -> int:
+    """The pass length giving the most tokens per full-depth step's time, 0 when plain full-depth
+    steps are at least as fast: ``kept`` of ``made`` drafts kept so far, ``r`` a draft
+    step's and ``v`` a verify pass's time in full-depth steps."""
+    a = (kept + 0.5) / (made + 1)  # half a kept draft as the prior
     best_k, best = 0, 1.0
     for k in range(1, DRAFT_MAX + 1):
         tokens = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
         speed = tokens / (k * r + v)
         if speed > best:
             best_k, best = k, speed
-    return best_k, best
+    return best_k
 
 
 __all__ = ["DRAFT_MAX", "DRAFT_START", "DraftPlan", "PAUSE_MAX", "PAUSE_START", "best_draft", "pays_off"]

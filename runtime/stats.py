@@ -91,11 +91,15 @@ class GenerationStats:
                 "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
                 "layers_per_step": self.layers_per_step,
                 "theoretical_speedup": round(self.theoretical_speedup, 4),
-                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4),
-                **({} if not self.verify_passes else {
-                    "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-                    "verify_passes": self.verify_passes, "acceptance_rate": round(self.acceptance_rate or 0.0, 4),
-                    "tokens_per_verify": round(self.tokens_per_verify, 4)})}
+                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4), **(self.lossless_dict() or {})}
+
+    def lossless_dict(self) -> dict | None:
+        """Lossless decoding's counts (None: no verify pass ran), as to_dict and the server give them."""
+        if not self.verify_passes:
+            return None
+        return {"drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+                "verify_passes": self.verify_passes, "acceptance_rate": round(self.acceptance_rate or 0.0, 4),
+                "tokens_per_verify": round(self.tokens_per_verify, 4)}
 
     def __repr__(self) -> str:
         return f"GenerationStats({self.to_dict()})"

@@ -461,10 +461,7 @@ def skipdecode_info(result: GenerationResult) -> dict:
             "layers_per_token": stats.layers_per_step,
             "theoretical_speedup": round(stats.theoretical_speedup, 4),
             "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4),
-            **({} if not stats.verify_passes else {"lossless": {
-                "drafted_tokens": stats.drafted_tokens, "accepted_tokens": stats.accepted_tokens,
-                "verify_passes": stats.verify_passes, "acceptance_rate": round(stats.acceptance_rate or 0.0, 4),
-                "tokens_per_verify": round(stats.tokens_per_verify, 4)}})}
+            **({} if not stats.verify_passes else {"lossless": stats.lossless_dict()})}
 
 
 def token_text(tokenizer, token_id: int) -> str:
