@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="the prompt's layers under a policy: full depth or the first step's active set")
     p.add_argument("--epochs", type=int, default=10, help="passes over --train")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per optimizer step")
+    p.add_argument("--max-train", type=int, metavar="N",
+                   help="train on a seeded random subset of N pairs of --train (default: all)")
+    p.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="LoRA adapters of rank R on every decoder linear layer instead of full "
+                        "fine-tuning (needs peft); the output holds the merged model and adapter/")
+    p.add_argument("--lora-alpha", type=float, help="LoRA's alpha: the adapters are scaled by alpha / R (default: 2 R)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
     p.add_argument("--seed", type=int, default=0, help="batch order, policy draws and dropout")
@@ -65,6 +71,7 @@ def main(argv=None) -> int:
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
         prefill=args.prefill, epochs=args.epochs, batch_size=args.batch_size,
+        max_train=args.max_train, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -20,12 +20,14 @@ from runtime.models import skip_model
 from runtime.models.base import SkipModel
 from runtime.errors import SkipDecodeError
 
+from . import lora
 from .data import Encoded, batches, encode, read_pairs
 from .skip import PolicySampler, layer_mask, set_dropout, skip_forward
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
 BEST_DIR = "best"  # the weights with the lowest validation loss so far, inside --out
+ADAPTER_DIR = "adapter"  # a LoRA run's adapters in peft's format, inside --out (export/adapter.py merges them)
 
 
 class TrainError(SkipDecodeError):
@@ -49,6 +51,9 @@ class TrainConfig:
     prefill: str = "full"  # the prompt's layers under a policy: "full" or "policy" (step 0's set)
     epochs: int = 10
     batch_size: int = 32
+    max_train: int | None = None  # a seeded random subset of this many training pairs (None: all)
+    lora_rank: int = 0  # 0: full fine-tuning; R > 0: LoRA adapters of rank R on every decoder linear layer
+    lora_alpha: float | None = None  # LoRA's scale numerator (scale = alpha / rank); None: 2 * rank
     lr: float = 5e-4
     min_lr_ratio: float = 0.1  # cosine decays to lr * this
     warmup_ratio: float = 0.05  # fraction of steps with linear lr warm-up
@@ -87,11 +92,12 @@ def _load(spec: str):
     return model, tokenizer, checkpoint.skipdecode_training(source)
 
 
-def _save_atomic(target: Path, model, tokenizer, meta: dict | None, state: dict | None) -> None:
-    """Write a loadable checkpoint at ``target`` via a temporary sibling and a rename."""
+def _save_atomic(target: Path, write_weights, tokenizer, meta: dict | None, state: dict | None) -> None:
+    """Write a checkpoint at ``target`` via a temporary sibling and a rename; ``write_weights(dir)``
+    writes the weights (the whole model, or a LoRA run's adapters)."""
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    write_weights(tmp)
     tokenizer.save_pretrained(tmp)
     if meta is not None:
         (tmp / SKIPDECODE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
@@ -182,7 +188,15 @@ def train(cfg: TrainConfig) -> Path:
                              f"{out if cfg.resume == 'auto' else cfg.resume}")
         start_dir = str(found[-1])
         state = torch.load(found[-1] / STATE_FILE, weights_only=False)
-    model, tokenizer, meta = _load(start_dir)
+    if cfg.lora_rank < 0:
+        raise TrainError(f"--lora-rank {cfg.lora_rank}: a rank is a positive number of dimensions (0: full fine-tuning)")
+    lora_alpha = cfg.lora_alpha if cfg.lora_alpha is not None else 2.0 * cfg.lora_rank
+    # a LoRA checkpoint holds the adapters alone: its weights are the base model's plus them
+    model, tokenizer, meta = _load(cfg.model if cfg.lora_rank else start_dir)
+    if cfg.lora_rank:
+        lora.inject(model, cfg.lora_rank, lora_alpha)
+        if state:
+            lora.load(model, Path(start_dir))
     base_meta = state["base_meta"] if state else meta
     horizon = cfg.horizon or base_meta.get("horizon") or 64
     L = model.config.num_hidden_layers
@@ -191,8 +205,10 @@ def train(cfg: TrainConfig) -> Path:
     sampler.policies()  # validate the speedups now, not after the first epoch
 
     limit = model.config.max_position_embeddings
-    train_items = [encode(tokenizer, ex, cfg.separator, limit)
-                   for ex in read_pairs(cfg.train, cfg.prompt_column, cfg.target_column)]
+    pairs = read_pairs(cfg.train, cfg.prompt_column, cfg.target_column)
+    if cfg.max_train is not None and cfg.max_train < len(pairs):
+        pairs = random.Random(cfg.seed).sample(pairs, cfg.max_train)  # the same subset on resume
+    train_items = [encode(tokenizer, ex, cfg.separator, limit) for ex in pairs]
     val_items = ([encode(tokenizer, ex, cfg.separator, limit)
                   for ex in read_pairs(cfg.val, cfg.prompt_column, cfg.target_column)]
                  if cfg.val else [])
@@ -204,7 +220,10 @@ def train(cfg: TrainConfig) -> Path:
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
     decay, no_decay = [], []
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
     for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
@@ -226,12 +245,19 @@ def train(cfg: TrainConfig) -> Path:
                 "policies": [p.to_dict() for p in sampler.policies()], "separator": cfg.separator,
                 "trained_from": base_meta.get("trained_from", []) + [{
                     "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
-                    "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss}],
+                    "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss,
+                    "max_train": cfg.max_train, "lora_rank": cfg.lora_rank}],
                 **cfg.extra}
+
+    def write_weights(directory: Path) -> None:
+        if cfg.lora_rank:
+            lora.save(model, directory, cfg.lora_rank, lora_alpha, cfg.model)
+        else:
+            model.save_pretrained(directory)
 
     def checkpoint(val_loss=None) -> None:
         target = out / f"checkpoint-{step}"
-        _save_atomic(target, model, tokenizer, None, {
+        _save_atomic(target, write_weights, tokenizer, None, {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "base_meta": base_meta, "config": asdict(cfg), "val_loss": val_loss, "best": best})
         for old in _checkpoints(out)[:-cfg.keep_checkpoints]:
@@ -256,7 +282,7 @@ def train(cfg: TrainConfig) -> Path:
             loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
             optimizer.step()
             scheduler.step()
             step += 1
@@ -271,7 +297,7 @@ def train(cfg: TrainConfig) -> Path:
                 improved = best is None or score < best["score"]
                 if improved and cfg.select_best:
                     best = {"step": step, "val_loss": val_loss, "score": score}
-                    _save_atomic(out / BEST_DIR, model, tokenizer, None, None)
+                    _save_atomic(out / BEST_DIR, write_weights, tokenizer, None, None)
                 log.write(json.dumps({"step": step, "epoch": epoch + 1, "val_loss": val_loss,
                                       "best_step": best["step"] if best else None}) + "\n")
                 bar.write(f"step {step} (epoch {epoch + 1}): val loss " +
@@ -284,11 +310,19 @@ def train(cfg: TrainConfig) -> Path:
     log.close()
     model.eval()
     if best is not None and cfg.select_best:
-        _load_weights(model, out / BEST_DIR)
+        if cfg.lora_rank:
+            lora.load(model, out / BEST_DIR)
+        else:
+            _load_weights(model, out / BEST_DIR)
         val_loss = best["val_loss"]
     meta_out = run_meta(val_loss)
     meta_out["trained_from"][-1]["selected_step"] = best["step"] if best else step
     meta_out["train_seconds"] = round(time.perf_counter() - started, 1)
+    if cfg.lora_rank:
+        # the adapters alone (a few MB: what ships), then the merged model beside them
+        meta_out["lora"] = {"rank": cfg.lora_rank, "alpha": lora_alpha, "adapter": ADAPTER_DIR}
+        _save_atomic(out / ADAPTER_DIR, write_weights, tokenizer, meta_out, None)
+        lora.merge(model)
     _save_final(out, model, tokenizer, meta_out)
     return out
 
@@ -297,7 +331,7 @@ def _save_final(out: Path, model, tokenizer, meta: dict) -> None:
     """The finished model's files go into ``out`` itself (next to checkpoint-N/), config.json
     last, so ``out`` becomes a loadable checkpoint only once every weight is in place."""
     tmp = out / f".final.tmp-{os.getpid()}"
-    _save_atomic(tmp, model.to("cpu"), tokenizer, meta, None)
+    _save_atomic(tmp, model.to("cpu").save_pretrained, tokenizer, meta, None)
     names = sorted(p.name for p in tmp.iterdir())
     for name in [n for n in names if n != "config.json"] + ["config.json"]:
         os.replace(tmp / name, out / name)
