@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from export import checkpoint
 from export.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, apply
 from tests.families import save_tiny_checkpoint
 from tests.tools.test_finetune import _config, tiny_dir  # noqa: F401  (a fixture)
@@ -40,6 +41,10 @@ def test_lora_trains_resumes_exactly_and_merges_as_export_does(tmp_path):
     # a checkpoint holds the adapters alone: a few tensors per layer, not the model
     assert not (out / "checkpoint-4" / "model.safetensors").exists()
     assert all(".lora_" in k for k in load_file(out / "checkpoint-4" / ADAPTER_WEIGHTS))
+    # and exports as it is: an adapter over the base, with the policy it was trained for
+    source = checkpoint.resolve(str(out / "checkpoint-4"))
+    assert source.kind == "adapter" and checkpoint.skipdecode_training(source)["horizon"] == 6
+    assert checkpoint.adapter_base(source).location == str(tiny.resolve())
 
     base, merged = _state(tiny), _state(out)
     changed = [k for k in base if not torch.equal(base[k], merged[k])]

@@ -257,7 +257,8 @@ def train(cfg: TrainConfig) -> Path:
 
     def checkpoint(val_loss=None) -> None:
         target = out / f"checkpoint-{step}"
-        _save_atomic(target, write_weights, tokenizer, None, {
+        # with skipdecode.json: a checkpoint exports as it is (export build --model DIR/checkpoint-N)
+        _save_atomic(target, write_weights, tokenizer, run_meta(val_loss), {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "base_meta": base_meta, "config": asdict(cfg), "val_loss": val_loss, "best": best})
         for old in _checkpoints(out)[:-cfg.keep_checkpoints]:
