@@ -249,9 +249,12 @@ def train(cfg: TrainConfig) -> Path:
                     "max_train": cfg.max_train, "lora_rank": cfg.lora_rank}],
                 **cfg.extra}
 
+    # the adapters' base as export resolves it from anywhere: an alias or hub id as given, a path absolute
+    base_spec = str(Path(cfg.model).expanduser().resolve()) if Path(cfg.model).expanduser().exists() else cfg.model
+
     def write_weights(directory: Path) -> None:
         if cfg.lora_rank:
-            lora.save(model, directory, cfg.lora_rank, lora_alpha, cfg.model)
+            lora.save(model, directory, cfg.lora_rank, lora_alpha, base_spec)
         else:
             model.save_pretrained(directory)
 

