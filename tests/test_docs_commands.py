@@ -34,7 +34,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "docs/benchmarks.md", "docs/benchmarks-gpu.md", "docs/design.md", "docs/jetson.md", "docs/quality.md", "docs/serving.md",
-        "models/opt-e2e-skipdecode/README.md", "data/e2e/README.md"]
+        "models/opt-e2e-skipdecode/README.md", "models/smollm2-135m-e2e/README.md", "data/e2e/README.md"]
 START = re.compile(r"(python3? -m |pip |curl |\. )")
 
 HUB = "needs the OPT checkpoint from the Hugging Face hub, which this machine cannot reach"
@@ -47,6 +47,8 @@ SERVER = "a server: runs until stopped; tests/runtime/test_serve.py starts it an
 PLACEHOLDER = "DIR and OUT stand for the reader's own directories"
 REAL = ("the real SmolLM2-135M-Instruct (a minute): tests/test_real_model.py exports it once and chats with it "
         "through the CLI and the openai client")
+SHIPPED_E2E = ("the shipped adapter over the real model (a minute): tests/test_shipped_e2e_model.py builds it "
+               "and checks its descriptions at 1x, 2x and 5x")
 DEMO_PROMPT = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
 QUICK_BUILD = "python -m export build --out artifacts/opt-e2e-skipdecode"
 QUICK_RUN = f'python -m runtime artifacts/opt-e2e-skipdecode "{DEMO_PROMPT}" --speedup 2'
@@ -107,6 +109,12 @@ RULES = [
     ("python -m export build --model OUT", "parse", PLACEHOLDER),
     ("python -m export build --model opt-125m --random-weights", "parse", LONG + " (exports OPT-125m)"),
     ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-e2e", "parse", SHIPPED_E2E),
+    ("python -m runtime artifacts/smollm2-135m-e2e ", "parse", SHIPPED_E2E),
+    ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
+     LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
+    ("python -m tools.evaluate --data data/e2e/devset.csv.gz --prompt-column mr --target-column ref "
+     "--model 'SmolLM2", "parse", LONG + "; on the export of the line before"),
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),

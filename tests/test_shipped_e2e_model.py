@@ -22,7 +22,23 @@ MRS = ["name[Alimentum], area[city centre], familyFriendly[no]",
        "name[The Eagle], eatType[coffee shop], food[Chinese], priceRange[cheap], customer rating[average], area[riverside], familyFriendly[no], near[Burger King]",
        "name[Browns Cambridge], eatType[coffee shop], food[Chinese], customer rating[5 out of 5], area[city centre], familyFriendly[no], near[Crowne Plaza Hotel]"]
 NEW_TOKENS = 64
-EXPECTED = {}  # speedup -> the three descriptions (filled from the shipped adapter)
+EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorded from the shipped adapter)
+    1: [
+        " Alimentum is a non family-friendly restaurant in the city centre.",
+        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family friendly.",
+        " Browns Cambridge is a Chinese coffee shop near the Crowne Plaza Hotel in the city centre. It is not family-friendly and has a customer rating of 5 out of 5.",
+    ],
+    2: [
+        " Alimentum is a non family-friendly restaurant in the city centre.",
+        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family friendly and has an average customer rating.",
+        " Browns Cambridge is a Chinese coffee shop near the Crowne Plaza Hotel in the city centre. It is not family-friendly and has a customer rating of 5 out of 5.",
+    ],
+    5: [
+        " Alimentum is a non family friendly restaurant in the city centre.",
+        " The Eagle is a cheap Chinese coffee shop near Burger King. It is not family friendly. It has an average customer rating.",
+        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near the Crowne Plaza Hotel. It is not family friendly.",
+    ],
+}
 
 
 @pytest.fixture(scope="module")
