@@ -7,8 +7,8 @@ prompt with no past (the prefill, over an all-masked past), and one decode token
 The comparing is Polygraphy's (``Comparator.run`` with its ONNX Runtime runner, then
 ``compare_accuracy`` against PyTorch's outputs as the reference run), the comparator that
 ``python -m engines verify`` runs on the device between TensorRT and ONNX Runtime. A float graph
-passes numpy's ``allclose`` rule (``compare_func``): no element off by more than
-atol + rtol * |torch|.
+passes numpy's ``allclose`` rule with the vector's scale as a floor (``compare_func``): no element
+off by more than atol + rtol * max(|torch|, RMS of its vector along the last axis).
 
 A graph with quantized weights (export.quantize) is judged in two parts that together say what
 a user needs: that it computes what its weights mean, and that its weights are the checkpoint's.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.compare import compare_func, ort_session, polygraphy_version  # noqa: F401 - export's API too
+from runtime.compare import compare_func, ort_session, polygraphy_version, tolerance  # noqa: F401 - export's API too
 from runtime.errors import VerificationError
 from runtime.manifest import GraphSpec
 
@@ -163,10 +163,10 @@ REFERENCE = "pytorch"  # the runner name of the reference outputs in Polygraphy'
 
 
 def _diffs(got: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> tuple[float, float]:
-    """(max |got - expected|, how far past the allclose bound atol + rtol * |expected| its worst
-    element is: <= 0 passes)."""
+    """(max |got - expected|, how far past its bound (runtime.compare.tolerance) the worst element
+    is: <= 0 passes)."""
     diff = np.abs(got - expected)
-    return float(diff.max(initial=0.0)), float((diff - (atol + rtol * np.abs(expected))).max(initial=-np.inf))
+    return float(diff.max(initial=0.0)), float((diff - tolerance(expected, atol, rtol)).max(initial=-np.inf))
 
 
 def _relative_l2(got, expected) -> float:

@@ -35,19 +35,33 @@ def polygraphy_version() -> str:
     return polygraphy.__version__
 
 
+def tolerance(expected: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """Each element's bound: atol + rtol * max(|reference|, the RMS of its vector along the last
+    axis). numpy's ``allclose`` rule where the element is as large as its vector; where it is
+    small, rtol of the vector's scale instead. A hidden state or K/V vector comes out of sums
+    whose fp32 rounding follows the size of their terms, not of the result: a real checkpoint's
+    outlier channels (SmolLM2's layer 28: |h| up to 5,206, RMS 220) leave differences of ~1e-3 on
+    its small elements that are rounding, not a wrong graph (a wrong wiring is off by ~the RMS)."""
+    expected = np.asarray(expected, dtype=np.float32)
+    if expected.ndim == 0 or expected.size == 0:
+        return atol + rtol * np.abs(expected)
+    rms = np.sqrt(np.mean(np.square(expected, dtype=np.float64), axis=-1, keepdims=True)).astype(np.float32)
+    return atol + rtol * np.maximum(np.abs(expected), rms)
+
+
 def compare_func(atol: float, rtol: float):
-    """The compare function given to Polygraphy's ``compare_accuracy``: numpy's ``allclose`` rule, the
-    one users know and the tolerances state (every element within ``atol + rtol * |reference|``, the
-    reference being the second run; same shapes; NaN fails). Polygraphy's own SimpleCompareFunc
-    judges each element against atol and rtol apart (within the larger of the two), up to 2x stricter
+    """The compare function given to Polygraphy's ``compare_accuracy``: every element within
+    ``tolerance`` (numpy's ``allclose`` rule with the vector's RMS as the floor of |reference|; the
+    reference is the second run; same shapes; NaN fails). Polygraphy's own SimpleCompareFunc judges
+    each element against atol and rtol apart (within the larger of the two), up to 2x stricter
     where both count: it failed correct graphs of real checkpoints, whose activations are large."""
-    def allclose(ours, reference) -> dict[str, bool]:
+    def within(ours, reference) -> dict[str, bool]:
         out = {}
         for name, expected in reference.items():
             got = np.asarray(ours[name], dtype=np.float32) if name in ours else None
             expected = np.asarray(expected, dtype=np.float32)
             out[name] = got is not None and got.shape == expected.shape and bool(
-                np.allclose(got, expected, atol=atol, rtol=rtol, equal_nan=False))
+                np.all(np.abs(got - expected) <= tolerance(expected, atol, rtol)))  # NaN: False
         return out
 
-    return allclose
+    return within

@@ -1,8 +1,10 @@
 """export.parity judges each graph with Polygraphy: its ONNX Runtime runner, Comparator.run and
-compare_accuracy against PyTorch's outputs, by numpy's allclose rule at the export's stated tolerances."""
+compare_accuracy against PyTorch's outputs, by numpy's allclose rule (the vector's RMS as the floor of
+|reference|) at the export's stated tolerances."""
 
 import copy
 
+import numpy as np
 import pytest
 
 from export import parity
@@ -62,3 +64,25 @@ def test_quantized_rule_is_the_graphs_own_weights_then_their_error(artifact_dir,
     assert not check.passed and check.worst == "its weights: relative error 6.00e-02"
     check = parity.compare(head, _nudged(quantized, 1.0, at=7), artifact_dir, manifest.dtype, "int8")
     assert not check.passed  # off the module with its own weights: a wiring bug
+
+
+def test_a_small_element_beside_outliers_is_judged_by_its_vectors_scale():
+    """fp32 rounding of a hidden state follows the size of the sums behind it: a real checkpoint's
+    outlier channels leave ~1e-3 on small elements (SmolLM2's layer 28: RMS 220), which passes; an
+    error of the vector's own scale (a wrong wiring) still fails, and so does NaN."""
+    from runtime.compare import compare_func, tolerance
+
+    atol, rtol = parity.TOLERANCES["float32"]
+    reference = np.full((1, 2, 576), 0.5, np.float32)
+    reference[..., 7] = 5206.0  # one outlier channel: RMS ~217
+    nudged = reference.copy()
+    nudged[0, 1, 3] += 2.44e-3  # at an element of 0.5: 49x numpy's allclose bound
+    assert not np.allclose(nudged, reference, atol=atol, rtol=rtol)
+    judge = compare_func(atol, rtol)
+    assert judge({"h": nudged}, {"h": reference}) == {"h": True}
+    assert tolerance(reference, atol, rtol)[0, 1, 7] == pytest.approx(atol + rtol * 5206.0)  # allclose's own there
+    wrong = reference.copy()
+    wrong[0, 1, 3] += 0.5 * 217  # off by half the vector's scale
+    assert judge({"h": wrong}, {"h": reference}) == {"h": False}
+    wrong[0, 1, 3] = np.nan
+    assert judge({"h": wrong}, {"h": reference}) == {"h": False}
