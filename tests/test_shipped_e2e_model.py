@@ -91,3 +91,12 @@ def test_full_depth_is_transformers_generate_on_the_merged_weights(generator):
             theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                                     do_sample=False)[0, ids.shape[1]:].tolist()
         assert row == theirs[:len(row)] and (len(row) == len(theirs) or theirs[len(row)] in (2,)), mr
+
+
+def test_lossless_keeps_full_depths_tokens_and_most_drafts(generator):
+    """A model fine-tuned under its policies drafts well: lossless 5x gives full depth's tokens with
+    most drafts kept (the untuned base keeps none: tests/test_real_model.py)."""
+    want = generator.generate(MRS, NEW_TOKENS).token_ids
+    result = generator.generate(MRS, NEW_TOKENS, speedup=5, lossless=True)
+    assert result.token_ids == want
+    assert result.stats.acceptance_rate > 0.5, result.stats.acceptance_rate
