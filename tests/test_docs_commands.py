@@ -101,6 +101,8 @@ RULES = [
      "--model 'shipped model", "parse", LONG),
     ("python -m tools.evaluate --data data/e2e/devset.csv.gz --prompt-column mr --target-column ref "
      "--model 'fp32=", "parse", LONG + "; the int8/int4 exports of the demo model first"),
+    ("python -m tools.evaluate --data data/e2e/devset.csv.gz --prompt-column mr --target-column ref "
+     "--model 'SmolLM2", "parse", LONG + "; on the export of the line before"),
     ("python -m tools.evaluate --data data/e2e/devset.csv.gz", "parse", RECIPE),
     ("python -m export build --model .work/", "parse", RECIPE),
     ("python -m export build --out artifacts/opt-e2e-skipdecode -q", "parse", DEMO_BUILD),
@@ -113,8 +115,6 @@ RULES = [
     ("python -m runtime artifacts/smollm2-135m-e2e ", "parse", SHIPPED_E2E),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
-    ("python -m tools.evaluate --data data/e2e/devset.csv.gz --prompt-column mr --target-column ref "
-     "--model 'SmolLM2", "parse", LONG + "; on the export of the line before"),
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
