@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from runtime.errors import SkipDecodeError
+
+if TYPE_CHECKING:  # torch is imported where an adapter is merged: `python -m export` starts without it
+    from torch import nn
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -39,11 +40,12 @@ def read_config(directory: Path) -> dict:
     return config
 
 
-@torch.no_grad()
-def apply(model: nn.Module, directory: Path) -> int:
+def apply(model: "nn.Module", directory: Path) -> int:
     """Add every adapter of ``directory`` to its linear layer's weight in ``model``: W += B @ A * s,
     s = lora_alpha / r (/ sqrt(r) with rsLoRA). Returns the number of layers changed."""
+    import torch
     from safetensors.torch import load_file
+    from torch import nn
 
     directory = Path(directory)
     config = read_config(directory)
@@ -70,8 +72,8 @@ def apply(model: nn.Module, directory: Path) -> int:
             raise AdapterError(f"{directory}: adapter {module_name!r} fits no linear layer of this model "
                                f"(is it the adapter of another base model? its base: "
                                f"{config.get('base_model_name_or_path')!r})")
-        delta = (b.float() @ a.float()) * scale  # (out, in)
-        linear.weight += delta.to(linear.weight.dtype)
+        with torch.no_grad():
+            linear.weight += ((b.float() @ a.float()) * scale).to(linear.weight.dtype)  # (out, in)
         changed += 1
     if not changed:
         raise AdapterError(f"{directory / ADAPTER_WEIGHTS} holds no LoRA tensors")

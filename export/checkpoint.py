@@ -1,7 +1,7 @@
 """Resolve ``--model`` (alias, hub id or local directory) and load a checkpoint of a supported
 family (runtime.models: OPT, Llama 3.x, SmolLM2, Qwen2/2.5, Qwen3).
 
-Three kinds of source:
+The sources it takes:
 
 * a local directory holding a Hugging Face checkpoint (config.json, weights, tokenizer);
 * a hub id (``facebook/opt-1.3b``, ``Qwen/Qwen3-0.6B``) or one of the aliases below (OPT's, and the

@@ -94,9 +94,12 @@ def test_full_depth_is_transformers_generate_on_the_merged_weights(generator):
 
 
 def test_lossless_keeps_full_depths_tokens_and_most_drafts(generator):
-    """A model fine-tuned under its policies drafts well: lossless 5x gives full depth's tokens with
-    most drafts kept (the untuned base keeps none: tests/test_real_model.py)."""
+    """A model fine-tuned under its policies drafts well: lossless 2x gives full depth's tokens with
+    most drafts kept (the untuned base keeps none: tests/test_real_model.py). At 5x its drafts run
+    4 layers, a set these short descriptions never ran in training, and lossless falls back to
+    full depth's steps: still its tokens (docs/quality.md)."""
     want = generator.generate(MRS, NEW_TOKENS).token_ids
-    result = generator.generate(MRS, NEW_TOKENS, speedup=5, lossless=True)
+    result = generator.generate(MRS, NEW_TOKENS, speedup=2, lossless=True)
     assert result.token_ids == want
     assert result.stats.acceptance_rate > 0.5, result.stats.acceptance_rate
+    assert generator.generate(MRS, NEW_TOKENS, speedup=5, lossless=True).token_ids == want
