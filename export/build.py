@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.errors import ArtifactError
-from runtime.manifest import KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
+from runtime.errors import ArtifactError, InvalidArgumentError
+from runtime.manifest import DRAFT_HEAD, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
 from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
@@ -27,7 +27,7 @@ from runtime.swap import recover, remove_leftovers, swap_into_place, temp_siblin
 from . import checkpoint, gguf, parity
 from . import fused as fused_layers
 from runtime.models import family_of, head_dim, kv_heads, skip_model
-from .onnx_export import ExportConfig, export_graph, graph_specs
+from .onnx_export import ExportConfig, draft_head_spec, export_graph, graph_specs
 from .weights import SharedWeights
 from .quantize import BLOCK_SIZE
 from .quantize import QuantConfig, tensorrt_readers
@@ -53,6 +53,7 @@ class BuildOptions:
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
+    draft_head: str = "none"  # "int8"/"int4": also a quantized copy of the float head for lossless drafts
 
 
 def _token_id(value, fallback=None) -> int:
@@ -126,7 +127,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     quant = QuantConfig(weights=options.weights, head_weights=options.head_weights,
                         block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
-                          page_size=options.page_size, quant=quant, fused=options.fused)
+                          page_size=options.page_size, quant=quant, fused=options.fused,
+                          draft_head=options.draft_head)
     if quant.quantized:  # before any work: whether the TensorRT meant to run it can read it
         log(tensorrt_readers(quant, str(out)))
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
@@ -152,6 +154,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
                           attention=c.num_attention_heads * head_dim(c))
         log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
             f"(block {quant.block_size}, {quant.format})")
+    width = getattr(hf_model.config, "word_embed_proj_dim", hf_model.config.hidden_size)  # the head's K
+    if config.draft_head != "none" and width % quant.block_size:
+        raise InvalidArgumentError(f"--draft-head: block_size {quant.block_size} does not divide the head's "
+                                   f"input width {width}; pass --block-size with a power of two that divides it")
     trained = checkpoint.skipdecode_training(source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
@@ -177,6 +183,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
         log(f"fused layer graphs for ONNX Runtime: {'none, ' + why_not if why_not else len(fused)}")
+        draft = draft_head_spec(specs[-1]) if config.draft_head != "none" else None
+        if draft is not None:
+            log(f"draft head for lossless rows: {draft.file} ({config.draft_head} weights)")
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         hf_model.config.save_pretrained(str(tmp / "hf_config"))
@@ -195,6 +204,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
                 for r in done:
                     log(f"  {r.line()}")
                 results += done
+            if draft is not None:  # judged as the quantized head it is, against the head's module
+                results.append(parity.check_graph(model, draft, tmp, options.dtype, config.draft_head,
+                                                  page_size=config.page_size))
+                log(f"  {results[-1].line()}")
             parity.raise_on_failure(results)
             checks = parity.summary(results)
 
@@ -208,7 +221,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__, **gguf_entry,
                     **({"base": base.location} if base is not source else {})},
-            checks=checks, weights=quant.manifest_entry(), fused=fused)
+            checks=checks, fused=fused, draft_head=draft,
+            weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {})})
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export
         swap_into_place(tmp, out)

@@ -84,7 +84,8 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
         return TorchSide({}, None, mismatch=True)
     cases = {spec.name: parity.torch_cases(ref, spec, manifest.page_size, Path(directory),
                                            manifest.graph_weights(spec.name))
-             for spec in tqdm(manifest.graphs, desc="PyTorch reference", unit="graph", disable=not progress)}
+             for spec in tqdm(manifest.checked_graphs, desc="PyTorch reference", unit="graph",
+                              disable=not progress)}
     return TorchSide(cases, _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, speedup))
 
 

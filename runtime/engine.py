@@ -461,7 +461,9 @@ class Engine:
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
         new[waiting] = 0
-        step = DecodeStep(ids, cache.mask(0, R, new), layers, updates)
+        # a step whose every used row drafts may read the backend's draft head: the pass decides
+        draft = any(drafting) and all(d or w for d, w in zip(drafting, waiting))
+        step = DecodeStep(ids, cache.mask(0, R, new), layers, updates, draft)
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
         seconds = time.perf_counter() - began
@@ -570,7 +572,9 @@ class Engine:
         # until one is measured)
         full = self.full_seconds
         draft_cost = (self.draft_seconds or full * len(self._layers(ready[0], 0, True)) / L) / full
-        verify_cost = self.verify_seconds / full
+        # a pass runs every layer over at least a step's tokens: a smaller ratio is the clock's noise
+        # (a busy machine), which would keep rows drafting that never keep a draft
+        verify_cost = max(self.verify_seconds / full, 1.0)
         judged = [s for s in ready if s.plan.drafting(s.step)]  # not a paused row's ride-along draft
         kept = dict.fromkeys(ready, 0)
         active = list(ready)

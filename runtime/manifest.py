@@ -32,6 +32,7 @@ TRANSPOSED = ".T"
 FUSED = "+"
 WIDTHS = ":widths"
 MANIFEST_NAME = "manifest.json"
+DRAFT_HEAD = "head_draft"  # the graph name (and file stem) of export's --draft-head
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
 
@@ -119,12 +120,15 @@ class Manifest:
     source: dict = field(default_factory=dict)  # where the weights came from
     checks: dict = field(default_factory=dict)  # parity results recorded at export
     weights: dict = field(default_factory=dict)  # weight-only quantization per graph kind:
-    # {"embed": "float", "layers": "int4", "head": "int4", "block_size": 32, "format": ...};
+    # {"embed": "float", "layers": "int4", "head": "int4", "block_size": 32, "format": ...}, and
+    # "head_draft": "int8" beside a draft head;
     # empty (and absent from manifests written before it) means float weights in the artifact's dtype
     fused: list[GraphSpec] = field(default_factory=list)  # each layer's variant on ONNX Runtime's
     # fused operators (export.fused: GroupQueryAttention over K stored as V is), layer_00 ..
     # layer_{L-1}, for the ONNX Runtime backend on the CPU; empty: none (TensorRT and torch read only
     # ``graphs``)
+    draft_head: GraphSpec | None = None  # the float head quantized (export --draft-head), which lossless
+    # rows' draft steps read on ONNX Runtime; None: none (drafts read the head)
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -151,7 +155,7 @@ class Manifest:
 
     def graph_weights(self, name: str) -> str:
         """The weights of graph ``name``: "float", "int8" or "int4"."""
-        kind = "embed" if name == "embed" else "head" if name == "head" else "layers"
+        kind = name if name in ("embed", "head", DRAFT_HEAD) else "layers"
         return self.weights.get(kind, "float")
 
     @property
@@ -168,6 +172,11 @@ class Manifest:
         return f"{parts[0]}, {parts[1]} (block {w.get('block_size')}, {w.get('format')}), {parts[2]}"
 
     @property
+    def checked_graphs(self) -> list[GraphSpec]:
+        """The graphs export checks against PyTorch one by one: ``graphs`` and the draft head."""
+        return [*self.graphs, *filter(None, [self.draft_head])]
+
+    @property
     def layers(self) -> list[GraphSpec]:
         return [self.graph(layer_name(i)) for i in range(self.model.num_layers)]
 
@@ -182,6 +191,8 @@ class Manifest:
             out["weights"] = d["weights"]
         if self.fused:
             out["fused"] = d["fused"]
+        if self.draft_head is not None:
+            out["draft_head"] = d["draft_head"]
         return out
 
     def save(self, directory: Path) -> None:
@@ -198,6 +209,7 @@ class Manifest:
                    tokenizer_dir=d["tokenizer_dir"], policy=d["policy"], kv_cache=d["kv_cache"],
                    source=d.get("source", {}), checks=d.get("checks", {}), weights=d.get("weights", {}),
                    fused=[GraphSpec.from_dict(g) for g in d.get("fused", [])],
+                   draft_head=GraphSpec.from_dict(d["draft_head"]) if d.get("draft_head") else None,
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
 
@@ -330,7 +342,9 @@ def _check_structure(m: Manifest, path: Path) -> None:
     fused = [g.name for g in m.fused]
     if fused and fused != expected[1:-1]:
         raise ArtifactError(f"{path} lists fused layer graphs {fused}, expected {expected[1:-1]}; {REBUILD_HINT}")
-    for g in [*m.graphs, *m.fused]:
+    if m.draft_head is not None and m.draft_head.name != DRAFT_HEAD:
+        raise ArtifactError(f"{path} names its draft head {m.draft_head.name!r}, expected {DRAFT_HEAD!r}; {REBUILD_HINT}")
+    for g in [*m.checked_graphs, *m.fused]:
         for rel in filter(None, (g.file, g.data_file)):
             if rel not in m.files:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")

@@ -40,6 +40,7 @@ class DecodeStep:
     attention_mask: np.ndarray  # (R, W + 1) int64: the rows' valid past, then the new position
     layers: list[int]  # the union of the rows' active sets, ascending
     updates: list[np.ndarray]  # per layer, (R,) bool: the rows whose active set holds it
+    draft: bool = False  # every row's logits are a lossless draft's: the backend may read its draft head
 
     @property
     def rows(self) -> int:
@@ -88,6 +89,11 @@ class Backend(ABC):
     def head(self, hidden, rows: np.ndarray | None = None) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), V) of the last position of ``rows`` (None = all)."""
 
+    def draft_head(self, hidden) -> np.ndarray:
+        """``head(hidden)`` for a step of lossless drafts only: a backend with a cheaper head for them
+        (the artifact's ``draft_head``) reads that; the verify pass still reads ``head``."""
+        return self.head(hidden)
+
     def head_all(self, hidden, rows: np.ndarray) -> np.ndarray:
         """hidden (B, T, D) -> fp32 logits (len(rows), T, V) of every position of ``rows``: a
         verify pass's (lossless decoding). By default one ``head`` call per position."""
@@ -125,4 +131,4 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
     hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
     hidden = backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates)
-    return backend.head(hidden)
+    return backend.draft_head(hidden) if step.draft else backend.head(hidden)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import hugepages
 from ..errors import ArtifactError
-from ..manifest import GraphSpec, Manifest
+from ..manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..kvcache import ArrayStorage
 from .base import Backend
 from .fused_layers import FusedLayers
@@ -189,7 +189,7 @@ class OnnxRuntimeBackend(Backend):
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
         layers = manifest.fused if use_fused else manifest.layers
-        graphs = [manifest.head, manifest.embed, *layers]
+        graphs = [manifest.head, manifest.embed, *layers, *filter(None, [manifest.draft_head])]
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
@@ -251,9 +251,15 @@ class OnnxRuntimeBackend(Backend):
         return np.where(update[:, None, None], out, hidden)
 
     def head(self, hidden, rows=None):
+        return self._next_logits("head", hidden, rows)
+
+    def draft_head(self, hidden):
+        return self._next_logits(DRAFT_HEAD if self.manifest.draft_head else "head", hidden)
+
+    def _next_logits(self, graph, hidden, rows=None):
         last = hidden[:, -1:, :] if rows is None else hidden[rows, -1:, :]  # (R, 1, D): next token only
         last = np.ascontiguousarray(last)
-        return self._sessions["head"].run(None, {"hidden_states": last})[0][:, -1, :].astype(np.float32)
+        return self._sessions[graph].run(None, {"hidden_states": last})[0][:, -1, :].astype(np.float32)
 
     def head_all(self, hidden, rows):
         picked = np.ascontiguousarray(hidden[rows])  # (R, T, D): one run for every position

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..manifest import DRAFT_HEAD
 from ..policy import SkipPolicy
 
 
@@ -100,10 +101,11 @@ class SkipModel(nn.Module):
 
 
 def graph_module(model: SkipModel, name: str) -> nn.Module:
-    """The module graph ``name`` ("embed", "layer_NN", "head") is traced from, for any family."""
+    """The module graph ``name`` ("embed", "layer_NN", "head", "head_draft": the head's, quantized)
+    is traced from, for any family."""
     if name == "embed":
         return model.embed
-    if name == "head":
+    if name in ("head", DRAFT_HEAD):
         return model.head
     return model.graph_layer(int(name.split("_")[1]))
 

@@ -195,6 +195,33 @@ def test_llama_family_fused_layers(llama_artifact, speedup):
         g.close()
 
 
+@pytest.fixture(scope="module")
+def draft_head_artifact(tmp_path_factory):
+    """A Llama 3 artifact with an int4 draft head (export --draft-head): drafts read it, passes the head."""
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("draft-head-ckpt"), "llama3", hidden_size=64)
+    out = tmp_path_factory.mktemp("draft-head-art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, draft_head="int4", block_size=16),
+          log=lambda *_: None)
+    return out
+
+
+@pytest.mark.parametrize("speedup", [2, 5])
+def test_drafts_read_the_draft_head_and_tokens_stay_full_depths(draft_head_artifact, speedup):
+    g = runtime.load(draft_head_artifact, max_batch=4, check_hashes=False)
+    try:
+        want = g.generate(PROMPTS, NEW, ignore_eos=True)
+        reads, head = [], g.backend.draft_head
+        g.backend.draft_head = lambda hidden: reads.append(len(hidden)) or head(hidden)
+        got = g.generate(PROMPTS, NEW, speedup=speedup, lossless=True, ignore_eos=True)
+        assert got.token_ids == want.token_ids
+        assert reads and got.stats.verify_passes > 0  # draft steps read it; the passes decided
+        drafted = len(reads)
+        g.generate(PROMPTS, NEW, speedup=speedup, ignore_eos=True)
+        assert len(reads) == drafted  # a plain (lossy) row's steps read the head
+    finally:
+        g.close()
+
+
 def test_prefill_policy_is_refused(gen):
     with pytest.raises(InvalidArgumentError, match="prefill='policy' leaves the layers outside step 0's set"):
         gen.generate(PROMPTS[0], 4, speedup=2, lossless=True, prefill="policy")
