@@ -511,11 +511,14 @@ class Engine:
         """A row's layers for a step whose input is its g-th token: the policy's active set; for a
         lossless row's draft the policy's smallest (its budget past the horizon), since each verify
         pass leaves every layer's K/V complete, the drafts need not decay (on the demo model this
-        drafts 1.1x-1.4x faster than the decaying set for the same acceptance: docs/benchmarks.md);
-        every layer for a lossless row's token that no pass verifies."""
+        drafts 1.1x-1.4x faster than the decaying set for the same acceptance: docs/benchmarks.md),
+        or its own set at g once the smallest did not pay (``DraftPlan.own_set``); every layer for a
+        lossless row's token that no pass verifies."""
         policy = s.request.policy
         if s.request.lossless:
-            return policy.active_layers(policy.horizon) if drafting else tuple(range(self.num_layers))
+            if not drafting:
+                return tuple(range(self.num_layers))
+            return policy.active_layers(g if s.plan.own_set else policy.horizon)
         return policy.active_layers(g)
 
     def _draft(self, s: Sequence, logits: np.ndarray) -> None:

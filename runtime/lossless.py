@@ -8,7 +8,11 @@ verify pass's time v, both in full-depth steps. If each draft is kept with proba
 k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time. While some k beats full depth
 (the rows one pass verifies are judged together: the pass costs the same whichever of them drafted
 well), each row's k follows its runs of kept drafts (+2 after a pass that kept all, -1 after one
-that did not). When no k beats full depth, the rows pause: plain full-depth steps for ``PAUSE_START``
+that did not). A row drafts first at its policy's smallest active set (the cheapest: every verify
+pass leaves every layer's K/V complete, so drafts need not decay); when no k beats full depth
+there, it drafts at its own decaying set instead, the one a model fine-tuned under the policy was
+trained on at that step (a model trained on a long horizon and short texts never ran the smallest
+set), its counts started afresh. When no k beats full depth at its own set either, the rows pause: plain full-depth steps for ``PAUSE_START``
 tokens, then it drafts again (k = 1), each pause twice the last (up to ``PAUSE_MAX``) and its
 counts halved, so a model that drafts badly costs a pass now and then, and one that drafts well
 again (another part of the text) is found again.
@@ -33,6 +37,8 @@ class DraftPlan:
     kept: int = 0  # of those, kept
     resume_at: int = 0  # the generation step from which it drafts again
     pause: int = PAUSE_START  # the next pause's length, tokens
+    own_set: bool = False  # drafts run the row's own decaying set, not the policy's smallest (which
+    # did not pay)
 
     def drafting(self, step: int) -> bool:
         return step >= self.resume_at
@@ -43,6 +49,9 @@ class DraftPlan:
         self.made, self.kept = self.made + made, self.kept + kept
         if pays:  # the row's runs of kept drafts choose its k
             self.k = min(self.k + 2, DRAFT_MAX) if kept == made else max(1, self.k - 1)
+            return
+        if not self.own_set:  # the smallest set's drafts lose: its own set's, judged afresh
+            self.own_set, self.k, self.made, self.kept = True, DRAFT_START, 0, 0
             return
         self.resume_at, self.pause = step + self.pause, min(2 * self.pause, PAUSE_MAX)
         self.k = 1

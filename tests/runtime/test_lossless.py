@@ -222,6 +222,21 @@ def test_drafts_read_the_draft_head_and_tokens_stay_full_depths(draft_head_artif
         g.close()
 
 
+def test_drafts_move_to_the_rows_own_set_before_pausing(gen):
+    """A row drafts first at its policy's smallest set; when that does not pay, at its own decaying
+    set (what a model fine-tuned under the policy ran at that step); only then does it pause."""
+    result = gen.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
+    assert result.token_ids == gen.generate(PROMPTS[0], 48, ignore_eos=True).token_ids
+    policy = gen.policy_for(48, speedup=2)
+    L = gen.num_layers
+    drafts = [s for s in result.stats.steps if len(s.layers) < L]
+    smallest = policy.active_layers(policy.horizon)
+    assert drafts[0].layers == smallest  # the first pass's drafts
+    own = [s for s in drafts if s.layers != smallest]
+    assert own and all(s.layers == policy.active_layers(s.step) for s in own)  # after it, each step's own
+    assert policy.active_layers(0) != smallest  # (the two differ on this policy)
+
+
 def test_prefill_policy_is_refused(gen):
     with pytest.raises(InvalidArgumentError, match="prefill='policy' leaves the layers outside step 0's set"):
         gen.generate(PROMPTS[0], 4, speedup=2, lossless=True, prefill="policy")
