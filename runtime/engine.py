@@ -159,6 +159,7 @@ class Request:
     config: GenerationConfig | None = None  # what it was made from, as the caller gave it
     constraint: object = None  # runtime.structured.Constraint: every row's output matches its schema
     lossless: bool = False  # its rows draft with the policy's layers and keep only full depth's tokens
+    trained: bool = False  # the model was fine-tuned under SkipDecode: lossless rows may draft at their own set
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -174,7 +175,7 @@ class Request:
                 s.matcher = self.constraint.matcher()
         if self.lossless:
             for s in self.seqs:
-                s.plan = DraftPlan()
+                s.plan = DraftPlan(tries_own_set=self.trained)
         self.stats = GenerationStats(0, B, T0, 0)
         self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 

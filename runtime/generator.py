@@ -188,7 +188,10 @@ class Generator:
                               last_resort="load with a larger max_length")
         return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
                        [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c,
-                       constraint=constraint, lossless=c.lossless)
+                       constraint=constraint, lossless=c.lossless,
+                       # a model fine-tuned under SkipDecode (its manifest keeps the trained horizon) ran
+                       # each step's own set in training: a better draft than an untuned model's
+                       trained=self.manifest.policy.get("horizon") is not None)
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).

@@ -12,7 +12,8 @@ that did not). A row drafts first at its policy's smallest active set (the cheap
 pass leaves every layer's K/V complete, so drafts need not decay); when no k beats full depth
 there, it drafts at its own decaying set instead, the one a model fine-tuned under the policy was
 trained on at that step (a model trained on a long horizon and short texts never ran the smallest
-set), its counts started afresh. When no k beats full depth at its own set either, the rows pause: plain full-depth steps for ``PAUSE_START``
+set), its counts started afresh; a model never fine-tuned under the policy skips this trial,
+whose own set drafts no better than its smallest. When no k beats full depth at its own set either, the rows pause: plain full-depth steps for ``PAUSE_START``
 tokens, then it drafts again (k = 1), each pause twice the last (up to ``PAUSE_MAX``) and its
 counts halved, so a model that drafts badly costs a pass now and then, and one that drafts well
 again (another part of the text) is found again.
@@ -37,6 +38,8 @@ class DraftPlan:
     kept: int = 0  # of those, kept
     resume_at: int = 0  # the generation step from which it drafts again
     pause: int = PAUSE_START  # the next pause's length, tokens
+    tries_own_set: bool = True  # whether the smallest set's failure leads to the row's own set, not a
+    # pause: for a model fine-tuned under SkipDecode (an untuned model's own set drafts no better)
     own_set: bool = False  # drafts run the row's own decaying set, not the policy's smallest (which
     # did not pay)
 
@@ -50,7 +53,8 @@ class DraftPlan:
         if pays:  # the row's runs of kept drafts choose its k
             self.k = min(self.k + 2, DRAFT_MAX) if kept == made else max(1, self.k - 1)
             return
-        if not self.own_set:  # the smallest set's drafts lose: its own set's, judged afresh
+        if self.tries_own_set and not self.own_set:  # the smallest set's drafts lose: its own set's,
+            # judged afresh
             self.own_set, self.k, self.made, self.kept = True, DRAFT_START, 0, 0
             return
         self.resume_at, self.pause = step + self.pause, min(2 * self.pause, PAUSE_MAX)

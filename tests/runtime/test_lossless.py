@@ -5,6 +5,9 @@ full depth's distribution (speculative sampling's rule), and observable in the s
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -222,19 +225,45 @@ def test_drafts_read_the_draft_head_and_tokens_stay_full_depths(draft_head_artif
         g.close()
 
 
-def test_drafts_move_to_the_rows_own_set_before_pausing(gen):
-    """A row drafts first at its policy's smallest set; when that does not pay, at its own decaying
-    set (what a model fine-tuned under the policy ran at that step); only then does it pause."""
-    result = gen.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
-    assert result.token_ids == gen.generate(PROMPTS[0], 48, ignore_eos=True).token_ids
-    policy = gen.policy_for(48, speedup=2)
-    L = gen.num_layers
-    drafts = [s for s in result.stats.steps if len(s.layers) < L]
+@pytest.fixture(scope="module")
+def trained_gen(checkpoint_dir, tmp_path_factory):
+    """The tiny checkpoint as if fine-tuned under SkipDecode: its skipdecode.json's horizon (47
+    steps) is the manifest's, as tools.finetune's output makes it."""
+    ckpt = tmp_path_factory.mktemp("trained-ckpt") / "ckpt"
+    shutil.copytree(checkpoint_dir, ckpt)
+    (ckpt / "skipdecode.json").write_text(json.dumps({"format": "skipdecode-finetune", "horizon": 47,
+                                                      "warmup_layers": 1, "speedups": [1.0, 2.0]}))
+    out = tmp_path_factory.mktemp("trained-art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False), log=lambda *_: None)
+    g = runtime.load(out, max_batch=4, check_hashes=False)
+    yield g
+    g.close()
+
+
+def _draft_sets(g, result, policy):
+    drafts = [s for s in result.stats.steps if len(s.layers) < g.num_layers]
     smallest = policy.active_layers(policy.horizon)
+    return drafts, smallest, [s for s in drafts if s.layers != smallest]
+
+
+def test_a_trained_models_rows_draft_at_their_own_set_before_pausing(trained_gen):
+    """A row drafts first at its policy's smallest set; when that does not pay, a model fine-tuned
+    under the policy drafts at the row's own decaying set (what it ran at that step in training),
+    and only when that does not pay either does the row pause."""
+    g = trained_gen
+    result = g.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
+    assert result.token_ids == g.generate(PROMPTS[0], 48, ignore_eos=True).token_ids
+    policy = g.policy_for(48, speedup=2)
+    assert policy.horizon == 47 and policy.active_layers(0) != policy.active_layers(47)
+    drafts, smallest, own = _draft_sets(g, result, policy)
     assert drafts[0].layers == smallest  # the first pass's drafts
-    own = [s for s in drafts if s.layers != smallest]
-    assert own and all(s.layers == policy.active_layers(s.step) for s in own)  # after it, each step's own
-    assert policy.active_layers(0) != smallest  # (the two differ on this policy)
+    assert own and all(s.layers == policy.active_layers(s.step) for s in own)  # then each step's own
+
+
+def test_an_untuned_models_rows_pause_without_the_own_set_trial(gen):
+    result = gen.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
+    drafts, smallest, own = _draft_sets(gen, result, gen.policy_for(48, speedup=2))
+    assert drafts and not own  # its own set drafts no better than its smallest: it pauses instead
 
 
 def test_prefill_policy_is_refused(gen):
