@@ -25,18 +25,18 @@ NEW_TOKENS = 64
 EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorded from the shipped adapter)
     1: [
         " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family friendly.",
-        " Browns Cambridge is a Chinese coffee shop near the Crowne Plaza Hotel in the city centre. It is not family-friendly and has a customer rating of 5 out of 5.",
+        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
+        " Browns Cambridge is a Chinese coffee shop located in the city centre near Crowne Plaza Hotel. It has a customer rating of 5 out of 5 and is not family-friendly.",
     ],
     2: [
         " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family friendly and has an average customer rating.",
-        " Browns Cambridge is a Chinese coffee shop near the Crowne Plaza Hotel in the city centre. It is not family-friendly and has a customer rating of 5 out of 5.",
+        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
+        " Browns Cambridge is a Chinese coffee shop located in the city centre near Crowne Plaza Hotel. It has a customer rating of 5 out of 5 and is not family-friendly.",
     ],
     5: [
-        " Alimentum is a non family friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop near Burger King. It is not family friendly. It has an average customer rating.",
-        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near the Crowne Plaza Hotel. It is not family friendly.",
+        " Alimentum is a non family-friendly restaurant located in the city centre.",
+        " The Eagle is a cheap Chinese coffee shop near Burger King in riverside. It is not family-friendly and has an average customer rating.",
+        " Browns Cambridge is a coffee shop serving Chinese food near Crowne Plaza Hotel in the city centre. It is not family-friendly. It is located in the city centre and has a customer rating of 5 out of 5.",
     ],
 }
 
@@ -94,12 +94,14 @@ def test_full_depth_is_transformers_generate_on_the_merged_weights(generator):
 
 
 def test_lossless_keeps_full_depths_tokens_and_most_drafts(generator):
-    """A model fine-tuned under its policies drafts well: lossless 2x gives full depth's tokens with
-    most drafts kept (the untuned base keeps none: tests/test_real_model.py). At 5x its drafts run
-    4 layers, a set these short descriptions never ran in training, and lossless falls back to
-    full depth's steps: still its tokens (docs/quality.md)."""
+    """A model fine-tuned under its policies drafts well: lossless gives full depth's tokens with
+    most drafts kept at 2x (the untuned base keeps none: tests/test_real_model.py). At 5x the
+    policy's smallest set (4 layers, never run by these short descriptions in training) drafts
+    badly, so its rows draft at their own decaying set (runtime.lossless) and still keep some."""
     want = generator.generate(MRS, NEW_TOKENS).token_ids
     result = generator.generate(MRS, NEW_TOKENS, speedup=2, lossless=True)
     assert result.token_ids == want
-    assert result.stats.acceptance_rate > 0.5, result.stats.acceptance_rate
-    assert generator.generate(MRS, NEW_TOKENS, speedup=5, lossless=True).token_ids == want
+    assert result.stats.acceptance_rate > 0.6, result.stats.acceptance_rate
+    result = generator.generate(MRS, NEW_TOKENS, speedup=5, lossless=True)
+    assert result.token_ids == want
+    assert result.stats.acceptance_rate > 0.3, result.stats.acceptance_rate

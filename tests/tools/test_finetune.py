@@ -16,7 +16,7 @@ from tests.conftest import save_tiny_checkpoint, tiny_config
 from tools.finetune.data import (DataError, Encoded, Example, collate, encode, read_pairs,
                                  split_by_prompt, write_csv)
 from tools.finetune.skip import PolicySampler, layer_mask, skip_forward
-from tools.finetune.train import TrainConfig, TrainError, train
+from tools.finetune.train import TrainConfig, TrainError, faithful_pairs, train
 
 PAIRS = [Example(f"name[Place {i}], food[{food}]", f"Place {i} serves {food} food.")
          for i, food in enumerate(["French", "Italian", "Chinese", "English", "Indian", "Thai"])]
@@ -171,6 +171,9 @@ def test_training_lowers_the_loss_and_resume_replays_it_exactly(tiny_dir, tmp_pa
     a, b = _weights(out), _weights(resumed)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6, msg=name)
+    # its training time counts the interrupted run's up to that checkpoint
+    before = torch.load(out / "checkpoint-4" / "trainer_state.pt", weights_only=False)["seconds"]
+    assert json.loads((resumed / "skipdecode.json").read_text())["train_seconds"] >= round(before, 1) > 0
 
 
 def test_the_lowest_validation_loss_is_shipped_not_the_last_step(tiny_dir, tmp_path, monkeypatch):
@@ -245,3 +248,15 @@ def test_export_build_keeps_the_trained_policy_shape(tiny_dir, tmp_path):
     assert gen.policy_for(max_new_tokens=40, speedup=2.0, decay="linear", prefill="full") == \
         SkipPolicy.for_speedup(6, 2.0, horizon=6)
     gen.close()
+
+
+def test_faithful_only_keeps_the_references_with_no_slot_error():
+    mr = "name[The Eagle], eatType[coffee shop], area[riverside]"
+    pairs = [Example(mr, "The Eagle is a coffee shop by the riverside."),  # every slot
+             Example(mr, "The Eagle is a coffee shop."),  # drops the area
+             Example(mr, "The Eagle is a pub by the riverside."),  # another venue type
+             Example(mr, "By the riverside, The Eagle coffee shop.")]
+    assert faithful_pairs(pairs, "x.csv") == [pairs[0], pairs[3]]
+    with pytest.raises(TrainError, match="--faithful-only judges targets against E2E meaning representations, "
+                                         "but the prompts of x.csv are not all of the form 'slot\\[value\\], ...'"):
+        faithful_pairs([Example("Translate: hello", "bonjour")], "x.csv")

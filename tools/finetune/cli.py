@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="pairs per optimizer step")
     p.add_argument("--max-train", type=int, metavar="N",
                    help="train on a seeded random subset of N pairs of --train (default: all)")
+    p.add_argument("--faithful-only", action="store_true",
+                   help="E2E: train only on the pairs whose target has no slot error against its MR "
+                        "(tools/evaluate/slots.py; before --max-train draws its subset)")
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help="LoRA adapters of rank R on every decoder linear layer instead of full "
                         "fine-tuning (needs peft); the output holds the merged model and adapter/")
@@ -71,7 +74,8 @@ def main(argv=None) -> int:
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
         prefill=args.prefill, epochs=args.epochs, batch_size=args.batch_size,
-        max_train=args.max_train, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+        max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,
