@@ -143,7 +143,8 @@ def _build(args) -> int:
         random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
         page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
         block_size=args.block_size, weights_format=args.quant_format,
-        check=not args.no_check, fused=not args.no_fused, draft_head=args.draft_head or "none", policy=policy, progress=cli.progress(args.quiet)))
+        check=not args.no_check, fused=not args.no_fused, draft_head=args.draft_head or "none", policy=policy,
+        progress=cli.progress(args.quiet)))
     if args.engine == "trt":
         from engines.__main__ import main as engines_main
 

@@ -83,8 +83,9 @@ class ExportConfig:
         if self.draft_head not in ("none", "int8", "int4"):
             raise ValueError(f"draft_head must be 'none', 'int8' or 'int4', got {self.draft_head!r}")
         if self.draft_head != "none" and self.quant.for_graph("head") != "float":
-            raise InvalidArgumentError(f"a draft head ({self.draft_head}) beside an {self.quant.for_graph('head')} head: "
-                             f"the head is already quantized and drafts read it; drop --draft-head")
+            head = self.quant.for_graph("head")
+            raise InvalidArgumentError(f"a draft head ({self.draft_head}) beside an {head} head: the head is "
+                                       f"already quantized and drafts read it; drop --draft-head")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -10,13 +10,13 @@ k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time. While some
 well), each row's k follows its runs of kept drafts (+2 after a pass that kept all, -1 after one
 that did not). A row drafts first at its policy's smallest active set (the cheapest: every verify
 pass leaves every layer's K/V complete, so drafts need not decay); when no k beats full depth
-there, it drafts at its own decaying set instead, the one a model fine-tuned under the policy was
-trained on at that step (a model trained on a long horizon and short texts never ran the smallest
-set), its counts started afresh; a model never fine-tuned under the policy skips this trial,
-whose own set drafts no better than its smallest. When no k beats full depth at its own set either, the rows pause: plain full-depth steps for ``PAUSE_START``
-tokens, then it drafts again (k = 1), each pause twice the last (up to ``PAUSE_MAX``) and its
-counts halved, so a model that drafts badly costs a pass now and then, and one that drafts well
-again (another part of the text) is found again.
+there, a model fine-tuned under the policy drafts at the row's own decaying set instead, the one
+it was trained on at that step (a model trained on a long horizon and short texts never ran the
+smallest set), its counts started afresh; an untuned model, whose own set drafts no better than
+its smallest, skips this trial. When no k beats full depth at the set it drafts with, the rows
+pause: plain full-depth steps for ``PAUSE_START`` tokens, then it drafts again (k = 1), each pause
+twice the last (up to ``PAUSE_MAX``) and its counts halved, so a model that drafts badly costs a
+pass now and then, and one that drafts well again (another part of the text) is found again.
 """
 
 from __future__ import annotations
