@@ -113,6 +113,8 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
     ("python -m export build --model smollm2-135m-e2e", "parse", SHIPPED_E2E),
     ("python -m runtime artifacts/smollm2-135m-e2e ", "parse", SHIPPED_E2E),
+    ("python -m tools.e2e distill --model artifacts/smollm2-135m-e2e ", "parse",
+     LONG + " (16 minutes of generation over the training split with the real model)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
