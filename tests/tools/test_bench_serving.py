@@ -226,4 +226,5 @@ def test_gap_runs_and_reports_the_join(artifact_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     row = out[out.index("| checkout |"):].strip().splitlines()[2]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "." and float(cells[2]) >= float(cells[1]) > 0
+    # tokens read from the worker's pipe can arrive together on a busy machine: a median gap of 0.00
+    assert cells[0] == "." and float(cells[2]) > 0 and float(cells[2]) >= float(cells[1]) >= 0
