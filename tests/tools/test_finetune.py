@@ -206,6 +206,18 @@ def test_no_select_best_ships_the_last_step(tiny_dir, tmp_path):
     assert not (out / "best").exists()
 
 
+def test_max_steps_overrides_epochs_and_the_schedule_spans_them(tiny_dir, tmp_path):
+    cfg = _config(tiny_dir, tmp_path, val=None, epochs=1, max_steps=8, checkpoint_every=100)
+    out = train(cfg)  # 3 steps an epoch: the data repeats into a third epoch
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 9))
+    assert log[-1]["epoch"] == 3
+    assert log[-1]["lr"] == pytest.approx(cfg.lr * cfg.min_lr_ratio)  # decayed at the last step
+    assert json.loads((out / "skipdecode.json").read_text())["trained_from"][-1]["max_steps"] == 8
+    with pytest.raises(TrainError, match=r"--max-steps 0: give a positive number"):
+        train(_config(tiny_dir, tmp_path, max_steps=0, out=str(tmp_path / "o2")))
+
+
 def test_resume_without_a_checkpoint_says_so(tiny_dir, tmp_path):
     with pytest.raises(TrainError, match="nothing to resume"):
         train(_config(tiny_dir, tmp_path, resume="auto"))

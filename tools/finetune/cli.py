@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=PREFILLS, default="full",
                    help="the prompt's layers under a policy: full depth or the first step's active set")
     p.add_argument("--epochs", type=int, default=10, help="passes over --train")
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help="run N optimizer steps instead of --epochs passes (the data repeats as needed; "
+                        "the learning-rate schedule spans the N steps)")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per optimizer step")
     p.add_argument("--max-train", type=int, metavar="N",
                    help="train on a seeded random subset of N pairs of --train (default: all)")
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
         prompt_column=args.prompt_column, target_column=args.target_column,
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
-        prefill=args.prefill, epochs=args.epochs, batch_size=args.batch_size,
+        prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,

@@ -50,6 +50,8 @@ class TrainConfig:
     exponent: float = 2.0  # of the "power" decay (SkipPolicy.exponent)
     prefill: str = "full"  # the prompt's layers under a policy: "full" or "policy" (step 0's set)
     epochs: int = 10
+    max_steps: int | None = None  # optimizer steps to run, overriding epochs (transformers' max_steps);
+    # the learning-rate schedule spans them, so a run sized to a time budget still decays
     batch_size: int = 32
     max_train: int | None = None  # a seeded random subset of this many training pairs (None: all)
     faithful_only: bool = False  # E2E: train only on the pairs whose target has no slot error against
@@ -232,7 +234,9 @@ def train(cfg: TrainConfig) -> Path:
     pad_id = tokenizer.pad_token_id
 
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise TrainError(f"--max-steps {cfg.max_steps}: give a positive number of optimizer steps")
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     decay, no_decay = [], []
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters alone
     for name, p in model.named_parameters():
@@ -260,7 +264,7 @@ def train(cfg: TrainConfig) -> Path:
                 "trained_from": base_meta.get("trained_from", []) + [{
                     "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
                     "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss,
-                    "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
+                    "max_steps": cfg.max_steps, "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
                     "lora_rank": cfg.lora_rank}],
                 **cfg.extra}
 
@@ -297,6 +301,8 @@ def train(cfg: TrainConfig) -> Path:
         for i, batch in enumerate(epoch_batches):
             if i < skip_batches:
                 continue
+            if step == total_steps:  # --max-steps ends inside an epoch
+                break
             rng = random.Random(cfg.seed * 1000003 + step)
             torch.manual_seed(cfg.seed * 1000003 + step)  # dropout
             batch = batch.to(device)
