@@ -218,6 +218,23 @@ def test_max_steps_overrides_epochs_and_the_schedule_spans_them(tiny_dir, tmp_pa
         train(_config(tiny_dir, tmp_path, max_steps=0, out=str(tmp_path / "o2")))
 
 
+def test_a_tokenizer_without_a_pad_token_pads_with_eos(tiny_dir, tmp_path, monkeypatch):
+    # transformers 5.17 reads the GGUF of SmolLM2-135M-Instruct with no pad token
+    import tools.finetune.train as train_mod
+
+    load = train_mod._load
+
+    def no_pad(spec):
+        model, tokenizer, meta = load(spec)
+        tokenizer.pad_token = None
+        assert tokenizer.pad_token_id is None
+        return model, tokenizer, meta
+    monkeypatch.setattr(train_mod, "_load", no_pad)
+    out = train(_config(tiny_dir, tmp_path, val=None, epochs=1, checkpoint_every=100))
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 3 and all(r["loss"] > 0 for r in log)
+
+
 def test_resume_without_a_checkpoint_says_so(tiny_dir, tmp_path):
     with pytest.raises(TrainError, match="nothing to resume"):
         train(_config(tiny_dir, tmp_path, resume="auto"))

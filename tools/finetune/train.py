@@ -231,7 +231,8 @@ def train(cfg: TrainConfig) -> Path:
     model.to(device).train()
     skip = skip_model(model).train()  # shares the parameters of ``model``
     set_dropout(skip, float(getattr(model.config, "dropout", 0.0) or 0.0))  # Llama's config has none
-    pad_id = tokenizer.pad_token_id
+    # a GGUF tokenizer may name no pad token (transformers 5.17); padded positions carry no loss
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     steps_per_epoch = math.ceil(len(train_items) / cfg.batch_size)
     if cfg.max_steps is not None and cfg.max_steps < 1:
