@@ -45,6 +45,8 @@ class GGUFInfo:
     tensor_types: dict[str, int]  # tensor type name -> tensors of that type
     eos_token_ids: tuple[int, ...]  # every id of EOS_KEYS the file names, EOS first
     head_dim: int | None  # ARCH.attention.key_length: q/k's width per head, where the file names it
+    bos_token_id: int | None = None  # tokenizer.ggml.bos_token_id, where the file names it
+    pad_token_id: int | None = None  # tokenizer.ggml.padding_token_id, where the file names it
 
 
 def installed_instruct() -> Path:
@@ -99,8 +101,10 @@ def _inspect(path: Path, size, mtime_ns) -> GGUFInfo:
         quantization = max(types, key=types.get).name
     eos = tuple(dict.fromkeys(int(v) for key in EOS_KEYS if (v := _field(reader, key)) is not None))
     key_length = _field(reader, f"{arch}.attention.key_length")
+    bos, pad = (_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("bos", "padding"))
     return GGUFInfo(path, arch, quantization, {t.name: n for t, n in types.items()}, eos,
-                    None if key_length is None else int(key_length))
+                    None if key_length is None else int(key_length),
+                    None if bos is None else int(bos), None if pad is None else int(pad))
 
 
 def load(path, dtype, progress: bool = True):
@@ -133,6 +137,7 @@ def load(path, dtype, progress: bool = True):
         from tokenizers import normalizers
 
         backend.normalizer = normalizers.NFC()
+    _special_tokens_from_file(tokenizer, info)
     # The weights are float now: nothing may tell transformers they are GGUF-quantized (a saved
     # config, or save_pretrained, which refuses a model its GGUF quantizer calls unserializable)
     if hasattr(model.config, "quantization_config"):
@@ -143,6 +148,19 @@ def load(path, dtype, progress: bool = True):
         model.generation_config = GenerationConfig.from_dict(
             {**model.generation_config.to_dict(), "eos_token_id": list(info.eos_token_ids)})
     return model.eval(), tokenizer
+
+
+def _special_tokens_from_file(tokenizer, info: GGUFInfo) -> None:
+    """BOS, EOS and pad as the file's metadata names them. transformers' GGUF converter guesses them
+    differently across versions (5.17 reads SmolLM2-135M-Instruct's EOS as <|im_start|> and names
+    no pad; 5.24 reads <|im_end|>, the file's): a model fine-tuned under one version and exported
+    under another then ends its targets with a token the runtime does not stop on."""
+    named = {"bos_token": info.bos_token_id,
+             "eos_token": info.eos_token_ids[0] if info.eos_token_ids else None,
+             "pad_token": info.pad_token_id}
+    for attr, token_id in named.items():
+        if token_id is not None and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(token_id))
 
 
 def source_entry(path) -> dict:

@@ -78,6 +78,14 @@ def test_the_manifest_names_the_file_it_came_from(artifact, gguf_file):
     assert "dequantized SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1) to float32" in log
 
 
+def test_the_tokenizer_names_the_files_special_tokens(hf):
+    """What tools.finetune ends its targets with and pads with: the file's EOS and pad, whatever
+    transformers' GGUF converter guesses (5.17 guessed EOS = <|im_start|> and no pad)."""
+    tokenizer = hf[1]
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 2)
+
+
 def test_greedy_chat_at_full_depth_is_transformers_generate(generator, hf):
     import torch
 

@@ -71,6 +71,16 @@ def test_a_gguf_checkpoint_exports_exactly(tmp_path, recwarn, variant):
     assert not [w for w in recwarn if "tokenizer" in str(w.message)], [str(w.message) for w in recwarn]
 
 
+def test_the_tokenizer_takes_bos_eos_and_pad_from_the_files_metadata(tmp_path):
+    from tests.families import tiny_model
+
+    original = tiny_model("smollm2")
+    original.config.bos_token_id, original.config.eos_token_id, original.config.pad_token_id = 11, 12, 13
+    path = write_checkpoint_gguf(original, checkpoint.build_tokenizer(), tmp_path / "m.gguf", add_bos=False)
+    _, tokenizer = gguf_import.load(path, torch.float32, progress=False)
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (11, 12, 13)
+
+
 def test_a_gguf_file_resolves_and_its_header_is_read(tmp_path):
     path = write_gguf(tmp_path / "m.gguf")
     source = checkpoint.resolve(str(path))
