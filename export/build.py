@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from runtime.errors import ArtifactError, InvalidArgumentError
-from runtime.manifest import DRAFT_HEAD, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
+from runtime.manifest import DRAFT_HEAD, DRAFT_LAYERS, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy
 from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
@@ -27,7 +27,7 @@ from runtime.swap import recover, remove_leftovers, swap_into_place, temp_siblin
 from . import checkpoint, gguf, parity
 from . import fused as fused_layers
 from runtime.models import family_of, head_dim, kv_heads, skip_model
-from .onnx_export import ExportConfig, draft_head_spec, export_graph, graph_specs
+from .onnx_export import ExportConfig, draft_head_spec, draft_layer_spec, export_graph, graph_specs
 from .weights import SharedWeights
 from .quantize import BLOCK_SIZE
 from .quantize import QuantConfig, tensorrt_readers
@@ -54,6 +54,7 @@ class BuildOptions:
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
     draft_head: str = "none"  # "int8"/"int4": also a quantized copy of the float head for lossless drafts
+    draft_layers: str = "none"  # "int8"/"int4": also quantized copies of the fused layers for lossless drafts
 
 
 def _token_id(value, fallback=None) -> int:
@@ -128,7 +129,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
                         block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
                           page_size=options.page_size, quant=quant, fused=options.fused,
-                          draft_head=options.draft_head)
+                          draft_head=options.draft_head, draft_layers=options.draft_layers)
     if quant.quantized:  # before any work: whether the TensorRT meant to run it can read it
         log(tensorrt_readers(quant, str(out)))
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
@@ -158,6 +159,17 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if config.draft_head != "none" and width % quant.block_size:
         raise InvalidArgumentError(f"--draft-head: block_size {quant.block_size} does not divide the head's "
                                    f"input width {width}; pass --block-size with a power of two that divides it")
+    if config.draft_layers != "none":
+        why_not = config.fused_reason(hf_model.config)
+        if why_not:
+            raise InvalidArgumentError(f"--draft-layers quantizes the fused layer graphs, and this export "
+                                       f"writes none ({why_not}); drop --draft-layers")
+        c = hf_model.config
+        for name, k in (("hidden size", c.hidden_size), ("MLP width", c.intermediate_size),
+                        ("attention width", c.num_attention_heads * head_dim(c))):
+            if k % quant.block_size:
+                raise InvalidArgumentError(f"--draft-layers: block_size {quant.block_size} does not divide the "
+                                           f"{name} {k}; pass --block-size with a power of two that divides it")
     trained = checkpoint.skipdecode_training(source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
@@ -186,6 +198,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
         draft = draft_head_spec(specs[-1]) if config.draft_head != "none" else None
         if draft is not None:
             log(f"draft head for lossless rows: {draft.file} ({config.draft_head} weights)")
+        drafts = [draft_layer_spec(f, s.file) for f, s in zip(fused, specs[1:-1])] if config.draft_layers != "none" else []
+        if drafts:
+            log(f"draft layers for lossless rows: {len(drafts)} ({config.draft_layers} weights)")
         tokenizer.padding_side = "left"
         tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         hf_model.config.save_pretrained(str(tmp / "hf_config"))
@@ -204,6 +219,14 @@ def build(options: BuildOptions, log=print) -> Manifest:
                 for r in done:
                     log(f"  {r.line()}")
                 results += done
+            done = [parity.compare_draft_layer(d, parity.draft_layer_cases(model, s, d, tmp, config.draft_layers,
+                                                                           config.page_size),
+                                               tmp, options.dtype, config.draft_layers, config.page_size)
+                    for s, d in tqdm(list(zip(specs[1:-1], drafts)), desc="check draft layers", unit="graph",
+                                     disable=not options.progress or not drafts)]
+            for r in done:
+                log(f"  {r.line()}")
+            results += done
             if draft is not None:  # judged as the quantized head it is, against the head's module
                 results.append(parity.check_graph(model, draft, tmp, options.dtype, config.draft_head,
                                                   page_size=config.page_size))
@@ -221,8 +244,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__, **gguf_entry,
                     **({"base": base.location} if base is not source else {})},
-            checks=checks, fused=fused, draft_head=draft,
-            weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {})})
+            checks=checks, fused=fused, draft_head=draft, draft_layers=drafts,
+            weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
+                     **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export
         swap_into_place(tmp, out)

@@ -37,7 +37,7 @@ import torch
 from runtime.models import head_dim, kv_heads
 from runtime.errors import InvalidArgumentError
 from runtime.kvcache import bound_width
-from runtime.manifest import DRAFT_HEAD, GraphSpec, TensorSpec, layer_name
+from runtime.manifest import DRAFT_HEAD, DRAFT_LAYER_SUFFIX, GraphSpec, TensorSpec, layer_name
 
 from runtime.models.base import SkipModel, graph_module
 
@@ -65,6 +65,8 @@ class ExportConfig:
     # provider where the model gets one (export.fused.why_not); the plain graphs are written anyway
     draft_head: str = "none"  # "int8" or "int4": also write the float head at that precision as
     # head_draft.onnx, which lossless rows' drafts read on ONNX Runtime (a verify pass reads the head)
+    draft_layers: str = "none"  # "int8" or "int4": also write each fused layer graph at that precision
+    # (layer_NN.draft.onnx), which lossless rows' draft steps run on ONNX Runtime's CPU provider
 
     def fused_reason(self, model_config) -> str | None:
         """Why this export writes no fused layer graphs (None: it writes them)."""
@@ -86,6 +88,12 @@ class ExportConfig:
             head = self.quant.for_graph("head")
             raise InvalidArgumentError(f"a draft head ({self.draft_head}) beside an {head} head: the head is "
                                        f"already quantized and drafts read it; drop --draft-head")
+
+        if self.draft_layers not in ("none", "int8", "int4"):
+            raise ValueError(f"draft_layers must be 'none', 'int8' or 'int4', got {self.draft_layers!r}")
+        if self.draft_layers != "none" and self.quant.weights != "float":
+            raise InvalidArgumentError(f"draft layers ({self.draft_layers}) beside {self.quant.weights} layers: "
+                                       f"the layers are already quantized and drafts run them; drop --draft-layers")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -194,13 +202,23 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
     fused = None
     if spec.name.startswith("layer_") and config.fused_reason(model.config) is None:
         fused = fused_layers.fused_layer(proto, module, model.config, spec)
+    draft = None
+    if fused is not None and config.draft_layers != "none":
+        # quantized before the float weights go to the shared file: the draft keeps its own copy
+        q = config.quant
+        draft = quantize_graph(onnx.ModelProto.FromString(fused.SerializeToString()), config.draft_layers,
+                               q.block_size, "matmulnbits", q.accuracy_level)
     if weights is not None:
         weights.externalize(proto)
         if fused is not None:  # the same products' weights: stored once
             weights.externalize(fused)
+        if draft is not None:
+            weights.externalize(draft)
     onnx.save_model(proto, str(directory / spec.file))
     if fused is not None:
         onnx.save_model(fused, str(directory / fused_layers.file_of(spec.file)))
+    if draft is not None:
+        onnx.save_model(draft, str(directory / draft_layer_file(spec.file)))
     return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs,
                      weights.name if weights is not None else None)
 
@@ -208,6 +226,17 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
 def draft_head_spec(head: GraphSpec) -> GraphSpec:
     """The manifest's entry for ``head_draft.onnx``: the head's inputs and outputs."""
     return GraphSpec(DRAFT_HEAD, f"{DRAFT_HEAD}.onnx", head.inputs, head.outputs, head.data_file)
+
+
+def draft_layer_file(plain_file: str) -> str:
+    """The draft layer graph's file beside plain layer graph ``plain_file``: layer_NN.draft.onnx."""
+    return plain_file.replace(".onnx", DRAFT_LAYER_SUFFIX)
+
+
+def draft_layer_spec(fused: GraphSpec, plain_file: str) -> GraphSpec:
+    """The manifest's entry for a layer's draft graph: the fused graph's inputs and outputs (its
+    products quantized: export --draft-layers)."""
+    return GraphSpec(fused.name, draft_layer_file(plain_file), fused.inputs, fused.outputs, fused.data_file)
 
 
 def _write_draft_head(proto, directory: Path, config: ExportConfig, weights: SharedWeights | None) -> None:

@@ -54,6 +54,7 @@ CASES = ((2, 3, 4), (2, 5, 0), (1, 1, 7))  # (batch, sequence, past)
 # --weights int4|int8` (the manifests' checks). The bounds leave room for a checkpoint with wider
 # blocks and still fail a mangled weight (~1).
 QUANT_TOLERANCES = {"int8": 0.02, "int4": 0.2}
+DRAFT_KEY = ".draft"  # a layer's draft graph (export --draft-layers): its check reads layer_NN.draft
 
 
 @dataclass
@@ -75,7 +76,8 @@ class GraphCheck:
         if self.weights != "float":
             return (f"{self.graph:<10} {self.weights} weights' error {self.weight_error:.2e} (tolerance "
                     f"{self.rel_tolerance:g}); max |diff| {self.max_abs_diff:.2e} against them (atol "
-                    f"{self.atol:g}, rtol {self.rtol:g}); outputs vs float {self.rel_error:.2e}  {status}")
+                    f"{self.atol:g}, rtol {self.rtol:g})"
+                    + ("" if self.rel_error is None else f"; outputs vs float {self.rel_error:.2e}") + f"  {status}")
         return (f"{self.graph:<10} max |diff| {self.max_abs_diff:.2e}  "
                 f"(atol {self.atol:g}, rtol {self.rtol:g})  {status}")
 
@@ -94,9 +96,10 @@ class Case:
     weight_error: float | None = None  # quantized: the graph's max ||Wq - W|| / ||W|| (every case the same)
 
 
-def with_graph_weights(module, path: Path):
+def with_graph_weights(module, path: Path, widths_from: Path | None = None):
     """A copy of ``module`` holding the weights its quantized graph at ``path`` multiplies by, and the
-    largest relative L2 error of those against the module's own, over the matrices."""
+    largest relative L2 error of those against the module's own, over the matrices; ``widths_from``:
+    the graph that records how its fused weights split (quantize.dequantized_weights)."""
     import copy
 
     import onnx
@@ -109,7 +112,8 @@ def with_graph_weights(module, path: Path):
     module = copy.deepcopy(module)
     state = module.state_dict()
     error = 0.0
-    for key, weight in dequantized_weights(onnx.load(str(path))).items():  # (K, N) as MatMul reads it
+    widths = None if widths_from is None else onnx.load(str(widths_from), load_external_data=False)
+    for key, weight in dequantized_weights(onnx.load(str(path)), widths).items():  # (K, N) as MatMul reads it
         name = key.removesuffix(TRANSPOSED)
         if name not in state:
             raise VerificationError(f"{path.name}: quantized weight {key!r} is no weight of the module "
@@ -127,11 +131,12 @@ def with_graph_weights(module, path: Path):
 
 
 def torch_cases(model: SkipModel, spec: GraphSpec, page_size: int, directory: Path | None = None,
-                weights: str = "float") -> list[Case]:
+                weights: str = "float", graph_file: str | None = None) -> list[Case]:
     """Run the PyTorch module behind ``spec`` on every shape of ``CASES``, the past bound in whole
     pages of ``page_size`` (the artifact's ``kv_cache.page_size``). ``weights`` int8/int4: also the
     module with the weights of the graph in ``directory`` (the cases' ``expected``), the float
-    module's outputs kept as ``float_expected``."""
+    module's outputs kept as ``float_expected``; ``graph_file``: those of this graph instead of
+    ``spec.file`` (a draft layer's, its fused weights split as ``spec.file`` records)."""
     import torch
 
     from runtime.models.base import graph_module
@@ -139,8 +144,8 @@ def torch_cases(model: SkipModel, spec: GraphSpec, page_size: int, directory: Pa
     from .onnx_export import example_inputs
 
     module = graph_module(model, spec.name)
-    quantized, weight_error = (None, None) if weights == "float" else \
-        with_graph_weights(module, Path(directory) / spec.file)
+    quantized, weight_error = (None, None) if weights == "float" else with_graph_weights(
+        module, Path(directory) / (graph_file or spec.file), graph_file and Path(directory) / spec.file)
 
     def run(m, inputs):
         with torch.no_grad():
@@ -311,6 +316,31 @@ def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, pa
                 worst_excess, worst = np.inf, f"the past K/V before a row's length ({where}): overwritten"
     passed = bool(np.isfinite(max_diff)) and worst_excess <= 0
     return GraphCheck(fused.name + ".gqa", max_diff, atol, rtol, passed, worst)
+
+
+def draft_layer_cases(model: SkipModel, plain: GraphSpec, draft: GraphSpec, directory: Path, weights: str,
+                      page_size: int) -> list[Case]:
+    """``torch_cases`` of layer graph ``plain`` with the module holding its draft graph's weights
+    (export --draft-layers: the fused graph with its products quantized to ``weights``)."""
+    return torch_cases(model, plain, page_size, directory, weights, graph_file=draft.file)
+
+
+def compare_draft_layer(draft: GraphSpec, cases: list[Case], directory: Path, dtype: str, weights: str,
+                        page_size: int) -> GraphCheck:
+    """A layer's draft graph judged as a quantized fused graph, on its ``draft_layer_cases``: against
+    the module holding the draft's own dequantized weights at the float tolerances
+    (``compare_fused``), and each weight matrix against the float one (QUANT_TOLERANCES). Drafts
+    never decide a kept token (the verify pass does), so this catches a broken quantizer, not a
+    lossy one."""
+    from dataclasses import replace
+
+    check = compare_fused(draft, cases, directory, dtype, page_size)
+    weight_error, tolerance = cases[0].weight_error, QUANT_TOLERANCES[weights]
+    passed, worst = check.passed, check.worst
+    if weight_error > tolerance:
+        passed, worst = False, f"its weights: relative error {weight_error:.2e}"
+    return replace(check, graph=draft.name + DRAFT_KEY, passed=passed, worst=worst, weights=weights,
+                   rel_tolerance=tolerance, weight_error=weight_error)
 
 
 def raise_on_failure(results: list[GraphCheck]) -> None:

@@ -271,11 +271,13 @@ def _constant_matmuls(proto) -> list[tuple]:
     return out
 
 
-def dequantized_weights(proto) -> dict[str, np.ndarray]:
+def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
     """The float weight (K, N) each quantized MatMul multiplies by, keyed by the weight's name before
     quantization (``q_proj.weight.T``; a fused one split into its parts), computed by ONNX Runtime
     itself: the node (and, in the QDQ form, its DequantizeLinear) run on an identity matrix. For
-    tests that replace a reference's weights by exactly what the quantized graph uses."""
+    tests that replace a reference's weights by exactly what the quantized graph uses. ``widths_from``:
+    another graph (a proto) whose fused weights' widths split these (a draft layer's fused graph
+    multiplies by the packed q/k/v, its plain layer graph records their widths)."""
     import onnx
     import onnxruntime as ort
     from onnx import helper, numpy_helper
@@ -307,7 +309,8 @@ def dequantized_weights(proto) -> dict[str, np.ndarray]:
         session = ort.InferenceSession(model.SerializeToString(), new_session_options(ort),
                                        providers=["CPUExecutionProvider"])
         out[weight] = session.run(None, {a_name: np.eye(k, dtype=dtype)})[0]
-    widths = {n: numpy_helper.to_array(t) for n, t in inits.items() if n.endswith(WIDTHS)}
+    sources = [*inits.values(), *(widths_from.graph.initializer if widths_from is not None else [])]
+    widths = {t.name: numpy_helper.to_array(t) for t in sources if t.name.endswith(WIDTHS)}
     return split_fused({**out, **widths})
 
 

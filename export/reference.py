@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.errors import HubDownloadError, ModelNotFoundError, SkipDecodeError, VerificationError
-from runtime.manifest import load_manifest
+from runtime.manifest import DRAFT_LAYERS, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,6 +86,10 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
                                            manifest.graph_weights(spec.name))
              for spec in tqdm(manifest.checked_graphs, desc="PyTorch reference", unit="graph",
                               disable=not progress)}
+    layers = {g.name: g for g in manifest.graphs}
+    for draft in manifest.draft_layers:  # keyed NAME.draft: the module with the draft graph's weights
+        cases[draft.name + parity.DRAFT_KEY] = parity.draft_layer_cases(
+            ref, layers[draft.name], draft, Path(directory), manifest.weights[DRAFT_LAYERS], manifest.page_size)
     return TorchSide(cases, _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, speedup))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from runtime.generator import load
-from runtime.manifest import load_manifest
+from runtime.manifest import DRAFT_LAYERS, load_manifest
 
 from . import parity, reference
 
@@ -67,6 +67,9 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
     results = plain + [
         parity.compare_fused(spec, torch_side.cases[spec.name], directory, manifest.dtype, manifest.page_size)
         for spec in tqdm(manifest.fused, desc="check fused vs torch", unit="graph", disable=not progress)]
+    results += [parity.compare_draft_layer(spec, torch_side.cases[spec.name + parity.DRAFT_KEY], directory,
+                                           manifest.dtype, manifest.weights[DRAFT_LAYERS], manifest.page_size)
+                for spec in manifest.draft_layers]
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
@@ -74,6 +77,8 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
               f"{parity.polygraphy_version()} (its ONNX Runtime runner, Comparator.run and compare_accuracy)")
     if manifest.fused:
         detail += f", and {len(manifest.fused)} fused layer graphs on the same cases (their K/V bound in place)"
+    if manifest.draft_layers:
+        detail += f", and {len(manifest.draft_layers)} draft layer graphs"
     if floats:
         worst = max(floats, key=lambda r: r.max_abs_diff)
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "

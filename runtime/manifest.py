@@ -33,6 +33,8 @@ FUSED = "+"
 WIDTHS = ":widths"
 MANIFEST_NAME = "manifest.json"
 DRAFT_HEAD = "head_draft"  # the graph name (and file stem) of export's --draft-head
+DRAFT_LAYERS = "layers_draft"  # the weights entry of export's --draft-layers
+DRAFT_LAYER_SUFFIX = ".draft.onnx"  # layer_NN.onnx -> layer_NN.draft.onnx: a fused layer, quantized
 FORMAT = "skipdecode-opt-layers"
 REBUILD_HINT = "rebuild it with `python -m export build --out DIR`"
 
@@ -121,7 +123,7 @@ class Manifest:
     checks: dict = field(default_factory=dict)  # parity results recorded at export
     weights: dict = field(default_factory=dict)  # weight-only quantization per graph kind:
     # {"embed": "float", "layers": "int4", "head": "int4", "block_size": 32, "format": ...}, and
-    # "head_draft": "int8" beside a draft head;
+    # "head_draft": "int8" beside a draft head, "layers_draft": "int8" beside draft layers;
     # empty (and absent from manifests written before it) means float weights in the artifact's dtype
     fused: list[GraphSpec] = field(default_factory=list)  # each layer's variant on ONNX Runtime's
     # fused operators (export.fused: GroupQueryAttention over K stored as V is), layer_00 ..
@@ -129,6 +131,9 @@ class Manifest:
     # ``graphs``)
     draft_head: GraphSpec | None = None  # the float head quantized (export --draft-head), which lossless
     # rows' draft steps read on ONNX Runtime; None: none (drafts read the head)
+    draft_layers: list[GraphSpec] = field(default_factory=list)  # each fused layer graph with its
+    # products quantized (export --draft-layers), which lossless rows' draft steps run on ONNX
+    # Runtime's CPU provider; empty: none (drafts run the fused layers)
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -193,6 +198,8 @@ class Manifest:
             out["fused"] = d["fused"]
         if self.draft_head is not None:
             out["draft_head"] = d["draft_head"]
+        if self.draft_layers:
+            out["draft_layers"] = d["draft_layers"]
         return out
 
     def save(self, directory: Path) -> None:
@@ -210,6 +217,7 @@ class Manifest:
                    source=d.get("source", {}), checks=d.get("checks", {}), weights=d.get("weights", {}),
                    fused=[GraphSpec.from_dict(g) for g in d.get("fused", [])],
                    draft_head=GraphSpec.from_dict(d["draft_head"]) if d.get("draft_head") else None,
+                   draft_layers=[GraphSpec.from_dict(g) for g in d.get("draft_layers", [])],
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
 
@@ -344,7 +352,11 @@ def _check_structure(m: Manifest, path: Path) -> None:
         raise ArtifactError(f"{path} lists fused layer graphs {fused}, expected {expected[1:-1]}; {REBUILD_HINT}")
     if m.draft_head is not None and m.draft_head.name != DRAFT_HEAD:
         raise ArtifactError(f"{path} names its draft head {m.draft_head.name!r}, expected {DRAFT_HEAD!r}; {REBUILD_HINT}")
-    for g in [*m.checked_graphs, *m.fused]:
+    drafts = [g.name for g in m.draft_layers]
+    if drafts and drafts != fused:
+        raise ArtifactError(f"{path} lists draft layer graphs {drafts}, expected one per fused layer graph "
+                            f"{fused}; {REBUILD_HINT}")
+    for g in [*m.checked_graphs, *m.fused, *m.draft_layers]:
         for rel in filter(None, (g.file, g.data_file)):
             if rel not in m.files:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")

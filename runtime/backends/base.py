@@ -100,9 +100,12 @@ class Backend(ABC):
         T = hidden.shape[1]
         return np.stack([self.head(hidden[:, : t + 1], rows) for t in range(T)], axis=1)
 
-    def run_layers(self, cache: KVCache, start: int, count: int, hidden, mask, layers, updates=None):
+    def run_layers(self, cache: KVCache, start: int, count: int, hidden, mask, layers, updates=None,
+                   draft: bool = False):
         """Layers ``layers`` over cache rows [start, start + count) (``run_layers``); a backend
-        whose graphs write the cache themselves (ONNX Runtime's fused layers) overrides it."""
+        whose graphs write the cache themselves (ONNX Runtime's fused layers) overrides it.
+        ``draft``: a step of lossless drafts, which a backend with cheaper layers for them (the
+        artifact's ``draft_layers``) runs there; the verify pass runs the layers."""
         return run_layers(self, cache, start, count, hidden, mask, layers, updates)
 
     def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
@@ -130,5 +133,6 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
 
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
     hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
-    hidden = backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates)
+    hidden = backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates,
+                                draft=step.draft)
     return backend.draft_head(hidden) if step.draft else backend.head(hidden)

@@ -190,13 +190,17 @@ class OnnxRuntimeBackend(Backend):
         # comes while nothing else is resident, and the peak stays at the packed weights.
         layers = manifest.fused if use_fused else manifest.layers
         graphs = [manifest.head, manifest.embed, *layers, *filter(None, [manifest.draft_head])]
+        drafts = manifest.draft_layers if use_fused else []  # they run as fused layers do
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
+        draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
+        # lossless rows' draft steps: the same graphs with their products quantized (export --draft-layers)
+        self._draft_fused = FusedLayers(ort, draft_sessions) if draft_sessions else None
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
         self._nh, self._hd = m.kv_heads, m.head_dim
@@ -242,10 +246,11 @@ class OnnxRuntimeBackend(Backend):
             "past_key": past_key, "past_value": past_value})  # new_*: (B, nh, T, hd)
         return out, new_key, new_value
 
-    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None):
+    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None, draft=False):
         if self._fused is None:
             return super().run_layers(cache, start, count, hidden, mask, layers, updates)
-        return self._fused.run(cache, start, count, hidden, mask, layers, updates)
+        fused = self._draft_fused if draft and self._draft_fused is not None else self._fused
+        return fused.run(cache, start, count, hidden, mask, layers, updates)
 
     def keep(self, update, out, hidden):
         return np.where(update[:, None, None], out, hidden)
