@@ -80,12 +80,12 @@ class SpyBackend:
         self.bound.append((index, *mask.shape))  # (layer, rows, past width + new tokens)
         return self.inner.layer(index, hidden, mask, past_key, past_value)
 
-    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None):
+    def run_layers(self, cache, start, count, hidden, mask, layers, updates=None, draft=False):
         if getattr(self.inner, "fused", False):  # its graphs write the cache: the layers are one call
             for index in layers:
                 self.calls.append(index)
                 self.bound.append((index, *mask.shape))
-            return self.inner.run_layers(cache, start, count, hidden, mask, layers, updates)
+            return self.inner.run_layers(cache, start, count, hidden, mask, layers, updates, draft)
         return run_layers(self, cache, start, count, hidden, mask, layers, updates)  # each through self.layer
 
     def head(self, hidden, rows=None):
