@@ -111,6 +111,7 @@ RULES = [
     ("python -m export build --model OUT", "parse", PLACEHOLDER),
     ("python -m export build --model opt-125m --random-weights", "parse", LONG + " (exports OPT-125m)"),
     ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --draft-head int8 --draft-layers int8$", "parse", REAL),
     ("python -m export build --model smollm2-135m-e2e", "parse", SHIPPED_E2E),
     ("python -m runtime artifacts/smollm2-135m-e2e ", "parse", SHIPPED_E2E),
     ("python -m tools.e2e distill --model artifacts/smollm2-135m-e2e ", "parse",
