@@ -88,7 +88,6 @@ class ExportConfig:
             head = self.quant.for_graph("head")
             raise InvalidArgumentError(f"a draft head ({self.draft_head}) beside an {head} head: the head is "
                                        f"already quantized and drafts read it; drop --draft-head")
-
         if self.draft_layers not in ("none", "int8", "int4"):
             raise ValueError(f"draft_layers must be 'none', 'int8' or 'int4', got {self.draft_layers!r}")
         if self.draft_layers != "none" and self.quant.weights != "float":

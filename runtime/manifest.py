@@ -368,6 +368,9 @@ def _check_structure(m: Manifest, path: Path) -> None:
         raise ArtifactError(f"{path}: dtype {m.dtype!r} is not float32 or float16; {REBUILD_HINT}")
     if not isinstance(m.weights, dict):
         raise ArtifactError(f"{path}: weights {m.weights!r} is not an object; {REBUILD_HINT}")
+    if drafts and m.weights.get(DRAFT_LAYERS) not in ("int8", "int4"):
+        raise ArtifactError(f"{path} lists draft layer graphs but weights.{DRAFT_LAYERS} is "
+                            f"{m.weights.get(DRAFT_LAYERS)!r}, not 'int8' or 'int4'; {REBUILD_HINT}")
     bad = {k: m.weights.get(k) for k in WEIGHT_KINDS if m.weights.get(k, "float") not in WEIGHT_FORMATS}
     if bad:
         raise ArtifactError(

@@ -85,3 +85,24 @@ def test_refused_without_fused_layers_beside_quantized_layers_and_for_blocks_tha
     assert ("--draft-layers: block_size 128 does not divide the hidden size 64; pass --block-size with a "
             "power of two that divides it") in capsys.readouterr().err
     assert not any((tmp_path / n).exists() for n in "xyz")
+
+
+def test_a_manifest_whose_draft_layers_do_not_add_up_is_refused(artifact, tmp_path):
+    import json
+    import shutil
+
+    from runtime.errors import ArtifactError
+
+    for name, edit, message in [
+            ("weights", lambda d: d["weights"].pop(DRAFT_LAYERS),
+             "lists draft layer graphs but weights.layers_draft is None, not 'int8' or 'int4'"),
+            ("names", lambda d: d["draft_layers"].pop(),
+             "lists draft layer graphs ['layer_00', 'layer_01', 'layer_02', 'layer_03'], expected one per "
+             "fused layer graph ['layer_00', 'layer_01', 'layer_02', 'layer_03', 'layer_04']")]:
+        copy = tmp_path / name
+        shutil.copytree(artifact, copy)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        edit(manifest)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ArtifactError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            load_manifest(copy)
