@@ -47,7 +47,9 @@ def artifact(gguf_file, tmp_path_factory):  # noqa: F811
 
     out = tmp_path_factory.mktemp("e2e") / E2E_ADAPTER
     log = []
-    build(BuildOptions(model=E2E_ADAPTER, out=str(out), progress=False), log=log.append)  # checks every graph
+    # with the draft head and draft layers docs/quality.md measures lossless with (drafts only read them)
+    build(BuildOptions(model=E2E_ADAPTER, out=str(out), progress=False, draft_head="int8", draft_layers="int8"),
+          log=log.append)  # checks every graph
     return out, log
 
 
@@ -97,7 +99,9 @@ def test_lossless_keeps_full_depths_tokens_and_most_drafts(generator):
     """A model fine-tuned under its policies drafts well: lossless gives full depth's tokens with
     most drafts kept at 2x (the untuned base keeps none: tests/test_real_model.py). At 5x the
     policy's smallest set (4 layers, never run by these short descriptions in training) drafts
-    badly, so its rows draft at their own decaying set (runtime.lossless) and still keep some."""
+    badly, so its rows draft at their own decaying set (runtime.lossless) and still keep some. The
+    drafts run the int8 draft layers and head; every kept token comes from the float layers."""
+    assert generator.backend._draft_fused is not None and generator.backend.manifest.draft_head is not None
     want = generator.generate(MRS, NEW_TOKENS).token_ids
     result = generator.generate(MRS, NEW_TOKENS, speedup=2, lossless=True)
     assert result.token_ids == want
