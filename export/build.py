@@ -165,11 +165,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
             raise InvalidArgumentError(f"--draft-layers quantizes the fused layer graphs, and this export "
                                        f"writes none ({why_not}); drop --draft-layers")
         c = hf_model.config
-        for name, k in (("hidden size", c.hidden_size), ("MLP width", c.intermediate_size),
-                        ("attention width", c.num_attention_heads * head_dim(c))):
-            if k % quant.block_size:
-                raise InvalidArgumentError(f"--draft-layers: block_size {quant.block_size} does not divide the "
-                                           f"{name} {k}; pass --block-size with a power of two that divides it")
+        try:  # the layers' products, as --weights checks them
+            quant.check_sizes(c.hidden_size, c.intermediate_size, None, attention=c.num_attention_heads * head_dim(c))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"--draft-layers: {exc}") from None
     trained = checkpoint.skipdecode_training(source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "

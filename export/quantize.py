@@ -96,11 +96,15 @@ class QuantConfig:
             return "float"
         return self.head_weights if name == "head" else self.weights
 
-    def check_sizes(self, hidden_size: int, ffn_dim: int, embed_dim: int, attention: int | None = None) -> None:
+    def check_sizes(self, hidden_size: int, ffn_dim: int, embed_dim: int | None,
+                    attention: int | None = None) -> None:
         """Every quantized MatMul's K must be whole blocks: hidden (q/k/v/out, fc1, OPT-350m's
-        project_out), ffn (fc2, down_proj), the embedding width (lm_head), the attention width
-        heads x head_dim (o_proj; Qwen3's differs from hidden). Checked before any export."""
-        sizes = [("hidden size", hidden_size), ("ffn dim", ffn_dim), ("embedding width", embed_dim)]
+        project_out), ffn (fc2, down_proj), the embedding width (lm_head; None: the head stays
+        float), the attention width heads x head_dim (o_proj; Qwen3's differs from hidden).
+        Checked before any export."""
+        sizes = [("hidden size", hidden_size), ("ffn dim", ffn_dim)]
+        if embed_dim is not None:
+            sizes.append(("embedding width", embed_dim))
         if attention is not None and attention != hidden_size:
             sizes.append(("attention width (heads x head_dim)", attention))
         bad = [f"{n} {k}" for n, k in sizes if k % self.block_size]

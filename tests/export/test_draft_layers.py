@@ -82,8 +82,9 @@ def test_refused_without_fused_layers_beside_quantized_layers_and_for_blocks_tha
             "drop --draft-layers") in capsys.readouterr().err
     assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "z"), "-q",
                         "--draft-layers", "int8", "--block-size", "128"]) == 2
-    assert ("--draft-layers: block_size 128 does not divide the hidden size 64; pass --block-size with a "
-            "power of two that divides it") in capsys.readouterr().err
+    assert ("--draft-layers: block_size 128 does not divide the model's hidden size 64: weight-only "
+            "quantization needs whole blocks along each weight's input dimension; pass --block-size 64 (or a "
+            "smaller power of two >= 16)") in capsys.readouterr().err
     assert not any((tmp_path / n).exists() for n in "xyz")
 
 
