@@ -86,10 +86,9 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
                                            manifest.graph_weights(spec.name))
              for spec in tqdm(manifest.checked_graphs, desc="PyTorch reference", unit="graph",
                               disable=not progress)}
-    layers = {g.name: g for g in manifest.graphs}
     for draft in manifest.draft_layers:  # keyed NAME.draft: the module with the draft graph's weights
         cases[draft.name + parity.DRAFT_KEY] = parity.draft_layer_cases(
-            ref, layers[draft.name], draft, Path(directory), manifest.weights[DRAFT_LAYERS], manifest.page_size)
+            ref, manifest.graph(draft.name), draft, Path(directory), manifest.weights[DRAFT_LAYERS], manifest.page_size)
     return TorchSide(cases, _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, speedup))
 
 
