@@ -152,6 +152,8 @@ def _run(args) -> int:
     s = result.stats
     # The figures go to stderr: stdout holds the texts alone (`| head -1`, a file, another tool)
     print(f"weights: {gen.manifest.weights_label}", file=sys.stderr)
+    if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
+        print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
     print(f"policy: {result.policy}", file=sys.stderr)
     print(f"layers per step: {s.layers_per_step}", file=sys.stderr)
     print(f"run speedup {s.theoretical_speedup:.2f}x (layers / mean budget over the {len(s.steps)} steps "
@@ -163,6 +165,15 @@ def _run(args) -> int:
               f"({(s.acceptance_rate or 0) * 100:.0f}%), {s.tokens_per_verify:.2f} tokens per verify pass "
               f"and row, {s.verify_passes} passes", file=sys.stderr)
     return 0
+
+
+def _workers(spinning: bool, asked) -> str:
+    """What the ONNX Runtime backend's worker threads do while they wait, and why."""
+    if asked != "auto":
+        return f"{'spinning (--spin)' if spinning else 'sleeping (--no-spin)'}"
+    if spinning:
+        return "spinning (no other process used the cores at start; --no-spin to sleep)"
+    return "sleeping (other processes used the cores at start, or /proc/stat could not tell; --spin to spin anyway)"
 
 
 def _json_schema(value: str | None):

@@ -128,11 +128,16 @@ def add_prefill_chunk(group, default) -> None:
 
 
 def add_spin(group) -> None:
-    """--spin, the same in ``python -m runtime`` and ``python -m runtime serve``."""
-    group.add_argument("--spin", action="store_true",
-                       help="onnxruntime: worker threads busy-wait briefly for the next operator "
-                            "instead of sleeping; for a device of its own, slower where other "
-                            "processes use the cores (default: they sleep)")
+    """--spin / --no-spin, the same in ``python -m runtime`` and ``python -m runtime serve``: a
+    command line's process is its own, so it may make ONNX Runtime's process-wide spinning pool
+    where the cores are free (runtime.cpu_idle); a library caller's default stays sleeping."""
+    spin = group.add_mutually_exclusive_group()
+    spin.add_argument("--spin", dest="spin", action="store_const", const=True, default="auto",
+                      help="onnxruntime: worker threads busy-wait for the next operator instead of "
+                           "sleeping, whatever else runs (default: they do where no other process "
+                           "uses the cores at start, and sleep where one does)")
+    spin.add_argument("--no-spin", dest="spin", action="store_const", const=False,
+                      help="onnxruntime: worker threads sleep whenever they wait, as a library load's do")
 
 
 def add_fused(group) -> None:
@@ -174,11 +179,11 @@ def backend_options(args) -> dict:
     """The backend options of a command line's --threads, --spin, --device, --engine-dir (the
     runtime's and the server's, which share them), as ``runtime.load`` takes them."""
     options = {"threads": args.threads}
-    if args.spin:
-        if args.backend != "onnxruntime":
-            raise InvalidArgumentError(f"--spin applies to --backend onnxruntime (its thread pools), "
-                                       f"not {args.backend}")
-        options["spin"] = True
+    if args.spin != "auto" and args.backend != "onnxruntime":
+        raise InvalidArgumentError(f"--{'' if args.spin else 'no-'}spin applies to --backend onnxruntime "
+                                   f"(its thread pools), not {args.backend}")
+    if args.backend == "onnxruntime":
+        options["spin"] = args.spin
     if not getattr(args, "fused", True):
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--no-fused applies to --backend onnxruntime, not {args.backend}")

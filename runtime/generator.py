@@ -413,7 +413,9 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         only the rest (exact). 0, the default here (the server's is 256), keeps none.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
-        busy-wait briefly, for a device whose cores no other process uses; ``huge_pages``: True
+        busy-wait, for a device whose cores no other process uses; "auto" (the command lines'
+        default) spins where no other process uses the cores at load (runtime.cpu_idle): spinning
+        runs every ONNX Runtime session of the process on one shared pool; ``huge_pages``: True
         moves the weights it packed onto 2 MiB pages where Linux allows, ~2 ms per MiB at load
         for a faster decode, runtime/hugepages.py).
     """

@@ -227,8 +227,9 @@ def check_providers(providers) -> list | None:
 def check_backend_options(options: dict) -> None:
     """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers."""
     check_threads(options.get("threads"))
-    check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",
-               "they sleep: the default")
+    if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.cpu_idle)
+        check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",
+                   "they sleep: the default; or 'auto': spin where no other process uses the cores at load")
     check_flag("huge_pages", options.get("huge_pages"),
                "packed weights moved onto 2 MiB pages where Linux allows", "the default: left as allocated")
     check_flag("fused", options.get("fused"), "the layers' fused-operator graphs, refused where the artifact has none",

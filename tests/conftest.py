@@ -19,6 +19,17 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _auto_spin_finds_the_cores_taken(monkeypatch):
+    """The tests share one process, and spin="auto" (the command lines' default) on free cores makes
+    ONNX Runtime's process-wide spinning pool, on which every later session of the process would then
+    run. Here "auto" finds the cores taken (sleeping workers, as a library load's); the free case runs
+    in processes of their own (tests/runtime/test_cpu_idle.py)."""
+    import runtime.cpu_idle
+
+    monkeypatch.setattr(runtime.cpu_idle, "cores_free", lambda *args, **kwargs: False)
+
+
 def tiny_config(variant: str, **overrides) -> OPTConfig:
     fields = dict(vocab_size=512, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
                   ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=2,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import hugepages
+from .. import cpu_idle, hugepages
 from ..errors import ArtifactError
 from ..manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..kvcache import ArrayStorage
@@ -153,7 +153,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
-                 threads: int | None = None, spin: bool = False, huge_pages: bool = False,
+                 threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
                  fused: bool | None = None):
         ort = import_ort()
         available = ort.get_available_providers()
@@ -163,7 +163,9 @@ class OnnxRuntimeBackend(Backend):
         if missing:
             raise ValueError(f"ONNX Runtime providers {missing} are not available here "
                              f"(available: {available}); install onnxruntime-gpu for CUDA/TensorRT")
-        opts = session_options(ort, threads, spin)
+        # "auto" (the command lines' default): spin where no other process uses these cores now
+        self.spin = cpu_idle.cores_free() if spin == "auto" else bool(spin)
+        opts = session_options(ort, threads, self.spin)
         self.providers = providers
         self.manifest = manifest
         if manifest.dtype == "float16" and _x86_cpu_only(providers):
