@@ -375,6 +375,26 @@ def test_worker_runs_the_skip_policy(tiny):
     assert record["theoretical_speedup"] == pytest.approx(8 * 5 / 21)
 
 
+def test_worker_loads_each_kind_with_the_spin_the_bench_asked_for(tiny, monkeypatch):
+    """--spin auto runs the ONNX Runtime rows as the command lines do; ort-spin always spins; torch
+    rows have no thread pools to spin."""
+    import runtime
+    from tools.bench.worker import measure
+
+    asked = []
+
+    def load(directory, **options):
+        asked.append(options.get("spin", "none"))
+        raise KeyboardInterrupt  # stop before a generation: the options are the subject
+
+    monkeypatch.setattr(runtime, "load", load)
+    for kind, spin in (("ort", None), ("ort", "auto"), ("ort-int4", "auto"), ("ort-spin", "off"), ("torch", "auto")):
+        spec = {**_spec(tiny, kind), **({"spin": spin} if spin else {})}
+        with pytest.raises(KeyboardInterrupt):
+            measure(spec)
+    assert asked == [False, "auto", "auto", True, "none"]
+
+
 def test_worker_process_prints_one_json_line(tiny):
     spec = _spec(tiny, "ort", batch=1)
     done = subprocess.run([sys.executable, "-m", "tools.bench.worker", json.dumps(spec)],

@@ -21,6 +21,14 @@ COLUMNS = ("batch", "prompt", "row", "policy max→min", "layers/token", "theor.
            "floor ms", "× floor", "vs peers")
 
 
+def _spin_note(spin: str) -> str:
+    """What --spin made of the ONNX Runtime rows' workers, for the settings line."""
+    if spin == "auto":
+        return ("; this project's ONNX Runtime rows with spin='auto', the command lines' default (their "
+                "workers spin where no other process uses the cores at load), ort-spin's always")
+    return "; this project's ONNX Runtime rows with sleeping workers (runtime.load's default), ort-spin's spinning"
+
+
 def _f(x, spec: str) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -118,7 +126,7 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
         *([peer_line("llama.cpp", data["llamacpp"])] if "llamacpp" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
-        f"torch.set_num_threads, OMP/MKL). Weights: random, fp32, at each architecture's real shapes, seed "
+        f"torch.set_num_threads, OMP/MKL){_spin_note(data['settings'].get('spin', 'off'))}. Weights: random, fp32, at each architecture's real shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and each peer's "
         f"export, build or GGUF are all made from one saved checkpoint).",
         f"- {data['settings']['rounds']} rounds; each round runs every row once, in a shuffled order "

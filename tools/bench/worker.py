@@ -4,7 +4,8 @@
 
 SPEC kinds: ``hf`` (transformers ``generate``, PyTorch eager, on the saved checkpoint), ``torch``,
 ``ort``, ``ort-spin`` and ``ort-nospin`` (this project's runtime on the exported artifact, with
-``policy``). ``ort-spin`` runs the ONNX Runtime backend with ``spin=True`` (``--spin``);
+``policy``). ``ort-spin`` runs the ONNX Runtime backend with ``spin=True`` (``--spin``), the other ONNX
+Runtime kinds with ``spin="auto"`` where the spec's ``spin`` says ``auto`` (tools.bench ``--spin``);
 ``ort-nospin``, from before the backend's threads slept by default, now runs exactly ``ort`` and is
 kept so that the commands in docs/benchmarks.md still run. Every kind runs a
 short warm-up generation first, then the timed one, and reports the same fields (see
@@ -46,7 +47,10 @@ def measure_runtime(spec: dict) -> dict:
     backend = "torch" if spec["kind"] == "torch" else "onnxruntime"
     loaded = time.perf_counter()
     # Hashes were checked when the artifact was prepared; hashing GBs per process is not the subject.
-    options = {"spin": True} if spec["kind"] == "ort-spin" else {}
+    # ort-spin: spinning whatever else runs; the other ONNX Runtime rows as --spin says (off: sleeping)
+    options = {}
+    if backend == "onnxruntime":
+        options["spin"] = True if spec["kind"] == "ort-spin" else ("auto" if spec.get("spin") == "auto" else False)
     gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,
                        max_batch=len(spec["prompts"]), **options)  # KV slots for exactly this batch
     load_s = time.perf_counter() - loaded
