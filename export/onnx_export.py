@@ -42,7 +42,7 @@ from runtime.manifest import DRAFT_HEAD, DRAFT_LAYER_SUFFIX, GraphSpec, TensorSp
 from runtime.models.base import SkipModel, graph_module
 
 from . import fused as fused_layers
-from .quantize import QuantConfig, quantize_graph
+from .quantize import QuantConfig, quantize_graph, unflatten_head
 from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head
 
 PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
@@ -198,6 +198,8 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
     if precision != "float":
         q = config.quant
         proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)
+        if spec.name == "head":
+            unflatten_head(proto)
     fused = None
     if spec.name.startswith("layer_") and config.fused_reason(model.config) is None:
         fused = fused_layers.fused_layer(proto, module, model.config, spec)
@@ -247,6 +249,7 @@ def _write_draft_head(proto, directory: Path, config: ExportConfig, weights: Sha
     fold_weight_transposes(proto)
     q = config.quant
     proto = quantize_graph(proto, config.draft_head, q.block_size, "matmulnbits", q.accuracy_level)
+    unflatten_head(proto)
     if weights is not None:
         weights.externalize(proto)
     onnx.save_model(proto, str(directory / f"{DRAFT_HEAD}.onnx"))

@@ -68,6 +68,49 @@ def test_int4_artifact_quantizes_layers_and_head_and_records_it(int4_dir):
     assert (int4_dir / "layer_00.onnx").stat().st_size < fp32_bytes  # packed, not float
 
 
+def test_a_quantized_head_multiplies_the_hidden_states_as_they_come(int4_dir):
+    """No flatten for the tied Gemm, and no Reshape back that copied the logits: MatMulNBits reads
+    (batch, sequence, hidden) and writes the graph's logits (export.quantize.unflatten_head); the
+    logits are those of the same head with the reshapes left in, bit for bit."""
+    from export.quantize import unflatten_head
+
+    head = onnx.load(str(int4_dir / "head.onnx"))
+    assert "Reshape" not in {n.op_type for n in head.graph.node}
+    last = head.graph.node[-1]
+    assert last.op_type == "MatMulNBits" and last.output[0] == "logits"
+    assert not unflatten_head(head)  # nothing left to do: the pattern is gone
+
+    # the same graph with the flatten and the Reshape back put in front of and after it
+    from onnx import helper, numpy_helper
+
+    flat = onnx.ModelProto.FromString(head.SerializeToString())
+    g, mm = flat.graph, flat.graph.node[-1]
+    k = next(a.i for a in mm.attribute if a.name == "K")
+    g.initializer.extend([numpy_helper.from_array(np.array([-1, k], np.int64), "to2d")])
+    g.node.insert(len(g.node) - 1, helper.make_node("Reshape", [mm.input[0], "to2d"], ["flat"]))
+    shape_of = [helper.make_node("Shape", [mm.input[0]], ["lead"], start=0, end=-1),
+                helper.make_node("Constant", [], ["vocab"], value=numpy_helper.from_array(np.array([-1], np.int64))),
+                helper.make_node("Concat", ["lead", "vocab"], ["to3d"], axis=0)]
+    g.node.extend([*shape_of, helper.make_node("Reshape", ["flat_logits", "to3d"], ["logits"])])
+    mm.input[0], mm.output[0] = "flat", "flat_logits"
+    x = np.random.default_rng(0).standard_normal((2, 3, k)).astype(np.float32)
+    with_reshapes = _run_graph(flat, int4_dir, x)
+    assert unflatten_head(flat) and "Reshape" not in {n.op_type for n in flat.graph.node}
+    assert np.array_equal(_run_graph(flat, int4_dir, x), with_reshapes)
+    assert np.array_equal(_run_graph(head, int4_dir, x), with_reshapes)
+
+
+def _run_graph(proto, directory, x):
+    import onnxruntime as ort
+
+    path = directory / "_probe.onnx"  # beside the artifact: its weights file is found relative to it
+    onnx.save_model(proto, str(path))
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"hidden_states": x})[0]
+    finally:
+        path.unlink()
+
+
 def test_ort_runtime_generates_from_a_quantized_artifact_close_to_float(int4_dir, ckpt, tmp_path):
     float_dir = tmp_path / "fp32"
     _build(ckpt, float_dir)
