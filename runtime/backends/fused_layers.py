@@ -91,8 +91,10 @@ class FusedLayers:
         np.copyto(shape.hidden[0], hidden)
         shape.pattern = _STALE  # the rows' lengths moved since the last call
         current = 0  # which of shape.hidden holds the state
+        # the layers every row runs, found with one reduction rather than one a layer
+        everyone = [True] * len(layers) if updates is None else np.asarray(updates).all(axis=1).tolist()
         for k, index in enumerate(layers):
-            update = None if updates is None or updates[k].all() else updates[k]  # None: every row runs it
+            update = None if everyone[k] else updates[k]  # None: every row runs it
             pattern = None if update is None else update.tobytes()
             if pattern != shape.pattern:
                 seqlens_k, query_seqlens = call.seqlens(update)
