@@ -118,6 +118,8 @@ RULES = [
      LONG + " (16 minutes of generation over the training split with the real model)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
+    ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
+     LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
