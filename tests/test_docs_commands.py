@@ -155,6 +155,7 @@ RULES = [
      LONG + " (D, A32, A4: the section's exports; tests/tools/test_bench_lossless.py runs it on a tiny model)"),
     ("python -m export build --model opt-e2e-skipdecode --out D", "parse", DEMO_BUILD),
     ("python -m export build --model smollm2-135m-instruct --out A32", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --out A$", "parse", REAL),
     ("python -m tools.bench --render", "parse", "re-renders the results a full run left in .bench/"),
     ("python -m tools.bench", "parse", LONG),
     ("python -m export build$", "parse", DEMO_BUILD),
