@@ -42,8 +42,8 @@ from runtime.manifest import DRAFT_HEAD, DRAFT_LAYER_SUFFIX, GraphSpec, TensorSp
 from runtime.models.base import SkipModel, graph_module
 
 from . import fused as fused_layers
-from .quantize import QuantConfig, quantize_graph, unflatten_head
-from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head
+from .quantize import QuantConfig, quantize_graph
+from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head, unflatten_head
 
 PROTOBUF_LIMIT = 2 * 1024**3  # protobuf cannot serialise a single message over 2 GB
 # Trace sizes: every traced dim >= 2 and distinct, so none is specialised. A layer's valid past

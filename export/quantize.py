@@ -238,55 +238,6 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
     return out
 
 
-def unflatten_head(proto) -> bool:
-    """Feed a quantized head's MatMulNBits the (batch, sequence, hidden) states themselves and let it
-    write the graph's logits: the head module flattens batch and sequence for the float head's tied
-    Gemm (export.weights.tie_head), which MatMulNBits does not need, and the Reshape back copied the
-    logits (graph outputs do not alias): 45 us a step at batch 1, 150 at batch 8 on SmolLM2-360M
-    int4, the logits bit for bit the same. Returns whether the pattern was found; export's parity
-    check judges the result as it judges every graph."""
-    from onnx import numpy_helper
-
-    graph = proto.graph
-    made = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, list] = {}
-    for n in graph.node:
-        for name in n.input:
-            uses.setdefault(name, []).append(n)
-    outputs = {o.name for o in graph.output}
-    constants = {t.name: t for t in graph.initializer}
-    constants.update({n.output[0]: next(a.t for a in n.attribute if a.name == "value")
-                      for n in graph.node if n.op_type == "Constant" and any(a.name == "value" for a in n.attribute)})
-    for mm in graph.node:
-        if mm.op_type != "MatMulNBits":
-            continue
-        flatten, after = made.get(mm.input[0]), uses.get(mm.output[0], [])
-        k = next((a.i for a in mm.attribute if a.name == "K"), None)
-        if (flatten is None or flatten.op_type != "Reshape" or flatten.input[1] not in constants
-                or list(numpy_helper.to_array(constants[flatten.input[1]])) != [-1, k]
-                or len(uses[flatten.output[0]]) != 1 or len(after) != 1 or after[0].op_type != "Reshape"
-                or after[0].output[0] not in outputs):
-            continue
-        mm.input[0], mm.output[0] = flatten.input[0], after[0].output[0]
-        graph.node.remove(flatten)
-        graph.node.remove(after[0])
-        _drop_dead_nodes(graph)
-        return True
-    return False
-
-
-def _drop_dead_nodes(graph) -> None:
-    """Nodes none of whose outputs any node or the graph uses (the Shape/Concat/Constant that sized
-    a removed Reshape)."""
-    while True:
-        used = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if not any(o in used for o in n.output)]
-        if not dead:
-            return
-        for n in dead:
-            graph.node.remove(n)
-
-
 # Reductions whose axes became an input at opset 18 (ReduceSum's already at 13)
 _REDUCE_18 = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
               "ReduceLogSumExp", "ReduceSumSquare")

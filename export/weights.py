@@ -77,6 +77,49 @@ def tie_head(model: onnx.ModelProto) -> bool:
     return False
 
 
+def unflatten_head(model: onnx.ModelProto) -> bool:
+    """Feed a quantized head's MatMulNBits the (batch, sequence, hidden) states themselves and let it
+    write the graph's logits: the head module flattens batch and sequence for the float head's tied
+    Gemm (``tie_head``), which MatMulNBits does not need, and the Reshape back copied the logits
+    (graph outputs do not alias): 45 us a step at batch 1, 150 at batch 8 on SmolLM2-360M int4, the
+    logits bit for bit the same. Returns whether the pattern was found; export's parity check judges
+    the result as it judges every graph."""
+    graph = model.graph
+    made = {o: n for n in graph.node for o in n.output}
+    uses = _consumers(graph)
+    constants = {t.name: t for t in graph.initializer}
+    constants.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
+                      for a in n.attribute if a.name == "value"})
+    for mm in graph.node:
+        if mm.op_type != "MatMulNBits":
+            continue
+        flatten, after = made.get(mm.input[0]), uses.get(mm.output[0], [])
+        k = next((a.i for a in mm.attribute if a.name == "K"), None)
+        if (flatten is None or flatten.op_type != "Reshape" or flatten.input[1] not in constants
+                or list(numpy_helper.to_array(constants[flatten.input[1]])) != [-1, k]
+                or len(uses[flatten.output[0]]) != 1 or len(after) != 1 or after[0] is None
+                or after[0].op_type != "Reshape" or None not in uses.get(after[0].output[0], [])):
+            continue  # None among the uses: the Reshape's output is the graph's
+        mm.input[0], mm.output[0] = flatten.input[0], after[0].output[0]
+        graph.node.remove(flatten)
+        graph.node.remove(after[0])
+        _drop_dead_nodes(graph)
+        return True
+    return False
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Nodes none of whose outputs any node or the graph uses (the Shape/Concat/Constant that sized
+    a removed Reshape)."""
+    while True:
+        uses = _consumers(graph)
+        dead = [n for n in graph.node if not any(o in uses for o in n.output)]
+        if not dead:
+            return
+        for n in dead:
+            graph.node.remove(n)
+
+
 def fold_weight_transposes(model: onnx.ModelProto) -> int:
     """Replace ``Transpose(W)`` of an initializer used only there by W transposed, renamed
     ``W.T`` (so ``q_proj.weight.T`` is held as (in, out), the layout MatMul reads, and a reader

@@ -70,9 +70,9 @@ def test_int4_artifact_quantizes_layers_and_head_and_records_it(int4_dir):
 
 def test_a_quantized_head_multiplies_the_hidden_states_as_they_come(int4_dir):
     """No flatten for the tied Gemm, and no Reshape back that copied the logits: MatMulNBits reads
-    (batch, sequence, hidden) and writes the graph's logits (export.quantize.unflatten_head); the
+    (batch, sequence, hidden) and writes the graph's logits (export.weights.unflatten_head); the
     logits are those of the same head with the reshapes left in, bit for bit."""
-    from export.quantize import unflatten_head
+    from export.weights import unflatten_head
 
     head = onnx.load(str(int4_dir / "head.onnx"))
     assert "Reshape" not in {n.op_type for n in head.graph.node}
