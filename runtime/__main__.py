@@ -170,7 +170,7 @@ def _run(args) -> int:
 def _workers(spinning: bool, asked) -> str:
     """What the ONNX Runtime backend's worker threads do while they wait, and why."""
     if asked != "auto":
-        return f"{'spinning (--spin)' if spinning else 'sleeping (--no-spin)'}"
+        return "spinning (--spin)" if spinning else "sleeping (--no-spin)"
     if spinning:
         return "spinning (no other process used the cores at start; --no-spin to sleep)"
     return "sleeping (other processes used the cores at start, or /proc/stat could not tell; --spin to spin anyway)"
