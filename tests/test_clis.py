@@ -52,7 +52,7 @@ HELPS = [("runtime.__main__", []), ("export.__main__", ["build"]), ("export.__ma
          ("export.__main__", ["plan"]), ("engines.__main__", ["build"]), ("tools.bench.cli", []),
          ("tools.evaluate.cli", []), ("tools.finetune.cli", []), ("tools.trtexec.cli", []),
          ("tools.e2e.__main__", ["split"]), ("tools.e2e.__main__", ["init"]), ("tools.e2e.__main__", ["distill"]),
-         ("tools.bench.memory", []), ("tools.bench.startup", []), ("tools.bench.slots", []),
+         ("tools.e2e.__main__", ["consensus"]), ("tools.bench.memory", []), ("tools.bench.startup", []), ("tools.bench.slots", []),
          ("tools.bench.gap", []), ("tools.bench.context", []), ("tools.bench.serving", []), ("tools.bench.gpu", []),
          ("tools.bench.structured", []), ("tools.bench.prefix", [])]
 

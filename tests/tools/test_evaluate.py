@@ -35,6 +35,14 @@ def test_bleu_and_rouge_l_by_hand():
     assert metrics.rouge_l([CAT], [["the cat sat on a mat"]]) == pytest.approx(500 / 6)
 
 
+def test_sentence_bleu_uses_the_effective_order():
+    assert metrics.sentence_bleu(CAT, [CAT, "x"]) == pytest.approx(100)
+    # two tokens have no 3- or 4-gram: scored on unigrams and bigrams, not zeroed
+    assert metrics.sentence_bleu("the cat", ["the cat"]) == pytest.approx(100)
+    assert 0 < metrics.sentence_bleu(CAT, ["the cat sat on a mat"]) < 100
+    assert metrics.sentence_bleu(CAT, []) == 0.0
+
+
 def test_ragged_references_best_reference_counts():
     hyps = [CAT, "dogs bark at night"]
     refs = [["a completely different sentence here", CAT, "yet another one"], ["dogs bark at night"]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tools.evaluate import report, summary as summary_mod, targets as targets_mod
-from tools.evaluate.slots import is_mr_list, parse_mr, slot_errors, summarize
+from tools.evaluate.slots import is_mr_list, parse_mr, repeated_values, slot_errors, summarize
 
 MR = ("name[The Eagle], eatType[coffee shop], food[French], priceRange[cheap], "
       "customer rating[5 out of 5], area[riverside], familyFriendly[no], near[Burger King]")
@@ -66,6 +66,17 @@ def test_rule_variants():
     assert slot_errors("area[city centre]", "It is in the centre of town.").errors == 0
     assert slot_errors("food[English]", "Prices in English pounds.").missing == [("food", "English")]
     assert slot_errors("priceRange[£20-25]", "It costs £20-25.").errors == 0
+
+
+def test_repeated_values_are_the_near_area_and_food_stated_twice():
+    assert repeated_values(MR, FAITHFUL) == []
+    twice = FAITHFUL + " It is located near Burger King by the river, serving French food."
+    assert repeated_values(MR, twice) == [("near", "Burger King"), ("area", "riverside"), ("food", "French")]
+    # a venue's own words are not its slot's value: Burger King is no second fast food
+    assert repeated_values("name[Zizzi], food[Fast food], near[Burger King]",
+                           "Zizzi serves fast food near Burger King.") == []
+    # the name may come back ("Zizzi ... Zizzi's prices"): not counted
+    assert repeated_values("name[Zizzi], food[Italian]", "Zizzi is Italian. Zizzi is cheap.") == []
 
 
 def test_summary_counts_slots_not_texts():

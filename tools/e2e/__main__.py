@@ -1,5 +1,5 @@
-"""``python -m tools.e2e init|distill|split``: initial model of the E2E demo, distilled targets for
-its SkipDecode fine-tuning (and a by-MR data split)."""
+"""``python -m tools.e2e init|distill|consensus|split``: initial model of the E2E demo, distilled or
+consensus targets for SkipDecode fine-tuning (and a by-MR data split)."""
 
 from __future__ import annotations
 
@@ -102,6 +102,43 @@ def distill(args) -> int:
     return 0
 
 
+def consensus(args) -> int:
+    """One target per training MR: the description closest to what the MR's references share.
+
+    The candidates are the MR's references that are faithful (no slot error, tools/evaluate/slots.py)
+    and state no value twice (``repeated_values``), and the text --candidates gives the MR (a distill
+    output: the model's own description), under the same two rules. The chosen one has the highest
+    sentence BLEU against the MR's references other than itself. Why: BLEU against ~8.7 references
+    rewards the phrasing they share; fine-tuning on all references teaches their spread, on the
+    model's own descriptions its habits (repeated values), on one consensus per MR the shared phrasing.
+    Only the training split is read: nothing is chosen by the development or test references.
+    """
+    from tools.evaluate.metrics import require, sentence_bleu
+    from tools.evaluate.slots import repeated_values, slot_errors
+
+    require()  # sacrebleu, before reading anything
+    groups = group_by_prompt(read_pairs(args.train, args.prompt_column, args.target_column))
+    extra = group_by_prompt(read_pairs(args.candidates, args.prompt_column, args.target_column)) \
+        if args.candidates else {}
+    kept, chosen_extra = [], 0
+    for mr, refs in groups.items():
+        # (text, index among refs or -1): a reference is not scored against itself
+        pool = [(t, i) for i, t in enumerate(refs)] + [(t, -1) for t in extra.get(mr, [])]
+        pool = [(t, i) for t, i in pool if not slot_errors(mr, t).errors and not repeated_values(mr, t)]
+        if not pool:
+            continue
+        text, index = max(pool, key=lambda c: sentence_bleu(c[0], [r for j, r in enumerate(refs) if j != c[1]]))
+        kept.append(Example(mr, text))
+        chosen_extra += index < 0
+    if not kept:
+        raise DataError(f"{args.train}: no MR has a faithful description without repeated values; "
+                        f"nothing to fine-tune on")
+    write_csv(args.out, kept, args.prompt_column, args.target_column)
+    print(f"{len(kept)} of {len(groups)} MRs kept ({len(groups) - len(kept)} without a faithful candidate; "
+          f"{chosen_extra} targets from --candidates) -> {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = cli.parser("python -m tools.e2e", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -128,12 +165,20 @@ def main(argv=None) -> int:
     cli.add_max_new_tokens(d, 96, "longest description kept (the longest reference: ~90 tokens)", aliases=())
     d.add_argument("--batch-size", type=int, default=32, help="MRs generated together")
     d.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
-    for q in (s, i, d):
+    c = sub.add_parser("consensus", formatter_class=cli.HelpFormatter,
+                       help="one faithful description per training MR, the one closest to its other "
+                            "references by sentence BLEU, as a pairs CSV (fine-tuning targets)",
+                       description=inspect.cleandoc(consensus.__doc__).split("\n\n")[0])
+    c.add_argument("--train", default="data/e2e/trainset.csv.gz", help="pairs: the MRs and their references")
+    c.add_argument("--candidates", help="pairs CSV of more candidate descriptions (e.g. `distill`'s output)")
+    c.add_argument("--out", required=True, help="CSV to write")
+    for q in (s, i, d, c):
         q.add_argument("--prompt-column", default="mr", help="the MRs' column")
         q.add_argument("--target-column", default="ref", help="the descriptions' column")
         q.add_argument("--seed", type=int, default=0, help="the split's draw; init's weights")
     args = p.parse_args(argv)
-    return cli.run(lambda: {"split": split, "init": init, "distill": distill}[args.command](args))
+    return cli.run(lambda: {"split": split, "init": init, "distill": distill,
+                                 "consensus": consensus}[args.command](args))
 
 
 if __name__ == "__main__":

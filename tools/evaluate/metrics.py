@@ -7,6 +7,7 @@ CPU-only install imports the package without them (``pip install -e ".[eval]"`` 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -68,6 +69,19 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> Bleu:
     metric = sacrebleu.metrics.BLEU()
     result = metric.corpus_score(list(hypotheses), reference_streams(references))
     return Bleu(float(result.score), str(metric.get_signature()))
+
+
+def sentence_bleu(hypothesis: str, references: list[str]) -> float:
+    """BLEU of one sentence against its references (sacrebleu's sentence BLEU: effective n-gram
+    order, so a short text is not zeroed by a missing 4-gram); 0 with no reference."""
+    if not references:
+        return 0.0
+    return float(_sentence_metric().sentence_score(hypothesis, references).score)
+
+
+@functools.lru_cache(maxsize=1)
+def _sentence_metric():
+    return _import("sacrebleu").metrics.BLEU(effective_order=True)
 
 
 def rouge_l(hypotheses: list[str], references: list[list[str]]) -> float:

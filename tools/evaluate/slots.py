@@ -249,6 +249,28 @@ def slot_errors(mr: str | dict[str, str], text: str) -> SlotErrors:
     return result
 
 
+def repeated_values(mr: str | dict[str, str], text: str) -> list[tuple[str, str]]:
+    """The (slot, value) pairs of ``mr`` that ``text`` states more than once, for the slots a
+    description names once when it is well written: near, area and food ("... in the riverside area
+    near Burger King. It is located near Burger King."). Not a slot error (nothing is missing or
+    wrong), but a defect of a fine-tuning target: greedy decoding learns the repetition."""
+    slots = parse_mr(mr) if isinstance(mr, str) else dict(mr)
+    if slots is None:
+        raise ValueError(f"not an E2E meaning representation: {mr!r}")
+    low = " ".join(text.lower().split())
+    found = []
+    if "near" in slots and len(_venue_re(slots["near"]).findall(low)) > 1:
+        found.append(("near", slots["near"]))
+    for venue in sorted({slots[s] for s in ("name", "near") if s in slots}, key=len, reverse=True):
+        low = _venue_re(venue).sub(" ", low)  # "Burger King" says nothing about fast food
+    for slot in ("area", "food"):
+        value = slots.get(slot)
+        pattern = RULES.get(slot, {}).get(value) if value else None
+        if pattern and len(re.findall(pattern, low)) > 1:
+            found.append((slot, value))
+    return found
+
+
 def summarize(mrs: list[str], texts: list[str]) -> SlotSummary:
     if len(mrs) != len(texts):
         raise ValueError(f"{len(mrs)} MRs but {len(texts)} texts")
