@@ -1,5 +1,7 @@
-"""The E2E demo model's recipe steps: ``python -m tools.e2e init`` (and ``split``, a by-MR split of a
-pairs file, no longer used by the recipe).
+"""The E2E recipes' steps: ``python -m tools.e2e init`` (the demo model), ``distill`` and ``consensus``
+(fine-tuning targets: the model's own faithful descriptions; one faithful description per MR closest
+to its other references, models/smollm2-135m-e2e) and ``split`` (a by-MR split of a pairs file, no
+longer used by the recipes).
 
 The whole recipe (tokenizer + random init, full-depth training, SkipDecode fine-tuning, on the
 official E2E training split with checkpoints selected on the development split) is
