@@ -46,3 +46,9 @@ def test_consensus_with_nothing_faithful_writes_nothing(tmp_path, capsys):
     assert main(["consensus", "--train", train, "--out", str(tmp_path / "c.csv")]) == 2
     assert "no MR has a faithful description without repeated values" in capsys.readouterr().err
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_consensus_of_prompts_that_are_not_mrs_says_so(tmp_path, capsys):
+    train = _pairs(tmp_path, "train.csv", [("What is the capital of France?", "Paris.")])
+    assert main(["consensus", "--train", train, "--out", str(tmp_path / "c.csv")]) == 2
+    assert "its 'mr' column is not all of the form 'slot[value], ...'" in capsys.readouterr().err

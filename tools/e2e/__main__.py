@@ -114,10 +114,13 @@ def consensus(args) -> int:
     Only the training split is read: nothing is chosen by the development or test references.
     """
     from tools.evaluate.metrics import require, sentence_bleu
-    from tools.evaluate.slots import repeated_values, slot_errors
+    from tools.evaluate.slots import is_mr_list, repeated_values, slot_errors
 
     require()  # sacrebleu, before reading anything
     groups = group_by_prompt(read_pairs(args.train, args.prompt_column, args.target_column))
+    if not is_mr_list(list(groups)):
+        raise DataError(f"{args.train}: consensus judges descriptions against E2E meaning representations, "
+                        f"but its {args.prompt_column!r} column is not all of the form 'slot[value], ...'")
     extra = group_by_prompt(read_pairs(args.candidates, args.prompt_column, args.target_column)) \
         if args.candidates else {}
     kept, chosen_extra = [], 0
@@ -177,8 +180,8 @@ def main(argv=None) -> int:
         q.add_argument("--target-column", default="ref", help="the descriptions' column")
         q.add_argument("--seed", type=int, default=0, help="the split's draw; init's weights")
     args = p.parse_args(argv)
-    return cli.run(lambda: {"split": split, "init": init, "distill": distill,
-                                 "consensus": consensus}[args.command](args))
+    commands = {"split": split, "init": init, "distill": distill, "consensus": consensus}
+    return cli.run(lambda: commands[args.command](args))
 
 
 if __name__ == "__main__":
