@@ -114,7 +114,7 @@ def consensus(args) -> int:
     Only the training split is read: nothing is chosen by the development or test references.
     """
     from tools.evaluate.metrics import require, sentence_bleu
-    from tools.evaluate.slots import is_mr_list, repeated_values, slot_errors
+    from tools.evaluate.slots import is_mr_list, parse_mr, repeated_values, slot_errors
 
     require()  # sacrebleu, before reading anything
     groups = group_by_prompt(read_pairs(args.train, args.prompt_column, args.target_column))
@@ -125,9 +125,10 @@ def consensus(args) -> int:
         if args.candidates else {}
     kept, chosen_extra = [], 0
     for mr, refs in groups.items():
+        slots = parse_mr(mr)  # once per MR, not twice per candidate
         # (text, index among refs or -1): a reference is not scored against itself
         pool = [(t, i) for i, t in enumerate(refs)] + [(t, -1) for t in extra.get(mr, [])]
-        pool = [(t, i) for t, i in pool if not slot_errors(mr, t).errors and not repeated_values(mr, t)]
+        pool = [(t, i) for t, i in pool if not slot_errors(slots, t).errors and not repeated_values(slots, t)]
         if not pool:
             continue
         text, index = max(pool, key=lambda c: sentence_bleu(c[0], [r for j, r in enumerate(refs) if j != c[1]]))

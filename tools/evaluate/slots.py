@@ -218,20 +218,31 @@ def _venue_re(name: str) -> re.Pattern:
     return _VENUE_RES.get(name) or re.compile(_venue_pattern(name))
 
 
-def slot_errors(mr: str | dict[str, str], text: str) -> SlotErrors:
-    """The missing and wrong values of ``text`` against ``mr`` (see the module's rules)."""
+def _slots(mr: str | dict[str, str]) -> dict[str, str]:
     slots = parse_mr(mr) if isinstance(mr, str) else dict(mr)
     if slots is None:
         raise ValueError(f"not an E2E meaning representation: {mr!r}")
+    return slots
+
+
+def _blank_own_venues(slots: dict[str, str], low: str) -> str:
+    """``low`` with the MR's own name and near blanked out (longest first), so that their words
+    realise no other slot ("Café Rouge" is no coffee shop, "Burger King" no fast food)."""
+    for venue in sorted({slots[s] for s in ("name", "near") if s in slots}, key=len, reverse=True):
+        low = _venue_re(venue).sub(" ", low)
+    return low
+
+
+def slot_errors(mr: str | dict[str, str], text: str) -> SlotErrors:
+    """The missing and wrong values of ``text`` against ``mr`` (see the module's rules)."""
+    slots = _slots(mr)
     low = " ".join(text.lower().split())
     result = SlotErrors(len(slots))
     # venue names first; then they are blanked out so their words realise nothing else
-    own = sorted({slots[s] for s in ("name", "near") if s in slots}, key=len, reverse=True)
     for slot in ("name", "near"):
         if slot in slots and not _venue_re(slots[slot]).search(low):
             result.missing.append((slot, slots[slot]))
-    for venue in own:
-        low = _venue_re(venue).sub(" ", low)
+    low = _blank_own_venues(slots, low)
     for venue, pattern in _VENUE_RES.items():  # longest first
         if pattern.search(low):
             result.wrong.append(("venue", venue))
@@ -254,15 +265,12 @@ def repeated_values(mr: str | dict[str, str], text: str) -> list[tuple[str, str]
     description names once when it is well written: near, area and food ("... in the riverside area
     near Burger King. It is located near Burger King."). Not a slot error (nothing is missing or
     wrong), but a defect of a fine-tuning target: greedy decoding learns the repetition."""
-    slots = parse_mr(mr) if isinstance(mr, str) else dict(mr)
-    if slots is None:
-        raise ValueError(f"not an E2E meaning representation: {mr!r}")
+    slots = _slots(mr)
     low = " ".join(text.lower().split())
     found = []
     if "near" in slots and len(_venue_re(slots["near"]).findall(low)) > 1:
         found.append(("near", slots["near"]))
-    for venue in sorted({slots[s] for s in ("name", "near") if s in slots}, key=len, reverse=True):
-        low = _venue_re(venue).sub(" ", low)  # "Burger King" says nothing about fast food
+    low = _blank_own_venues(slots, low)  # "Burger King" says nothing about fast food
     for slot in ("area", "food"):
         value = slots.get(slot)
         pattern = RULES.get(slot, {}).get(value) if value else None
