@@ -119,6 +119,8 @@ RULES = [
     ("python -m tools.e2e consensus --train data/e2e/trainset.csv.gz --candidates .work/smollm2-distilled.csv ",
      "parse", "reads the distill's output (16 minutes of generation with the real model); "
               "tests/tools/test_e2e_consensus.py runs it on hand-written pairs"),
+    ("python -m tools.e2e consensus --candidates /tmp/s9/distilled4.csv ", "parse",
+     "reads the fourth version's distill output (as above)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
