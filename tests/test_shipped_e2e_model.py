@@ -25,17 +25,17 @@ NEW_TOKENS = 64
 EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorded from the shipped adapter)
     1: [
         " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
-        " Browns Cambridge is a coffee shop serving Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
+        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family-friendly and has an average customer rating.",
+        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
     2: [
         " Alimentum is a non family-friendly restaurant in the city centre.",
         " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
         " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
-    5: [
-        " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop that is located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
+    5: [  # 5x states Alimentum's familyFriendly twice: what the 4-layer budget keeps of the phrasing
+        " Alimentum is a non family-friendly restaurant in the city centre. It is not family-friendly.",
+        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
         " Browns Cambridge is a coffee shop that serves Chinese food in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
 }
