@@ -119,12 +119,8 @@ RULES = [
     ("python -m tools.e2e consensus --train data/e2e/trainset.csv.gz --candidates .work/smollm2-distilled.csv ",
      "parse", "reads the distill's output (16 minutes of generation with the real model); "
               "tests/tools/test_e2e_consensus.py runs it on hand-written pairs"),
-    ("python -m tools.e2e consensus --candidates /tmp/s9/distilled4.csv ", "parse",
-     "reads the fourth version's distill output (as above)"),
     ("python -m tools.e2e consensus --train data/e2e/trainset.csv.gz --candidates .work/smollm2-distilled4.csv ",
      "parse", "reads the fourth version's distill output (as above)"),
-    ("python -m tools.finetune --model /tmp/s9/ft-consensus5 ", "parse",
-     LONG + " (the shipped model's second stage: 10 minutes over the first stage's output)"),
     ("python -m tools.finetune --model .work/smollm2-e2e-consensus5 ", "parse",
      LONG + " (the shipped model's second stage: 10 minutes over the first stage's output)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
