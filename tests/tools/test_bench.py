@@ -9,11 +9,12 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tools.bench import report, results, rows as rows_mod, runner, stats, targets, venv
+from tools.bench import cli as bench_cli, prepare, report, results, rows as rows_mod, runner, stats, targets, venv
 from tools.bench.cli import BenchError, _parser, arch_settings, plan
 from tools.bench.prompts import make_prompt, make_prompts
 
@@ -448,6 +449,51 @@ def test_ortgenai_int4_floor_counts_its_symmetric_blocks_and_rows_name_it():
     page = report.render(data, list(rows.values()), targets.evaluate(list(rows.values())), None)
     assert "- ONNX Runtime GenAI peer: its own venv (`/v/bin/python`): onnxruntime-genai 0.18.0" in page
 
+
+
+def test_block_size_reaches_both_sides_of_an_int4_comparison_and_their_floors(tmp_path, monkeypatch):
+    """tools.bench --block-size: this project's quantized exports and GenAI's int4 build at the same
+    block, in folders of their own, each row's floor from its own bytes, the page naming the block."""
+    from tools.bench.cli import model_info
+    from tools.bench.results import row_weight_bytes
+
+    model = model_info({"dtype": "float32", "hidden_size": 2048, "ffn_dim": 8192, "vocab_size": 50272})
+    for backend, zero_point in (("ort-int4", 0.5), ("ortgenai-int4", 0)):
+        b32, b64 = row_weight_bytes(backend, model), row_weight_bytes(backend, model, 64)
+        assert row_weight_bytes(backend, model, 32) == b32
+        # per 64 weights: 32 bytes of nibbles and one 4-byte scale (and half a byte of zero point) less
+        d, f, v = 2048, 8192, 50272
+        per_block = 4 + zero_point
+        assert b32[1] - b64[1] == d * v // 64 * per_block
+        assert b32[0] - b64[0] == (4 * d * d + 2 * d * f) // 64 * per_block
+
+    calls = []
+    monkeypatch.setattr(prepare, "_peer_export", lambda out, stamp, command, what, log, timeout: calls.append(
+        (out.name, command[command.index("--block-size") + 1], what)) or (out, ""))
+    prepared = prepare.Prepared("smollm2-360m", tmp_path / "hf", tmp_path / "artifact", {})
+    prepare.prepare_ortgenai(prepared, "/v/python", Path("w.py"), "int4", 2, block_size=64)
+    prepare.prepare_ortgenai(prepared, "/v/python", Path("w.py"), "int4", 2)
+    prepare.prepare_ortgenai(prepared, "/v/python", Path("w.py"), "fp32", 2, block_size=64)
+    assert calls == [("ortgenai-int4-b64", "64", "ONNX Runtime GenAI build (int4, block 64)"),
+                     ("ortgenai-int4", "32", "ONNX Runtime GenAI build (int4, block 32)"),
+                     ("ortgenai-fp32", "32", "ONNX Runtime GenAI build (fp32)")]
+
+    data = _data([(1, "ort-int4", None, 1.0, 0.1, 24), (1, "ortgenai-int4", None, 1.0, 0.1, 24)])
+    data["settings"]["block_size"] = 64
+    data["ortgenai"] = {"available": True, "python": "/v/bin/python", "versions": {}}
+    rows = {r.backend: r for r in results.build_rows(data)}
+    page = report.render(data, list(rows.values()), targets.evaluate(list(rows.values())), None)
+    assert "int4 weights (layers and head; MatMulNBits, block 64)" in page
+    assert "ONNX Runtime GenAI, int4 (its builder: MatMulNBits, block 64, symmetric" in page
+    del data["settings"]["block_size"]  # a run from before the option: block 32
+    assert "block 32" in report.render(data, list(rows.values()), targets.evaluate(list(rows.values())), None)
+
+
+def test_a_block_size_no_export_takes_stops_the_bench_before_any_work(tmp_path, capsys):
+    assert bench_cli.main(["--arch", "smollm2-360m", "--backends", "ort-int4", "--block-size", "48",
+                           "--work-dir", str(tmp_path / "w")]) != 0
+    assert "block_size must be a power of two >= 16, got 48" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
 
 class _FakeGenAI:
     """onnxruntime_genai's API as ortgenai_worker.bench uses it: a model whose every token is 7."""

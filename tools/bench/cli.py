@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from export.quantize import BLOCK_SIZE, QuantConfig
 from runtime import cli
 from runtime.errors import SkipDecodeError
 
@@ -54,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-speedups", type=float, nargs="+", default=[2],
                    help="horizon speedups for the torch backend rows (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads for every row (default 2)")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help="weights per scale along K of the quantized rows: this project's int4/int8 exports "
+                        f"and GenAI's int4 build, so that they compare at the same block (default {BLOCK_SIZE}; "
+                        "a power of two >= 16 that divides the model's widths)")
     p.add_argument("--spin", choices=("off", "auto"), default="off",
                    help="this project's ONNX Runtime rows other than ort-spin: off, workers that sleep "
                         "(runtime.load's default); auto, the command lines' default (spinning where no "
@@ -136,6 +141,7 @@ def model_info(config: dict) -> dict:
 
 def measure(args, argv: list[str], log) -> dict:
     started = time.perf_counter()
+    QuantConfig(weights="int4", block_size=args.block_size)  # a block size no export takes stops here
     settings = arch_settings(args)
     planned = plan(args, settings)
     if args.dry_run:
@@ -148,6 +154,7 @@ def measure(args, argv: list[str], log) -> dict:
     (work / ".gitignore").write_text("*\n")  # weights, exports and the venv stay out of git
     data = {"argv": argv, "machine": machine.describe(), "models": {}, "policies": {}, "jobs": [],
             "outcomes": [], "settings": {"threads": args.threads, "spin": args.spin, "rounds": args.rounds, "seed": args.seed,
+                                         "block_size": args.block_size,
                                          "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens}}
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
     data["bandwidth"] = bandwidth_mod.as_record(bandwidth_mod.measure(args.threads))
@@ -169,7 +176,7 @@ def measure(args, argv: list[str], log) -> dict:
     archs = list(dict.fromkeys(arch for arch, _ in settings))
     for arch in archs:
         variants = sorted({row.backend for a, _, row in planned if a == arch} & set(rows_mod.QUANTIZED))
-        prepared = prepare.prepare_in_subprocess(arch, work, args.seed, variants)
+        prepared = prepare.prepare_in_subprocess(arch, work, args.seed, variants, args.block_size)
         info = model_info(prepared.config)
         data["models"][arch] = info
         L = info["num_layers"]
@@ -185,7 +192,8 @@ def measure(args, argv: list[str], log) -> dict:
                                                               rows_mod.LLAMACPP[backend], args.threads, args.seed, log=log)
             else:
                 peer_dirs[backend] = prepare.prepare_ortgenai(prepared, env.python, ORTGENAI_WORKER,
-                                                              rows_mod.ORTGENAI[backend], args.threads, args.seed, log=log)
+                                                              rows_mod.ORTGENAI[backend], args.threads, args.seed, log=log,
+                                                              block_size=args.block_size)
         tokenizer = AutoTokenizer.from_pretrained(str(prepared.hf_dir))
         pols = {}
         for a, shape, row in planned:

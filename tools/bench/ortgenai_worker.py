@@ -1,6 +1,6 @@
 """ONNX Runtime GenAI as a benchmark peer, run with the python of a venv that has onnxruntime-genai.
 
-    PYTHON tools/bench/ortgenai_worker.py build HF_DIR OUT_DIR --precision int4 [--threads 2]
+    PYTHON tools/bench/ortgenai_worker.py build HF_DIR OUT_DIR --precision int4 [--threads 2] [--block-size 32]
     PYTHON tools/bench/ortgenai_worker.py measure OUT_DIR [--prompt 32] [--new 128] [--batch 1]  # one JSON line
     PYTHON tools/bench/ortgenai_worker.py bench SPEC_JSON     # a tools.bench row's record, one JSON line
 
@@ -36,9 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_generate import peak_rss_bytes, timing_record  # noqa: E402  (standard library only)
 
 
-def build(hf_dir: str, out_dir: str, precision: str, threads: int) -> None:
+def build(hf_dir: str, out_dir: str, precision: str, threads: int, block_size: int = 32) -> None:
+    # block_size: weights per int4 scale along K (the builder's own default is 32)
+    extra = ["--extra_options", f"block_size={block_size}"] if precision == "int4" else []
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf_dir, "-o", out_dir,
-                    "-p", precision, "-e", "cpu", "-c", str(Path(out_dir) / ".builder-cache")], check=True)
+                    "-p", precision, "-e", "cpu", "-c", str(Path(out_dir) / ".builder-cache"), *extra], check=True)
     config_path = Path(out_dir) / "genai_config.json"
     config = json.loads(config_path.read_text())
     config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = threads
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
     b.add_argument("out_dir")
     b.add_argument("--precision", choices=["fp32", "int4"], default="int4")
     b.add_argument("--threads", type=int, default=2, help="intra-op threads of its session (default 2)")
+    b.add_argument("--block-size", type=int, default=32, help="int4: weights per scale along K (default 32, "
+                                                             "the builder's)")
     m = sub.add_parser("measure", help="decode ms/token (a step's at --batch rows), one JSON line")
     m.add_argument("out_dir")
     m.add_argument("--prompt", type=int, default=32, help="prompt tokens (default 32)")
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     r.add_argument("spec", help="the row's spec as JSON (tools.bench.cli)")
     args = p.parse_args(argv)
     if args.command == "build":
-        build(args.hf_dir, args.out_dir, args.precision, args.threads)
+        build(args.hf_dir, args.out_dir, args.precision, args.threads, args.block_size)
     elif args.command == "bench":
         print(json.dumps(bench(json.loads(args.spec))))
     else:

@@ -4,7 +4,9 @@
     ROOT/ARCH/artifact/  `python -m export build` of that checkpoint (this project's rows)
     ROOT/ARCH/optimum/   Optimum's own export of that checkpoint (the Optimum row)
     ROOT/ARCH/artifact-ort-int4/ ...  quantized exports of that checkpoint, one per quantized row
-                                      (rows.QUANTIZED), built only when such a row is asked for
+                                      (rows.QUANTIZED), built only when such a row is asked for;
+                                      artifact-ort-int4-b64/ ... at --block-size 64 (likewise GenAI's
+                                      ortgenai-int4-b64/)
 
 Each is built once and reused while its stamp (architecture, seed) matches. The artifact is
 exported from the saved checkpoint directory, so all rows share bit-identical weights.
@@ -37,6 +39,14 @@ class Prepared:
     variants: dict = field(default_factory=dict)  # quantized backend name -> its artifact directory
 
 
+def block_suffix(block_size: int) -> str:
+    """The folder suffix of quantized exports at a block size other than the default (whose folders
+    keep the names they had before tools.bench --block-size)."""
+    from export.quantize import BLOCK_SIZE
+
+    return "" if block_size == BLOCK_SIZE else f"-b{block_size}"
+
+
 def _stamped(directory: Path, stamp: dict) -> bool:
     path = directory / STAMP
     return path.is_file() and json.loads(path.read_text()) == stamp
@@ -46,10 +56,12 @@ def _stamp(directory: Path, stamp: dict) -> None:
     (directory / STAMP).write_text(json.dumps(stamp))
 
 
-def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Prepared:
+def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_size: int | None = None) -> Prepared:
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
-    from export.quantize import DEFAULT_ACCURACY_LEVEL
+    from export.quantize import BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL
+
+    block = block_size or BLOCK_SIZE
     from runtime.manifest import load_manifest
 
     base = Path(root) / arch
@@ -77,13 +89,13 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=()) -> Pre
         from .rows import QUANTIZED
 
         layers, head = QUANTIZED[name]
-        out = base / f"artifact-{name}"
+        out = base / f"artifact-{name}{block_suffix(block)}"
         # the accuracy level too: artifacts made before the export's default changed are rebuilt
         vstamp = {**art_stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
-                               progress=cli.progress(quiet=False)), log=log)
+                               block_size=block, progress=cli.progress(quiet=False)), log=log)
             _stamp(out, vstamp)
             gc.collect()
         built[name] = out.resolve()
@@ -140,14 +152,20 @@ def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0
 
 
 def prepare_ortgenai(prepared: Prepared, python: str, worker: Path, precision: str, threads: int,
-                     seed: int = 0, log=print, timeout: float = 3600) -> tuple[Path | None, str]:
+                     seed: int = 0, log=print, timeout: float = 3600, block_size: int | None = None
+                     ) -> tuple[Path | None, str]:
     """ONNX Runtime GenAI's build of the same checkpoint at ``precision`` (its model builder, its
-    session pinned to ``threads``): (directory, "") or (None, why it failed)."""
-    out = prepared.hf_dir.parent / f"ortgenai-{precision}"
+    session pinned to ``threads``; int4 in blocks of ``block_size``, default BLOCK_SIZE, its builder's
+    default too): (directory, "") or (None, why it failed)."""
+    from export.quantize import BLOCK_SIZE
+
+    block = (block_size or BLOCK_SIZE) if precision == "int4" else BLOCK_SIZE  # fp32 has no blocks
+    out = prepared.hf_dir.parent / f"ortgenai-{precision}{block_suffix(block)}"
     stamp = {"arch": prepared.arch, "seed": seed, "python": python, "precision": precision, "threads": threads}
     return _peer_export(out, stamp, [python, str(worker), "build", str(prepared.hf_dir), str(out), "--precision",
-                                     precision, "--threads", str(threads)],
-                        f"ONNX Runtime GenAI build ({precision})", log, timeout)
+                                     precision, "--threads", str(threads), "--block-size", str(block)],
+                        f"ONNX Runtime GenAI build ({precision}{', block ' + str(block) if precision == 'int4' else ''})",
+                        log, timeout)
 
 
 def prepare_llamacpp(prepared: Prepared, python: str, worker: Path, kind: str, threads: int,
@@ -165,14 +183,14 @@ def prepare_llamacpp(prepared: Prepared, python: str, worker: Path, kind: str, t
     return (found / "model.gguf" if found else None), reason
 
 
-def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=()) -> Prepared:
+def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=(), block_size: int | None = None) -> Prepared:
     """``prepare`` in a child process, so the GBs of a large model leave with it."""
     import sys
 
     from .runner import REPO, child_env
 
     done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed),
-                           *variants],
+                           str(block_size or 0), *variants],
                           stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=child_env(os.cpu_count() or 1))
     if done.returncode != 0:
         raise RuntimeError(f"preparing {arch} failed (exit {done.returncode}); see the output above")
@@ -184,8 +202,9 @@ def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=()) -> 
 if __name__ == "__main__":
     import sys
 
-    arch_, root_, seed_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr), variants=sys.argv[4:])
+    arch_, root_, seed_, block_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr), variants=sys.argv[5:],
+                block_size=block_ or None)
     print(json.dumps({"arch": p.arch, "hf_dir": str(p.hf_dir.resolve()),
                       "artifact_dir": str(p.artifact_dir.resolve()), "config": p.config,
                       "variants": {k: str(v) for k, v in p.variants.items()}}))

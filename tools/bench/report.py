@@ -10,6 +10,8 @@ import math
 import re
 import shlex
 
+from export.quantize import BLOCK_SIZE
+
 from .results import ResultRow
 from .rows import BACKENDS
 from .targets import Target
@@ -139,7 +141,8 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
                               f"{bw['end']['all_threads'] / 1e9:.1f} GB/s" if "end" in bw else "")
         + f"; the floor uses {bw['best'] / 1e9:.1f} GB/s" + (", the highest" if "end" in bw else "") + ".",
         "",
-        "Rows: " + "; ".join(f"`{k}` = {d}" for k, d in BACKENDS.items()
+        "Rows: " + "; ".join(f"`{k}` = {d.format(block=data['settings'].get('block_size', BLOCK_SIZE))}"
+                             for k, d in BACKENDS.items()
                              if any(r.backend == k for r in rows)) + ".",
         "",
         "Policies (1 warm-up layer; `SkipPolicy.for_speedup(L, s, horizon=new_tokens - 1)`: the "

@@ -68,7 +68,7 @@ def build_rows(data: dict) -> list[ResultRow]:
                 row.reason = f"{len(errors)} round(s) failed: {errors[0]}"
         elif errors and not row.reason:
             row.reason = errors[0]
-        layer, head = stored or row_weight_bytes(row.backend, model)
+        layer, head = stored or row_weight_bytes(row.backend, model, data["settings"].get("block_size"))
         if row.figures:
             kv = row_kv_bytes(row.backend, model, job["batch"], job["prompt"],
                               data["settings"]["new_tokens"])
@@ -106,16 +106,18 @@ def row_kv_bytes(backend: str, model: dict, batch: int, prompt: int, new_tokens:
     return stats.kv_bytes(kv_width, sum(widths) / len(widths), batch, size)
 
 
-def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
+def row_weight_bytes(backend: str, model: dict, block_size: int | None = None) -> tuple[int, int]:
     """(one layer's, the head's) weight bytes as the row's own export stores them: float, or for the
-    quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: BLOCK_SIZE, a
-    scale of the model's dtype and a zero point per block; GenAI's int4 has no zero points);
-    biases and layer norms stay float."""
+    quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: ``block_size``
+    weights, default BLOCK_SIZE, a scale of the model's dtype and a zero point per block; GenAI's
+    int4 has no zero points); biases and layer norms stay float."""
     genai = (ORTGENAI[backend],) * 2 if ORTGENAI.get(backend) == "int4" else None  # its builder quantizes both
     layers, head = QUANTIZED.get(backend) or genai or ("float", "float")
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
-    from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes  # the quantized rows' exports use BLOCK_SIZE
+    from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes
+
+    block = block_size or BLOCK_SIZE  # tools.bench --block-size; runs before it used BLOCK_SIZE
 
     D, F, V = model["hidden_size"], model["ffn_dim"], model["vocab_size"]
     size = 2 if model["dtype"] == "float16" else 4
@@ -123,7 +125,7 @@ def row_weight_bytes(backend: str, model: dict) -> tuple[int, int]:
     def matmuls(shapes, precision):
         if precision == "float":
             return sum(k * n for k, n in shapes) * size
-        return sum(quantized_bytes(k, n, QUANT_BITS[precision], BLOCK_SIZE, size, symmetric=backend in ORTGENAI)
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], block, size, symmetric=backend in ORTGENAI)
                    for k, n in shapes)
 
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from runtime.policy import SkipPolicy
 
-# Backends a row can run on. ort-spin: the ONNX Runtime backend with spin=True (--spin); ort-nospin
+# Backends a row can run on ({block}: tools.bench --block-size, the quantized rows' weights per scale). ort-spin: the ONNX Runtime backend with spin=True (--spin); ort-nospin
 # measured it with spinning off before that was the backend's default, and now runs exactly ort.
 BACKENDS = {
     "hf": "transformers generate (PyTorch eager)",
@@ -21,12 +21,12 @@ BACKENDS = {
     "ort-spin": "this project, ONNX Runtime backend, --spin (worker threads busy-wait briefly)",
     "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0 (now the default: as ort)",
     "optimum": "Optimum ORTModelForCausalLM",
-    "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block 32)",
+    "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block {block})",
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
     "ort-int8head": "this project, ONNX Runtime backend, int8 head, float layers",
-    "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block 32)",
+    "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block {block})",
     "ortgenai": "ONNX Runtime GenAI, fp32 (its model builder, `-e cpu`: fused QKV, GroupQueryAttention)",
-    "ortgenai-int4": "ONNX Runtime GenAI, int4 (its builder: MatMulNBits, block 32, symmetric, accuracy level 4)",
+    "ortgenai-int4": "ONNX Runtime GenAI, int4 (its builder: MatMulNBits, block {block}, symmetric, accuracy level 4)",
     "llamacpp": "llama.cpp (llama-cpp-python), F32 GGUF of the checkpoint",
     "llamacpp-q8_0": "llama.cpp, Q8_0 (its quantizer, from the F32 GGUF)",
     "llamacpp-q4_0": "llama.cpp, Q4_0 (its quantizer, from the F32 GGUF)",
