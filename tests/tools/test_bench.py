@@ -450,7 +450,6 @@ def test_ortgenai_int4_floor_counts_its_symmetric_blocks_and_rows_name_it():
     assert "- ONNX Runtime GenAI peer: its own venv (`/v/bin/python`): onnxruntime-genai 0.18.0" in page
 
 
-
 def test_block_size_reaches_both_sides_of_an_int4_comparison_and_their_floors(tmp_path, monkeypatch):
     """tools.bench --block-size: this project's quantized exports and GenAI's int4 build at the same
     block, in folders of their own, each row's floor from its own bytes, the page naming the block."""
@@ -494,6 +493,7 @@ def test_a_block_size_no_export_takes_stops_the_bench_before_any_work(tmp_path, 
                            "--work-dir", str(tmp_path / "w")]) != 0
     assert "block_size must be a power of two >= 16, got 48" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
 
 class _FakeGenAI:
     """onnxruntime_genai's API as ortgenai_worker.bench uses it: a model whose every token is 7."""

@@ -60,10 +60,9 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
     from export.quantize import BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL
-
-    block = block_size or BLOCK_SIZE
     from runtime.manifest import load_manifest
 
+    block = block_size or BLOCK_SIZE
     base = Path(root) / arch
     hf_dir, artifact_dir = base / "hf", base / "artifact"
     stamp = {"arch": arch, "seed": seed}
@@ -190,7 +189,7 @@ def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=(), blo
     from .runner import REPO, child_env
 
     done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed),
-                           str(block_size or 0), *variants],
+                           *([f"--block-size={block_size}"] if block_size else []), *variants],
                           stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=child_env(os.cpu_count() or 1))
     if done.returncode != 0:
         raise RuntimeError(f"preparing {arch} failed (exit {done.returncode}); see the output above")
@@ -202,9 +201,11 @@ def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=(), blo
 if __name__ == "__main__":
     import sys
 
-    arch_, root_, seed_, block_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr), variants=sys.argv[5:],
-                block_size=block_ or None)
+    # ARCH ROOT SEED [--block-size=N] [VARIANT ...] (tools.bench.context passes the first three only)
+    arch_, root_, seed_, rest = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    block_ = next((int(a.split("=", 1)[1]) for a in rest if a.startswith("--block-size=")), None)
+    p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr),
+                variants=[a for a in rest if not a.startswith("--block-size=")], block_size=block_)
     print(json.dumps({"arch": p.arch, "hf_dir": str(p.hf_dir.resolve()),
                       "artifact_dir": str(p.artifact_dir.resolve()), "config": p.config,
                       "variants": {k: str(v) for k, v in p.variants.items()}}))
