@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from export.quantize import BLOCK_SIZE
 from runtime import cli
 
 from .gguf_file import ARCHITECTURES
@@ -42,8 +43,6 @@ class Prepared:
 def block_suffix(block_size: int) -> str:
     """The folder suffix of quantized exports at a block size other than the default (whose folders
     keep the names they had before tools.bench --block-size)."""
-    from export.quantize import BLOCK_SIZE
-
     return "" if block_size == BLOCK_SIZE else f"-b{block_size}"
 
 
@@ -56,13 +55,12 @@ def _stamp(directory: Path, stamp: dict) -> None:
     (directory / STAMP).write_text(json.dumps(stamp))
 
 
-def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_size: int | None = None) -> Prepared:
+def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_size: int = BLOCK_SIZE) -> Prepared:
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
-    from export.quantize import BLOCK_SIZE, DEFAULT_ACCURACY_LEVEL
+    from export.quantize import DEFAULT_ACCURACY_LEVEL
     from runtime.manifest import load_manifest
 
-    block = block_size or BLOCK_SIZE
     base = Path(root) / arch
     hf_dir, artifact_dir = base / "hf", base / "artifact"
     stamp = {"arch": arch, "seed": seed}
@@ -88,13 +86,13 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_
         from .rows import QUANTIZED
 
         layers, head = QUANTIZED[name]
-        out = base / f"artifact-{name}{block_suffix(block)}"
+        out = base / f"artifact-{name}{block_suffix(block_size)}"
         # the accuracy level too: artifacts made before the export's default changed are rebuilt
         vstamp = {**art_stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):
             log(f"exporting {hf_dir} with {layers} layers and {head} head to {out}")
             build(BuildOptions(model=str(hf_dir), out=str(out), weights=layers, head_weights=head,
-                               block_size=block, progress=cli.progress(quiet=False)), log=log)
+                               block_size=block_size, progress=cli.progress(quiet=False)), log=log)
             _stamp(out, vstamp)
             gc.collect()
         built[name] = out.resolve()
@@ -151,14 +149,12 @@ def prepare_optimum(prepared: Prepared, python: str, worker: Path, seed: int = 0
 
 
 def prepare_ortgenai(prepared: Prepared, python: str, worker: Path, precision: str, threads: int,
-                     seed: int = 0, log=print, timeout: float = 3600, block_size: int | None = None
+                     seed: int = 0, log=print, timeout: float = 3600, block_size: int = BLOCK_SIZE
                      ) -> tuple[Path | None, str]:
     """ONNX Runtime GenAI's build of the same checkpoint at ``precision`` (its model builder, its
-    session pinned to ``threads``; int4 in blocks of ``block_size``, default BLOCK_SIZE, its builder's
-    default too): (directory, "") or (None, why it failed)."""
-    from export.quantize import BLOCK_SIZE
-
-    block = (block_size or BLOCK_SIZE) if precision == "int4" else BLOCK_SIZE  # fp32 has no blocks
+    session pinned to ``threads``; int4 in blocks of ``block_size``, whose default is its builder's
+    too): (directory, "") or (None, why it failed)."""
+    block = block_size if precision == "int4" else BLOCK_SIZE  # fp32 has no blocks
     out = prepared.hf_dir.parent / f"ortgenai-{precision}{block_suffix(block)}"
     stamp = {"arch": prepared.arch, "seed": seed, "python": python, "precision": precision, "threads": threads}
     return _peer_export(out, stamp, [python, str(worker), "build", str(prepared.hf_dir), str(out), "--precision",
@@ -182,14 +178,14 @@ def prepare_llamacpp(prepared: Prepared, python: str, worker: Path, kind: str, t
     return (found / "model.gguf" if found else None), reason
 
 
-def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=(), block_size: int | None = None) -> Prepared:
+def prepare_in_subprocess(arch: str, root: Path, seed: int = 0, variants=(), block_size: int = BLOCK_SIZE) -> Prepared:
     """``prepare`` in a child process, so the GBs of a large model leave with it."""
     import sys
 
     from .runner import REPO, child_env
 
     done = subprocess.run([sys.executable, "-m", "tools.bench.prepare", arch, str(root), str(seed),
-                           *([f"--block-size={block_size}"] if block_size else []), *variants],
+                           f"--block-size={block_size}", *variants],
                           stdout=subprocess.PIPE, text=True, cwd=str(REPO), env=child_env(os.cpu_count() or 1))
     if done.returncode != 0:
         raise RuntimeError(f"preparing {arch} failed (exit {done.returncode}); see the output above")
@@ -203,7 +199,7 @@ if __name__ == "__main__":
 
     # ARCH ROOT SEED [--block-size=N] [VARIANT ...] (tools.bench.context passes the first three only)
     arch_, root_, seed_, rest = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    block_ = next((int(a.split("=", 1)[1]) for a in rest if a.startswith("--block-size=")), None)
+    block_ = next((int(a.split("=", 1)[1]) for a in rest if a.startswith("--block-size=")), BLOCK_SIZE)
     p = prepare(arch_, root_, seed_, log=lambda *a: print(*a, file=sys.stderr),
                 variants=[a for a in rest if not a.startswith("--block-size=")], block_size=block_)
     print(json.dumps({"arch": p.arch, "hf_dir": str(p.hf_dir.resolve()),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from export.quantize import BLOCK_SIZE
 from runtime.kvcache import bound_width
 
 from . import stats
@@ -68,7 +69,8 @@ def build_rows(data: dict) -> list[ResultRow]:
                 row.reason = f"{len(errors)} round(s) failed: {errors[0]}"
         elif errors and not row.reason:
             row.reason = errors[0]
-        layer, head = stored or row_weight_bytes(row.backend, model, data["settings"].get("block_size"))
+        block = data["settings"].get("block_size", BLOCK_SIZE)  # runs from before --block-size: the default
+        layer, head = stored or row_weight_bytes(row.backend, model, block)
         if row.figures:
             kv = row_kv_bytes(row.backend, model, job["batch"], job["prompt"],
                               data["settings"]["new_tokens"])
@@ -106,7 +108,7 @@ def row_kv_bytes(backend: str, model: dict, batch: int, prompt: int, new_tokens:
     return stats.kv_bytes(kv_width, sum(widths) / len(widths), batch, size)
 
 
-def row_weight_bytes(backend: str, model: dict, block_size: int | None = None) -> tuple[int, int]:
+def row_weight_bytes(backend: str, model: dict, block_size: int = BLOCK_SIZE) -> tuple[int, int]:
     """(one layer's, the head's) weight bytes as the row's own export stores them: float, or for the
     quantized rows their matmuls as MatMulNBits blocks (export.plan.quantized_bytes: ``block_size``
     weights, default BLOCK_SIZE, a scale of the model's dtype and a zero point per block; GenAI's
@@ -115,9 +117,7 @@ def row_weight_bytes(backend: str, model: dict, block_size: int | None = None) -
     layers, head = QUANTIZED.get(backend) or genai or ("float", "float")
     if (layers, head) == ("float", "float"):
         return model["layer_bytes"], model["head_bytes"]
-    from export.plan import BLOCK_SIZE, QUANT_BITS, quantized_bytes
-
-    block = block_size or BLOCK_SIZE  # tools.bench --block-size; runs before it used BLOCK_SIZE
+    from export.plan import QUANT_BITS, quantized_bytes
 
     D, F, V = model["hidden_size"], model["ffn_dim"], model["vocab_size"]
     size = 2 if model["dtype"] == "float16" else 4
@@ -125,7 +125,7 @@ def row_weight_bytes(backend: str, model: dict, block_size: int | None = None) -
     def matmuls(shapes, precision):
         if precision == "float":
             return sum(k * n for k, n in shapes) * size
-        return sum(quantized_bytes(k, n, QUANT_BITS[precision], block, size, symmetric=backend in ORTGENAI)
+        return sum(quantized_bytes(k, n, QUANT_BITS[precision], block_size, size, symmetric=backend in ORTGENAI)
                    for k, n in shapes)
 
     small = (4 * D + F + D + 4 * D) * size  # biases and the two layer norms
