@@ -17,6 +17,7 @@ weights.
 from __future__ import annotations
 
 import copy
+import mmap
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ class LayerGraphs:
 
         self.directory = Path(directory)
         self.env = env
-        self._maps: dict[str, np.memmap] = {}  # weights file -> its read-only map
+        self._maps: dict[str, mmap.mmap] = {}  # weights file -> its read-only map
         self._layers = []  # per layer: its graph, initializers renamed after the layer
         self.values: dict[str, ort_capi.Value] = {}  # initializer name -> its weights in place
         for index, file in enumerate(files):
@@ -68,7 +69,8 @@ class LayerGraphs:
             return np.ascontiguousarray(numpy_helper.to_array(tensor))
         file = fields["location"]
         if file not in self._maps:
-            self._maps[file] = np.memmap(self.directory / file, dtype=np.uint8, mode="r")
+            with open(self.directory / file, "rb") as f:
+                self._maps[file] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count = int(np.prod(dims, dtype=np.int64))
         return np.frombuffer(self._maps[file], dtype=dtype, count=count,
                              offset=int(fields.get("offset", 0))).reshape(dims)
@@ -132,7 +134,16 @@ class LayerGraphs:
             session = self.env.session(self.chain_model(layers), {n: self.values[n] for n in names},
                                        {"session.model_external_initializers_file_folder_path": str(self.directory)})
             self._sessions[layers] = session
+            self._drop_pages()
         return session
+
+    def _drop_pages(self) -> None:
+        """Unmap the weights' pages this process touched: the sessions hold their packed copies, and
+        read the few tensors they use as stored (norms, scales) again from the page cache when they
+        do. Without it the weights would stay resident twice, packed and as stored."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for mapped in self._maps.values():
+                mapped.madvise(mmap.MADV_DONTNEED)
 
 
 

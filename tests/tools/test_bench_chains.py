@@ -20,7 +20,7 @@ def test_both_loads_give_the_same_tokens(tmp_path, capsys):
     assert table.splitlines()[0] == ("| row | per layer (ms/token) | chains (ms/token) | chains vs per layer | "
                                      "same tokens |")
     rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
-    assert list(rows) == ["full depth", "2x", "load (s)"]
+    assert list(rows) == ["full depth", "2x", "load (s)", "peak RSS (MB)", "RSS after (MB)"]
     assert rows["full depth"].endswith("| yes |") and rows["2x"].endswith("| yes |")
     assert out.read_text() == table
 

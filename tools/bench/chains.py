@@ -6,7 +6,8 @@ Each loads the artifact with spinning workers (``--spin``, what the command line
 cores), warms up, then streams one prompt (``--prompt`` token ids from 100 up) for
 ``--max-new-tokens`` tokens, greedy with EOS ignored, at batch 1: at full depth and at each
 ``--speedups`` S. A row's time is the median gap between its streamed tokens, then the median
-over the rounds; "same tokens" says whether both loads gave the same tokens in every round.
+over the rounds; "same tokens" says whether both loads gave the same tokens in every round. Also
+per load: seconds to load, and the process's peak and final resident memory.
 """
 
 from __future__ import annotations
@@ -42,8 +43,19 @@ def run_once(artifact: str, chains: bool, speedups: list[float], prompt: int, ne
             tokens.append(event.token_ids[0])
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         out["rows"][row_name(speedup)] = {"ms": statistics.median(gaps) * 1e3, "tokens": tokens}
+    out.update(memory())
     gen.close()
     return out
+
+
+def memory() -> dict:
+    """This process's peak and current resident memory, MB (Linux's /proc; empty elsewhere)."""
+    try:
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    except OSError:
+        return {}
+    mb = lambda key: int(status[key].split()[0]) / 1024  # noqa: E731 - "1234 kB"
+    return {"peak_mb": mb("VmHWM"), "rss_mb": mb("VmRSS")}
 
 
 def row_name(speedup: float | None) -> str:
@@ -71,8 +83,10 @@ def measure(artifact: str, speedups: list[float], prompt: int, new_tokens: int, 
         same = all(a["rows"][name]["tokens"] == b["rows"][name]["tokens"] for a, b in zip(*runs.values()))
         table.append({"row": name, **{load: ms[load] for load in LOADS}, "gain": ms["per layer"] / ms["chains"],
                       "same": same})
-    table.append({"row": "load (s)", **{load: statistics.median(run["load_s"] for run in runs[load])
-                                        for load in LOADS}, "gain": None, "same": None})
+    for key, name in (("load_s", "load (s)"), ("peak_mb", "peak RSS (MB)"), ("rss_mb", "RSS after (MB)")):
+        if all(key in run for load in LOADS for run in runs[load]):
+            table.append({"row": name, **{load: statistics.median(run[key] for run in runs[load]) for load in LOADS},
+                          "gain": None, "same": None})
     return table
 
 
@@ -81,7 +95,8 @@ def markdown(table: list[dict]) -> str:
              "|---|---|---|---|---|"]
     for t in table:
         if t["gain"] is None:
-            lines.append(f"| {t['row']} | {t['per layer']:.2f} | {t['chains']:.2f} | - | - |")
+            lines.append(f"| {t['row']} | {t['per layer']:.{0 if 'MB' in t['row'] else 2}f} | "
+                         f"{t['chains']:.{0 if 'MB' in t['row'] else 2}f} | - | - |")
         else:
             lines.append(f"| {t['row']} | {t['per layer']:.2f} | {t['chains']:.2f} | {t['gain']:.2f}x | "
                          f"{'yes' if t['same'] else 'no'} |")
