@@ -42,7 +42,6 @@ _SET_LOG_SEVERITY = 22
 _CREATE_RUN_OPTIONS = 39
 _CREATE_TENSOR_WITH_DATA = 49
 _CREATE_CPU_MEMORY_INFO = 69
-_RELEASE_ENV = 92
 _RELEASE_STATUS = 93
 _RELEASE_MEMORY_INFO = 94
 _RELEASE_SESSION = 95
@@ -59,11 +58,11 @@ _CREATE_IO_BINDING = 134
 _RELEASE_IO_BINDING = 135
 _BIND_INPUT = 136
 _BIND_OUTPUT = 137
+_CREATE_AND_REGISTER_ALLOCATOR = 144
 _SET_GLOBAL_INTRA_OP_NUM_THREADS = 147
 _SET_GLOBAL_SPIN_CONTROL = 149
 _ADD_INITIALIZER = 150
 _CREATE_PREPACKED_WEIGHTS_CONTAINER = 166
-_RELEASE_PREPACKED_WEIGHTS_CONTAINER = 167
 _CREATE_SESSION_FROM_ARRAY_WITH_CONTAINER = 169
 
 # ONNXTensorElementDataType
@@ -131,7 +130,7 @@ class Api:
         self.set_global_threads = f(_SET_GLOBAL_INTRA_OP_NUM_THREADS, _P, _P, C.c_int)
         self.set_global_spin = f(_SET_GLOBAL_SPIN_CONTROL, _P, _P, C.c_int)
         self.create_env = f(_CREATE_ENV_WITH_GLOBAL_THREAD_POOLS, _P, C.c_int, C.c_char_p, _P, _PP)
-        self.release_env = f(_RELEASE_ENV, None, _P)
+        self.register_allocator = f(_CREATE_AND_REGISTER_ALLOCATOR, _P, _P, _P, _P)
         self.create_session_options = f(_CREATE_SESSION_OPTIONS, _P, _PP)
         self.release_session_options = f(_RELEASE_SESSION_OPTIONS, None, _P)
         self.disable_per_session_threads = f(_DISABLE_PER_SESSION_THREADS, _P, _P)
@@ -139,7 +138,6 @@ class Api:
         self.add_config_entry = f(_ADD_SESSION_CONFIG_ENTRY, _P, _P, C.c_char_p, C.c_char_p)
         self.add_initializer = f(_ADD_INITIALIZER, _P, _P, C.c_char_p, _P)
         self.create_container = f(_CREATE_PREPACKED_WEIGHTS_CONTAINER, _P, _PP)
-        self.release_container = f(_RELEASE_PREPACKED_WEIGHTS_CONTAINER, None, _P)
         self.create_session = f(_CREATE_SESSION_FROM_ARRAY_WITH_CONTAINER, _P, _P, C.c_void_p, C.c_size_t,
                                 _P, _P, _PP)
         self.release_session = f(_RELEASE_SESSION, None, _P)
@@ -224,6 +222,14 @@ class Environment:
             a.check(a.create_env(_ERROR, b"skipdecode", options, C.byref(self._env)))
         finally:
             a.release_threading_options(options)
+        # one CPU arena for every session, not one each: each arena keeps its own high-water mark
+        # (the Python binding's sessions share one too: backends/onnxruntime.py)
+        arena = _P()
+        a.check(a.create_cpu_memory_info(1, 0, C.byref(arena)))  # OrtArenaAllocator, OrtMemTypeDefault
+        try:
+            a.check(a.register_allocator(self._env, arena, None))  # None: the default arena settings
+        finally:
+            a.release_memory_info(arena)
         self._container = _P()
         a.check(a.create_container(C.byref(self._container)))
         self._run_options = _P()
@@ -264,6 +270,7 @@ class Session:
         a.check(a.create_session_options(C.byref(options)))
         try:
             a.check(a.disable_per_session_threads(options))  # the environment's pool
+            a.check(a.add_config_entry(options, b"session.use_env_allocators", b"1"))  # and its arena
             a.check(a.set_log_severity(options, _ERROR))
             for key, value in config.items():
                 a.check(a.add_config_entry(options, key.encode(), value.encode()))
