@@ -56,7 +56,6 @@ def _parser():
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
     cli.add_spin(be)
     cli.add_fused(be)
-    cli.add_chains(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")

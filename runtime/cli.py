@@ -147,14 +147,6 @@ def add_fused(group) -> None:
                             "their fused-operator variant (GroupQueryAttention), which it runs by default")
 
 
-def add_chains(group) -> None:
-    """--chains, the same in ``python -m runtime`` and ``python -m runtime serve``."""
-    group.add_argument("--chains", action="store_true",
-                       help="onnxruntime on the CPU: run the fused layer graphs through ONNX Runtime's C "
-                            "library, the layers a step runs chained into few sessions that share their "
-                            "packed weights (fewer runs a step; ~0.5 s more to load)")
-
-
 def prefill_chunk(text: str) -> int | str | None:
     """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
     if text in ("auto", "none"):
@@ -196,10 +188,6 @@ def backend_options(args) -> dict:
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--no-fused applies to --backend onnxruntime, not {args.backend}")
         options["fused"] = False
-    if getattr(args, "chains", False):
-        if args.backend != "onnxruntime":
-            raise InvalidArgumentError(f"--chains applies to --backend onnxruntime, not {args.backend}")
-        options["chains"] = True
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

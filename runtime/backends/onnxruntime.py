@@ -15,7 +15,6 @@ import platform
 import sys
 import threading
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +154,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
-                 fused: bool | None = None, chains: bool = False):
+                 fused: bool | None = None):
         ort = import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -166,6 +165,7 @@ class OnnxRuntimeBackend(Backend):
                              f"(available: {available}); install onnxruntime-gpu for CUDA/TensorRT")
         # "auto" (the command lines' default): spin where no other process uses these cores now
         self.spin = cpu_idle.cores_free() if spin == "auto" else bool(spin)
+        opts = session_options(ort, threads, self.spin)
         self.providers = providers
         self.manifest = manifest
         if manifest.dtype == "float16" and _x86_cpu_only(providers):
@@ -185,11 +185,6 @@ class OnnxRuntimeBackend(Backend):
         if fused and not cpu_only:
             raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
         use_fused = bool(manifest.fused) and fused is not False and cpu_only
-        if chains and not use_fused:
-            raise ArtifactError(
-                "chains=True chains the fused layer graphs on ONNX Runtime's CPU provider, and this load "
-                "has none (an artifact without them, fused=False, or another provider); load with "
-                "chains=False, or rebuild the artifact with `python -m export build`")
         directory = Path(directory)
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
@@ -199,21 +194,15 @@ class OnnxRuntimeBackend(Backend):
         graphs = [manifest.head, manifest.embed, *layers, *filter(None, [manifest.draft_head])]
         drafts = manifest.draft_layers if use_fused else []  # they run as fused layers do
         before = hugepages.snapshot() if huge_pages else None
-        self._layer_names = [g.name for g in manifest.layers]
-        self.chains = bool(chains)
-        if chains:  # every graph in ONNX Runtime's C library, whose sessions share one pool
-            self._sessions, self._fused, self._draft_fused = self._open_chains(directory, graphs, layers, drafts,
-                                                                               threads)
-        else:
-            opts = session_options(ort, threads, self.spin)
-            self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
-            draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
-            # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
-            self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
-            # lossless rows' draft steps: the same graphs with their products quantized (export --draft-layers)
-            self._draft_fused = FusedLayers(ort, draft_sessions) if draft_sessions else None
+        self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
+        draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
+        self._layer_names = [g.name for g in manifest.layers]
+        # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
+        self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
+        # lossless rows' draft steps: the same graphs with their products quantized (export --draft-layers)
+        self._draft_fused = FusedLayers(ort, draft_sessions) if draft_sessions else None
         m = manifest.model
         self._dtype = np.dtype(manifest.dtype)
         self._nh, self._hd = m.kv_heads, m.head_dim
@@ -225,35 +214,22 @@ class OnnxRuntimeBackend(Backend):
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)
-        _check_io(spec, [(a.name, a.shape) for a in session.get_inputs()],
-                  [(a.name, a.shape) for a in session.get_outputs()])
+        names = ([i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])
+        expected = ([t.name for t in spec.inputs], [t.name for t in spec.outputs])
+        if names != expected:
+            raise ArtifactError(
+                f"{spec.file} has inputs {names[0]} and outputs {names[1]}, but the manifest says "
+                f"{expected[0]} and {expected[1]}: graph and manifest come from different exports; "
+                f"rebuild the artifact with `python -m export build`")
+        for arg, t in zip([*session.get_inputs(), *session.get_outputs()], [*spec.inputs, *spec.outputs]):
+            # sizes both name (the graph's own may be symbolic where ONNX shape inference lost them)
+            fixed = [(a, b) for a, b in zip(arg.shape, t.dims) if isinstance(a, int) and isinstance(b, int)]
+            if len(arg.shape) != len(t.dims) or any(a != b for a, b in fixed):
+                raise ArtifactError(
+                    f"{spec.file}'s {t.name} has dims {list(arg.shape)}, but the manifest says {t.dims}: "
+                    f"graph and manifest come from different exports; rebuild the artifact with "
+                    f"`python -m export build`")
         return session
-
-    def _open_chains(self, directory: Path, graphs, layers, drafts, threads):
-        """The sessions of ``graphs`` but the layers, and the layers' and drafts' chains, in ONNX
-        Runtime's C library (backends/chains.py)."""
-        import onnx
-
-        from . import ort_capi
-        from .chains import ChainedLayers, LayerGraphs
-
-        env = ort_capi.environment(threads, self.spin)
-        for spec in [*graphs, *drafts]:  # names and dims as _open checks them
-            graph = onnx.load(str(directory / spec.file), load_external_data=False).graph
-            _check_io(spec, *[[(a.name, [d.dim_value if d.HasField("dim_value") else d.dim_param
-                                         for d in a.type.tensor_type.shape.dim]) for a in args]
-                              for args in (graph.input, graph.output)])
-        config = {"session.model_external_initializers_file_folder_path": str(directory)}
-        names = {g.name for g in layers}
-        sessions = {g.name: _CapiGraph(env.session((directory / g.file).read_bytes(), config=config), g)
-                    for g in graphs if g.name not in names}
-        chained = LayerGraphs(directory, [g.file for g in layers], env)
-        chained.prepare()
-        draft = None
-        if drafts:
-            draft = LayerGraphs(directory, [g.file for g in drafts], env)
-            draft.prepare()
-        return sessions, ChainedLayers(chained), draft and ChainedLayers(draft)
 
     def kv_storage(self) -> ArrayStorage:
         # np.zeros maps untouched memory lazily (calloc), so only the positions rows write become
@@ -300,64 +276,3 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self):
         self._sessions.clear()
-
-
-def _check_io(spec: GraphSpec, inputs: list, outputs: list) -> None:
-    """A graph's (name, dims) inputs and outputs against its manifest entry: a clear error where
-    graph and manifest come from different exports."""
-    names = ([n for n, _ in inputs], [n for n, _ in outputs])
-    expected = ([t.name for t in spec.inputs], [t.name for t in spec.outputs])
-    if names != expected:
-        raise ArtifactError(
-            f"{spec.file} has inputs {names[0]} and outputs {names[1]}, but the manifest says "
-            f"{expected[0]} and {expected[1]}: graph and manifest come from different exports; "
-            f"rebuild the artifact with `python -m export build`")
-    for (_, dims), t in zip([*inputs, *outputs], [*spec.inputs, *spec.outputs]):
-        # sizes both name (the graph's own may be symbolic where ONNX shape inference lost them)
-        fixed = [(a, b) for a, b in zip(dims, t.dims) if isinstance(a, int) and isinstance(b, int)]
-        if len(dims) != len(t.dims) or any(a != b for a, b in fixed):
-            raise ArtifactError(
-                f"{spec.file}'s {t.name} has dims {list(dims)}, but the manifest says {t.dims}: "
-                f"graph and manifest come from different exports; rebuild the artifact with "
-                f"`python -m export build`")
-
-
-class _CapiGraph:
-    """A session of ONNX Runtime's C library with ``InferenceSession.run``'s call. Per shape of the
-    feeds (the last few) an IOBinding holds the buffers the feeds are copied into and the outputs
-    (sized from the manifest's dims, named sizes taken from the inputs'), which a run returns
-    copies of (the caller keeps them, as ``run``'s): a copy costs less than binding a new array."""
-
-    SHAPES = 4  # feed shapes whose bindings are kept
-
-    def __init__(self, session, spec: GraphSpec):
-        self._session, self._spec = session, spec
-        self._bound: OrderedDict[tuple, tuple] = OrderedDict()  # feed shapes -> (binding, input buffers)
-
-    def run(self, _output_names, feeds: dict) -> list[np.ndarray]:
-        from .ort_capi import Value
-
-        key = tuple((k, v.shape, v.dtype.str) for k, v in feeds.items())
-        bound = self._bound.get(key)
-        if bound is None:
-            binding = self._session.binding()
-            buffers = {k: np.empty(v.shape, v.dtype) for k, v in feeds.items()}
-            for name, array in buffers.items():
-                binding.bind_input(name, Value(array))
-            sizes = {}
-            for t in self._spec.inputs:
-                sizes.update((d, n) for d, n in zip(t.dims, feeds[t.name].shape) if isinstance(d, str))
-            outputs = [np.empty([sizes[d] if isinstance(d, str) else d for d in t.dims], t.dtype)
-                       for t in self._spec.outputs]
-            for t, array in zip(self._spec.outputs, outputs):
-                binding.bind_output(t.name, Value(array))
-            bound = self._bound[key] = (binding, buffers, outputs)
-            while len(self._bound) > self.SHAPES:
-                self._bound.popitem(last=False)
-        else:
-            self._bound.move_to_end(key)
-        binding, buffers, outputs = bound
-        for name, array in feeds.items():
-            np.copyto(buffers[name], array)
-        self._session.run_with_binding(binding)
-        return [array.copy() for array in outputs]

@@ -60,7 +60,6 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--threads", type=int, help="intra-op threads (default: ONNX Runtime's)")
     cli.add_spin(eng)
     cli.add_fused(eng)
-    cli.add_chains(eng)
     ray = p.add_argument_group("replicas (Ray Serve; needs the serve extra)")
     ray.add_argument("--replicas", type=int,
                      help="serve from N replicas, each with its own Generator on its own device (one GPU "

@@ -31,11 +31,6 @@ def _spin_note(spin: str) -> str:
     return "; this project's ONNX Runtime rows with sleeping workers (runtime.load's default), ort-spin's spinning"
 
 
-def _chains_note(chains: bool | None) -> str:
-    """What --chains made of the ONNX Runtime rows, for the settings line."""
-    return "; their layers chained in ONNX Runtime's C library (--chains)" if chains else ""
-
-
 def _f(x, spec: str) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -133,7 +128,7 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
         *([peer_line("llama.cpp", data["llamacpp"])] if "llamacpp" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
-        f"torch.set_num_threads, OMP/MKL){_spin_note(data['settings'].get('spin', 'off'))}{_chains_note(data['settings'].get('chains'))}. Weights: random, fp32, at each architecture's real shapes, seed "
+        f"torch.set_num_threads, OMP/MKL){_spin_note(data['settings'].get('spin', 'off'))}. Weights: random, fp32, at each architecture's real shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and each peer's "
         f"export, build or GGUF are all made from one saved checkpoint).",
         f"- {data['settings']['rounds']} rounds; each round runs every row once, in a shuffled order "

@@ -51,8 +51,6 @@ def measure_runtime(spec: dict) -> dict:
     options = {}
     if backend == "onnxruntime":
         options["spin"] = True if spec["kind"] == "ort-spin" else ("auto" if spec.get("spin") == "auto" else False)
-        if spec.get("chains"):  # tools.bench --chains
-            options["chains"] = True
     gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,
                        max_batch=len(spec["prompts"]), **options)  # KV slots for exactly this batch
     load_s = time.perf_counter() - loaded
