@@ -20,7 +20,7 @@ import torch
 
 from runtime.errors import ArtifactError, InvalidArgumentError
 from runtime.manifest import DRAFT_HEAD, DRAFT_LAYERS, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
-from runtime.policy import SkipPolicy
+from runtime.policy import SkipPolicy, speedup_policies
 from runtime.integrity import record_hashes
 from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
@@ -106,8 +106,14 @@ def default_policy(num_layers: int, fields: dict | None, trained: dict | None = 
     policy = SkipPolicy.from_fields(num_layers, {**fields, **shape})
     # the shape only where it is not the paper's, so the manifests of linear models stay as they were
     extra = {k: v for k, v in policy.to_dict().items() if k in ("decay", "exponent", "prefill")}
-    return {"max_layers": policy.max_layers, "min_layers": policy.min_layers,
-            "warmup_layers": policy.warmup_layers, "horizon": fields.get("horizon"), **extra}
+    out = {"max_layers": policy.max_layers, "min_layers": policy.min_layers,
+           "warmup_layers": policy.warmup_layers, "horizon": fields.get("horizon"), **extra}
+    if trained.get("speedup_policies") and fields.get("horizon") == trained.get("horizon"):
+        # the model's own policy per speedup target, checked as the runtime checks it
+        out["speedup_policies"] = speedup_policies(
+            num_layers, trained["speedup_policies"], policy.warmup_layers, policy.horizon,
+            **{k: getattr(policy, k) for k in ("decay", "exponent", "prefill")})
+    return out
 
 
 def _prepare_out(out: Path) -> None:

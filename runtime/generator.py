@@ -378,6 +378,7 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
         # the manifest's warm-up (the one a model was trained with) unless the call sets one
         fields = ({"speedup": speedup} if speedup is not None else policy if policy is not None
                   else {k: default.get(k) for k in ("max_layers", "min_layers")})
+        fields = _own_policy(default, dict(fields), given)
         return SkipPolicy.from_fields(L, {**shape, "warmup_layers": default.get("warmup_layers"), **fields}, horizon)
     if given and any(getattr(policy, k) != v for k, v in given.items()):
         raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "
@@ -385,6 +386,20 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
     if policy.num_layers != L:
         raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}")
     return policy
+
+
+def _own_policy(default: dict, fields: dict, given: dict) -> dict:
+    """``fields`` with a speedup target the model has a policy of its own for (the manifest's
+    ``speedup_policies``, measured on its task: runtime.policy.speedup_policies) replaced by that
+    policy's budgets; as they are where the call sets anything else of the policy."""
+    table, target = default.get("speedup_policies") or {}, fields.get("speedup")
+    others = {k: v for k, v in fields.items() if k != "speedup" and v is not None}
+    if target is None or given or (others and others != {"warmup_layers": default.get("warmup_layers")}):
+        return fields
+    for key, budgets in table.items():
+        if float(key) == float(target):
+            return {**{k: v for k, v in fields.items() if k != "speedup"}, **budgets}
+    return fields
 
 
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,

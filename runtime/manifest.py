@@ -303,7 +303,7 @@ def _check_model(m: Manifest, path: Path) -> None:
     """The model entry is one the graphs can run: positive sizes, token ids inside the vocabulary,
     the layers' declared K/V and hidden shapes those sizes, a default policy SkipPolicy accepts."""
     from .errors import PolicyError
-    from .policy import SkipPolicy
+    from .policy import SkipPolicy, speedup_policies
 
     info = m.model
     sizes = {k: getattr(info, k) for k in ("num_layers", "hidden_size", "num_heads", "head_dim", "vocab_size",
@@ -332,11 +332,17 @@ def _check_model(m: Manifest, path: Path) -> None:
                 raise ArtifactError(
                     f"{path}: {g.name}'s {t.name} has dims {t.dims}, but the model entry says "
                     f"{t.name} sizes {shapes[t.name]} (num_kv_heads / head_dim / hidden_size); {REBUILD_HINT}")
-    p = m.policy
+    p = {k: v for k, v in m.policy.items() if k != "speedup_policies"}
     try:
-        SkipPolicy.from_fields(info.num_layers, p)
+        default = SkipPolicy.from_fields(info.num_layers, p)
+        if "speedup_policies" in m.policy:  # a model's own policy per speedup (runtime.policy)
+            if m.policy.get("horizon") is None:
+                raise PolicyError("speedup_policies need the horizon the model was fine-tuned over")
+            shape = {k: getattr(default, k) for k in ("decay", "exponent", "prefill")}
+            speedup_policies(info.num_layers, m.policy["speedup_policies"], default.warmup_layers,
+                             default.horizon, **shape)
     except (TypeError, PolicyError) as exc:
-        raise ArtifactError(f"{path}: policy {p} is not a valid skip policy ({exc}); {REBUILD_HINT}") from None
+        raise ArtifactError(f"{path}: policy {m.policy} is not a valid skip policy ({exc}); {REBUILD_HINT}") from None
 
 
 def _check_structure(m: Manifest, path: Path) -> None:

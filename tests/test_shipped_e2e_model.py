@@ -70,6 +70,13 @@ def test_the_manifest_names_the_adapter_its_base_and_the_trained_policy(artifact
     assert any(line.startswith("merged the LoRA adapter ") for line in log)
     policy = manifest["policy"]
     assert (policy["horizon"], policy.get("decay", "linear"), policy["warmup_layers"]) == (64, "linear", 1)
+    # its own 2x: flatter than for_speedup's 20->10, the same 2x over the horizon (docs/quality.md)
+    assert policy["speedup_policies"] == {"2": {"max_layers": 17, "min_layers": 13}}
+
+
+def test_its_2x_is_its_own_policy_and_others_are_for_speedups(generator):
+    assert (generator.policy_for(NEW_TOKENS, speedup=2).max_layers, generator.policy_for(NEW_TOKENS, speedup=2).min_layers) == (17, 13)
+    assert (generator.policy_for(NEW_TOKENS, speedup=5).max_layers, generator.policy_for(NEW_TOKENS, speedup=5).min_layers) == (8, 4)
 
 
 @pytest.mark.parametrize("speedup", [1, 2, 5])
