@@ -25,7 +25,9 @@ from .sampling import SamplingConfig
 class GenerationConfig:
     max_new_tokens: int = 32  # tokens to generate per prompt
     # -- the skip policy (runtime.policy): neither speedup nor policy = the artifact's default
-    speedup: float | None = None  # a horizon speedup target: picks the policy's min/max layers
+    # a horizon speedup target: picks the policy's min/max layers (the model's own where its
+    # manifest names one for that target: speedup_policies, runtime.policy)
+    speedup: float | None = None
     policy: Any = None  # a SkipPolicy, or a dict of its fields
     decay: str | None = None  # "linear" | "power": the budget curve; None: the artifact's
     exponent: float | None = None  # of the power decay; None: the artifact's, else 2
