@@ -110,9 +110,7 @@ def default_policy(num_layers: int, fields: dict | None, trained: dict | None = 
            "warmup_layers": policy.warmup_layers, "horizon": fields.get("horizon"), **extra}
     if trained.get("speedup_policies") and fields.get("horizon") == trained.get("horizon"):
         # the model's own policy per speedup target, checked as the runtime checks it
-        out["speedup_policies"] = speedup_policies(
-            num_layers, trained["speedup_policies"], policy.warmup_layers, policy.horizon,
-            **{k: getattr(policy, k) for k in ("decay", "exponent", "prefill")})
+        out["speedup_policies"] = speedup_policies(policy, trained["speedup_policies"])
     return out
 
 

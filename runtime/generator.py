@@ -378,7 +378,7 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
         # the manifest's warm-up (the one a model was trained with) unless the call sets one
         fields = ({"speedup": speedup} if speedup is not None else policy if policy is not None
                   else {k: default.get(k) for k in ("max_layers", "min_layers")})
-        fields = _own_policy(default, dict(fields), given)
+        fields = _own_policy(default, fields, given)
         return SkipPolicy.from_fields(L, {**shape, "warmup_layers": default.get("warmup_layers"), **fields}, horizon)
     if given and any(getattr(policy, k) != v for k, v in given.items()):
         raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "

@@ -338,9 +338,7 @@ def _check_model(m: Manifest, path: Path) -> None:
         if "speedup_policies" in m.policy:  # a model's own policy per speedup (runtime.policy)
             if m.policy.get("horizon") is None:
                 raise PolicyError("speedup_policies need the horizon the model was fine-tuned over")
-            shape = {k: getattr(default, k) for k in ("decay", "exponent", "prefill")}
-            speedup_policies(info.num_layers, m.policy["speedup_policies"], default.warmup_layers,
-                             default.horizon, **shape)
+            speedup_policies(default, m.policy["speedup_policies"])
     except (TypeError, PolicyError) as exc:
         raise ArtifactError(f"{path}: policy {m.policy} is not a valid skip policy ({exc}); {REBUILD_HINT}") from None
 

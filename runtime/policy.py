@@ -17,7 +17,7 @@ set (``prefill="policy"``): every later set is a subset of it, so the KV cache i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from .errors import PolicyError
@@ -187,32 +187,32 @@ class SkipPolicy:
                 f"horizon speedup {self.theoretical_speedup():.2f}x)")
 
 
-def speedup_policies(num_layers: int, table, warmup_layers: int = 1, horizon: int = 128, **shape) -> dict:
+def speedup_policies(default: SkipPolicy, table) -> dict:
     """A model's own policy for some speedup targets (a manifest policy's ``speedup_policies``:
     ``{"2": {"max_layers": 17, "min_layers": 13}}``), each used for its target in place of
     ``SkipPolicy.for_speedup``'s pick, which prefers max:min near 2:1 (the paper's): a model may
     keep its quality at a flatter policy of the same horizon speedup, faster on short texts.
 
-    Checked: each key a speedup >= 1, each value a valid policy whose horizon speedup is its key's
+    Checked against the model's ``default`` policy, whose horizon, warm-up and shape every entry
+    shares: each key a speedup >= 1, each value a valid policy whose horizon speedup is its key's
     (within 0.05: a "2x" must be 2x). Returns the table with string keys; a PolicyError names the
     entry."""
     if not isinstance(table, dict):
         raise PolicyError(f"speedup_policies must map speedups to policies, got {type(table).__name__}")
     out = {}
-    for key, fields in table.items():
+    for key, budgets in table.items():
         try:
             target = float(key)
         except (TypeError, ValueError):
             target = float("nan")
         if not math.isfinite(target) or target < 1:
             raise PolicyError(f"speedup_policies: {key!r} is not a speedup >= 1")
-        if not isinstance(fields, dict) or set(fields) != {"max_layers", "min_layers"}:
-            raise PolicyError(f"speedup_policies[{key!r}] must hold max_layers and min_layers, got {fields!r}")
-        policy = SkipPolicy(num_layers, fields["max_layers"], fields["min_layers"], warmup_layers=warmup_layers,
-                            horizon=horizon, **shape)
+        if not isinstance(budgets, dict) or set(budgets) != {"max_layers", "min_layers"}:
+            raise PolicyError(f"speedup_policies[{key!r}] must hold max_layers and min_layers, got {budgets!r}")
+        policy = replace(default, **budgets)  # SkipPolicy's own checks
         if abs(policy.theoretical_speedup() - target) > 0.05:
-            raise PolicyError(f"speedup_policies[{key!r}]: {fields['max_layers']}->{fields['min_layers']} is a "
-                              f"{policy.theoretical_speedup():.2f}x policy over {horizon} steps, not {target:g}x")
+            raise PolicyError(f"speedup_policies[{key!r}]: {budgets['max_layers']}->{budgets['min_layers']} is a "
+                              f"{policy.theoretical_speedup():.2f}x policy over {policy.horizon} steps, not {target:g}x")
         out[f"{target:g}"] = {"max_layers": policy.max_layers, "min_layers": policy.min_layers}
     return out
 

@@ -185,14 +185,15 @@ def test_from_fields_refuses_with_the_field_first(fields, message):
 def test_a_models_own_policies_per_speedup_are_checked():
     from runtime.policy import speedup_policies
 
-    table = speedup_policies(30, {2: {"max_layers": 17, "min_layers": 13}}, 1, 64)
+    default = SkipPolicy(30, 30, 30, horizon=64)  # the model's: horizon, warm-up and shape
+    table = speedup_policies(default, {2: {"max_layers": 17, "min_layers": 13}})
     assert table == {"2": {"max_layers": 17, "min_layers": 13}}  # string keys, as in a manifest
     assert SkipPolicy(30, 17, 13, horizon=64).theoretical_speedup() == pytest.approx(2, abs=0.05)
     with pytest.raises(PolicyError, match=r"speedup_policies\['2'\]: 20->15 is a 1\.71x policy over 64 steps, not 2x"):
-        speedup_policies(30, {"2": {"max_layers": 20, "min_layers": 15}}, 1, 64)
+        speedup_policies(default, {"2": {"max_layers": 20, "min_layers": 15}})
     with pytest.raises(PolicyError, match=r"speedup_policies: 'fast' is not a speedup >= 1"):
-        speedup_policies(30, {"fast": {"max_layers": 17, "min_layers": 13}}, 1, 64)
+        speedup_policies(default, {"fast": {"max_layers": 17, "min_layers": 13}})
     with pytest.raises(PolicyError, match=r"must hold max_layers and min_layers"):
-        speedup_policies(30, {"2": {"max_layers": 17}}, 1, 64)
+        speedup_policies(default, {"2": {"max_layers": 17}})
     with pytest.raises(PolicyError, match=r"min_layers \(13\) must be <= max_layers \(12\)"):
-        speedup_policies(30, {"2": {"max_layers": 12, "min_layers": 13}}, 1, 64)
+        speedup_policies(default, {"2": {"max_layers": 12, "min_layers": 13}})

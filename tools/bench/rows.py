@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from runtime.policy import SkipPolicy
 
-# Backends a row can run on ({block}: tools.bench --block-size, the quantized rows' weights per scale). ort-spin: the ONNX Runtime backend with spin=True (--spin); ort-nospin
-# measured it with spinning off before that was the backend's default, and now runs exactly ort.
+# Backends a row can run on ({block}: tools.bench --block-size, the quantized rows' weights per
+# scale). ort-spin: the ONNX Runtime backend with spin=True (--spin); ort-nospin measured it with
+# spinning off before that was the backend's default, and now runs exactly ort.
 BACKENDS = {
     "hf": "transformers generate (PyTorch eager)",
     "torch": "this project, torch backend",
