@@ -52,3 +52,15 @@ def test_consensus_of_prompts_that_are_not_mrs_says_so(tmp_path, capsys):
     train = _pairs(tmp_path, "train.csv", [("What is the capital of France?", "Paris.")])
     assert main(["consensus", "--train", train, "--out", str(tmp_path / "c.csv")]) == 2
     assert "its 'mr' column is not all of the form 'slot[value], ...'" in capsys.readouterr().err
+
+
+def test_consensus_chooses_among_the_candidates_of_several_files(tmp_path, capsys):
+    train = _pairs(tmp_path, "train.csv", [(MR, r) for r in REFS[:1] + REFS[2:]] + [(LONE, "A cafe.")])
+    # two models' descriptions: the closest to the references is in the second file, the first
+    # file's is unfaithful; LONE is described by the first file only
+    first = _pairs(tmp_path, "a.csv", [(MR, REFS[3]), (LONE, "The Eagle is a pub.")])
+    second = _pairs(tmp_path, "b.csv", [(MR, SHARED)])
+    out = tmp_path / "c.csv"
+    assert main(["consensus", "--train", train, "--candidates", first, second, "--out", str(out)]) == 0
+    assert read_pairs(out, "mr", "ref") == [Example(MR, SHARED), Example(LONE, "The Eagle is a pub.")]
+    assert "2 targets from --candidates" in capsys.readouterr().out

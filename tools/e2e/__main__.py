@@ -106,12 +106,13 @@ def consensus(args) -> int:
     """One target per training MR: the description closest to what the MR's references share.
 
     The candidates are the MR's references that are faithful (no slot error, tools/evaluate/slots.py)
-    and state no value twice (``repeated_values``), and the text --candidates gives the MR (a distill
-    output: the model's own description), under the same two rules. The chosen one has the highest
-    sentence BLEU against the MR's references other than itself. Why: BLEU against ~8.7 references
-    rewards the phrasing they share; fine-tuning on all references teaches their spread, on the
-    model's own descriptions its habits (repeated values), on one consensus per MR the shared phrasing.
-    Only the training split is read: nothing is chosen by the development or test references.
+    and state no value twice (``repeated_values``), and the texts the --candidates files give the MR
+    (distill outputs: models' own descriptions), under the same two rules. The chosen one has the
+    highest sentence BLEU against the MR's references other than itself. Why: BLEU against ~8.7
+    references rewards the phrasing they share; fine-tuning on all references teaches their spread,
+    on the model's own descriptions its habits (repeated values), on one consensus per MR the shared
+    phrasing; several models' descriptions give it more phrasings to choose from. Only the training
+    split is read: nothing is chosen by the development or test references.
     """
     from tools.evaluate.metrics import require, sentence_bleu
     from tools.evaluate.slots import is_mr_list, parse_mr, repeated_values, slot_errors
@@ -121,8 +122,10 @@ def consensus(args) -> int:
     if not is_mr_list(list(groups)):
         raise DataError(f"{args.train}: consensus judges descriptions against E2E meaning representations, "
                         f"but its {args.prompt_column!r} column is not all of the form 'slot[value], ...'")
-    extra = group_by_prompt(read_pairs(args.candidates, args.prompt_column, args.target_column)) \
-        if args.candidates else {}
+    extra: dict[str, list[str]] = {}
+    for path in args.candidates or []:
+        for mr, texts in group_by_prompt(read_pairs(path, args.prompt_column, args.target_column)).items():
+            extra.setdefault(mr, []).extend(texts)
     kept, chosen_extra = [], 0
     for mr, refs in groups.items():
         slots = parse_mr(mr)  # once per MR, not twice per candidate
@@ -174,7 +177,8 @@ def main(argv=None) -> int:
                             "references by sentence BLEU, as a pairs CSV (fine-tuning targets)",
                        description=inspect.cleandoc(consensus.__doc__).split("\n\n")[0])
     c.add_argument("--train", default="data/e2e/trainset.csv.gz", help="pairs: the MRs and their references")
-    c.add_argument("--candidates", help="pairs CSV of more candidate descriptions (e.g. `distill`'s output)")
+    c.add_argument("--candidates", nargs="+", metavar="CSV",
+                   help="pairs CSVs of more candidate descriptions (e.g. `distill`'s outputs of several models)")
     c.add_argument("--out", required=True, help="CSV to write")
     for q in (s, i, d, c):
         q.add_argument("--prompt-column", default="mr", help="the MRs' column")
