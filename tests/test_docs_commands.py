@@ -120,8 +120,10 @@ RULES = [
      "parse", "reads the distill's output (16 minutes of generation with the real model); "
               "tests/tools/test_e2e_consensus.py runs it on hand-written pairs"),
     ("python -m tools.e2e consensus --train data/e2e/trainset.csv.gz --candidates .work/smollm2-distilled4.csv ",
-     "parse", "reads the fourth version's distill output (as above)"),
-    ("python -m tools.finetune --model .work/smollm2-e2e-consensus5 ", "parse",
+     "parse", "reads the distill outputs of earlier versions (as above)"),
+    ("python -m tools.e2e distill --model artifacts/opt-e2e-skipdecode ", "parse",
+     LONG + " (the demo model describes the 4,862 training MRs: a minute)"),
+    ("python -m tools.finetune --model .work/smollm2-e2e-consensus", "parse",
      LONG + " (the shipped model's second stage: 10 minutes over the first stage's output)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),

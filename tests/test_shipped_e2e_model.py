@@ -25,18 +25,18 @@ NEW_TOKENS = 64
 EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorded from the shipped adapter)
     1: [
         " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop near Burger King in the riverside area. It is not family-friendly and has an average customer rating.",
+        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
         " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
-    2: [
+    2: [  # its own 2x (18 -> 12) writes full depth's three texts
         " Alimentum is a non family-friendly restaurant in the city centre.",
         " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
         " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
-    5: [  # 5x states Alimentum's familyFriendly twice: what the 4-layer budget keeps of the phrasing
-        " Alimentum is a non family-friendly restaurant in the city centre. It is not family-friendly.",
-        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
-        " Browns Cambridge is a coffee shop that serves Chinese food in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
+    5: [  # 5x contradicts Alimentum's familyFriendly: what the 4-layer budget keeps of the phrasing
+        " Alimentum is a family-friendly restaurant in the city centre. It is not family-friendly.",
+        " The Eagle is a cheap Chinese coffee shop that is located in the riverside area near Burger King. It is not family friendly and has an average customer rating.",
+        " Browns Cambridge is a Chinese coffee shop that is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
     ],
 }
 
@@ -71,11 +71,11 @@ def test_the_manifest_names_the_adapter_its_base_and_the_trained_policy(artifact
     policy = manifest["policy"]
     assert (policy["horizon"], policy.get("decay", "linear"), policy["warmup_layers"]) == (64, "linear", 1)
     # its own 2x: flatter than for_speedup's 20->10, the same 2x over the horizon (docs/quality.md)
-    assert policy["speedup_policies"] == {"2": {"max_layers": 17, "min_layers": 13}}
+    assert policy["speedup_policies"] == {"2": {"max_layers": 18, "min_layers": 12}}
 
 
 def test_its_2x_is_its_own_policy_and_others_are_for_speedups(generator):
-    assert (generator.policy_for(NEW_TOKENS, speedup=2).max_layers, generator.policy_for(NEW_TOKENS, speedup=2).min_layers) == (17, 13)
+    assert (generator.policy_for(NEW_TOKENS, speedup=2).max_layers, generator.policy_for(NEW_TOKENS, speedup=2).min_layers) == (18, 12)
     assert (generator.policy_for(NEW_TOKENS, speedup=5).max_layers, generator.policy_for(NEW_TOKENS, speedup=5).min_layers) == (8, 4)
 
 
