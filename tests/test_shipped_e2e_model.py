@@ -36,7 +36,7 @@ EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorde
     5: [  # 5x contradicts Alimentum's familyFriendly: what the 4-layer budget keeps of the phrasing
         " Alimentum is a family-friendly restaurant in the city centre. It is not family-friendly.",
         " The Eagle is a cheap Chinese coffee shop that is located in the riverside area near Burger King. It is not family friendly and has an average customer rating.",
-        " Browns Cambridge is a Chinese coffee shop that is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
+        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family friendly and has a customer rating of 5 out of 5.",
     ],
 }
 
