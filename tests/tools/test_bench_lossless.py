@@ -13,6 +13,7 @@ def test_lossless_rows_say_they_are_full_depths_tokens(artifact_dir, tmp_path, c
     out = capsys.readouterr().out
     assert f"Command: `python -m tools.bench.lossless {' '.join(argv)}`" in out
     assert "3 prompts" in out and out_file.read_text() in out  # the same table, written
+    assert "1 threads (sleeping workers, plain layer graphs)" in out  # OPT has no fused layer graphs
     rows = {(cells[1].strip(), cells[2].strip()): cells for cells in
             (line.split("|") for line in out.splitlines() if line.startswith("| ") and "row" not in line)}
     assert set(rows) == {(b, r) for b in ("1", "3") for r in ("full depth", "plain 2x", "lossless 2x")}
@@ -26,3 +27,35 @@ def test_lossless_rows_say_they_are_full_depths_tokens(artifact_dir, tmp_path, c
 def test_the_default_prompts_are_the_e2e_development_split():
     prompts = lossless.load_prompts(None, "mr", 3)
     assert len(prompts) == 3 and all(p.startswith("name[") for p in prompts)
+
+
+def test_the_header_says_which_layer_graphs_ran(tmp_path_factory, tmp_path, capsys):
+    """A Llama-family artifact runs its fused layer graphs unless --no-fused; the table says which,
+    and both give full depth's tokens for lossless."""
+    from tests.export.test_fused import GQA_SHAPES, _build
+
+    _, art = _build(tmp_path_factory, "smollm2", GQA_SHAPES["smollm2"])
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello, my name is\nParis\n")
+    for flags, said in (([], "1 threads (sleeping workers), median"),
+                        (["--no-fused"], "1 threads (sleeping workers, plain layer graphs), median")):
+        assert lossless.main([str(art), "--prompts", str(prompts), "--batch", "1", "--speedups", "2",
+                              "--rounds", "1", "--max-new-tokens", "6", "--threads", "1", *flags]) == 0
+        out = capsys.readouterr().out
+        assert said in out
+        assert "| 1 | lossless 2x |" in out and out.split("| 1 | lossless 2x |")[1].split("\n")[0].rstrip().endswith("| yes |")
+
+
+def test_spin_loads_the_spinning_pool(artifact_dir, tmp_path):
+    """--spin is runtime.load's spin=True: one process-wide pool, so it runs in a process of its own
+    here (a spinning pool would outlive this test in pytest's process)."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Paris\n")
+    done = subprocess.run([sys.executable, "-m", "tools.bench.lossless", str(artifact_dir), "--prompts", str(prompts),
+                           "--batch", "1", "--speedups", "2", "--rounds", "1", "--max-new-tokens", "4",
+                           "--threads", "1", "--spin"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 threads (spinning workers, plain layer graphs)" in done.stdout

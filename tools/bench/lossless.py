@@ -99,6 +99,10 @@ def main(argv=None) -> int:
     cli.add_max_new_tokens(p, 64, "tokens per prompt (EOS ends a row earlier)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, every row once each (default 3)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--spin", action="store_true",
+                   help="ONNX Runtime's worker threads busy-wait (runtime.load's spin=True: one process-wide "
+                        "pool, for cores no other process uses); default: they sleep, as a library load's do")
+    cli.add_fused(p)
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args(argv)
     return cli.run(lambda: _run(args, sys.argv[1:] if argv is None else argv))
@@ -108,7 +112,11 @@ def _run(args, argv: list[str]) -> int:
     import runtime
 
     prompts = load_prompts(args.prompts, args.column, args.count)
-    gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch))
+    gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch), spin=args.spin,
+                       **({} if args.fused else {"fused": False}))
+    # what the table measured: the pool's waits, and the layer graphs run (an artifact without fused ones: plain)
+    load = ("spinning" if args.spin else "sleeping") + " workers" + (
+        "" if getattr(gen.backend, "fused", False) else ", plain layer graphs")
     try:
         if args.chat:
             from pathlib import Path
@@ -127,7 +135,7 @@ def _run(args, argv: list[str]) -> int:
         gen.close()
     command = "python -m tools.bench.lossless " + " ".join(argv)
     header = (f"{args.artifact}, {len(prompts)} prompts, greedy, up to {args.max_new_tokens} new tokens, "
-              f"{args.threads} threads, median of {args.rounds} rounds ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+              f"{args.threads} threads ({load}), median of {args.rounds} rounds ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
               f"\nCommand: `{command.strip()}`")
     table = render(results, header)
     print(table)
