@@ -37,14 +37,19 @@ def test_the_header_says_which_layer_graphs_ran(tmp_path_factory, tmp_path, caps
     _, art = _build(tmp_path_factory, "smollm2", GQA_SHAPES["smollm2"])
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello, my name is\nParis\n")
-    for flags, said in (([], "1 threads (sleeping workers), median"),
-                        (["--no-fused"], "1 threads (sleeping workers, plain layer graphs), median")):
+    for flags, said in (([], "1 threads (sleeping workers), median of 2 rounds"),
+                        (["--no-fused"], "1 threads (sleeping workers, plain layer graphs), median of 2 rounds")):
         assert lossless.main([str(art), "--prompts", str(prompts), "--batch", "1", "--speedups", "2",
-                              "--rounds", "1", "--max-new-tokens", "6", "--threads", "1", *flags]) == 0
+                              "--rounds", "2", "--max-new-tokens", "6", "--threads", "1", *flags]) == 0
         out = capsys.readouterr().out
         assert said in out
-        row = next(line for line in out.splitlines() if line.startswith("| 1 | lossless 2x |"))
-        assert row.rstrip().endswith("| yes |")  # full depth's tokens
+        rows = {cells[2].strip(): [c.strip() for c in cells] for cells in
+                (line.split("|") for line in out.splitlines() if line.startswith("| 1 |"))}
+        assert rows["lossless 2x"][7] == "yes"  # full depth's tokens
+        # two rounds: the median ratio and, beside it, the lowest and highest within a round
+        assert rows["full depth"][4] == "1.00x"
+        low, high = (float(x.rstrip("x")) for x in rows["plain 2x"][4].split("(")[1].rstrip(")").split("-"))
+        assert low <= float(rows["plain 2x"][4].split("x")[0]) <= high
 
 
 def test_spin_loads_the_spinning_pool(artifact_dir, tmp_path):

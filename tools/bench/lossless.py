@@ -7,8 +7,10 @@ of them together: mixed lengths), on one Generator. Each round runs every row on
 that alternates between rounds: full depth, the plain (lossy) policy at each ``--speedups`` S, and
 lossless at each S (the policy's layers draft, full depth verifies: runtime.engine). A row's time
 is its decode seconds (the steps and verify passes after each prompt's first token); its speed is
-the tokens those gave per second, the median over the rounds. "same" says whether a row's tokens
-are full depth's, for every prompt: lossless rows must say yes.
+the tokens those gave per second, the median over the rounds; its ratio to full depth's comes
+with the lowest and highest of the same ratio within each round (rows of one round run back to
+back, so a slow drift of the machine cancels there). "same" says whether a row's tokens are full
+depth's, for every prompt: lossless rows must say yes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     table = rows(speedups)
     seconds = {name: [] for name, _ in table}
+    per_token = {name: [] for name, _ in table}  # each round's seconds per token: the paired ratios
     tokens, drafted, accepted, verified, outputs = {}, {}, {}, {}, {}
     gen.generate(prompts[:1], 4)  # warm up
     for r in range(rounds):
@@ -60,6 +63,7 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
                 d, a, v = d + s.drafted_tokens, a + s.accepted_tokens, v + s.verified_rows
                 out += result.token_ids
             seconds[name].append(spent)
+            per_token[name].append(spent / made)
             tokens[name], drafted[name], accepted[name], verified[name], outputs[name] = made, d, a, v, out
         log(f"batch {batch} round {r + 1}/{rounds}: " + ", ".join(
             f"{name} {tokens[name] / seconds[name][-1]:.1f} tok/s" for name, _ in table))
@@ -67,7 +71,11 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
     results = []
     for name, _ in table:
         per = statistics.median(seconds[name]) / tokens[name]
+        # the same ratio within each round: its rows ran minutes apart at most, so this machine's drift
+        # cancels; its spread is what one round's noise is worth
+        paired = [f / t for f, t in zip(per_token["full depth"], per_token[name])]
         results.append({"batch": batch, "row": name, "ms_per_token": per * 1e3, "vs_full": full / per,
+                        "vs_full_rounds": (min(paired), max(paired)),
                         "acceptance": accepted[name] / drafted[name] if drafted[name] else None,
                         "tokens_per_verify": (accepted[name] + verified[name]) / verified[name] if verified[name] else None,
                         "same": outputs[name] == outputs["full depth"], "tokens": tokens[name]})
@@ -76,12 +84,15 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
 
 def render(results: list[dict], header: str) -> str:
     lines = [header, "",
-             "| batch | row | decode ms/token | vs full depth | drafts kept | tokens per verify pass | same tokens as full depth |",
+             "| batch | row | decode ms/token | vs full depth (lowest-highest round) | drafts kept | tokens per verify pass "
+             "| same tokens as full depth |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance'] * 100:.0f}%"
         tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
-        lines.append(f"| {r['batch']} | {r['row']} | {r['ms_per_token']:.2f} | {r['vs_full']:.2f}x | {acc} | "
+        lo, hi = r["vs_full_rounds"]
+        vs = f"{r['vs_full']:.2f}x" + ("" if r["row"] == "full depth" or lo == hi else f" ({lo:.2f}x-{hi:.2f}x)")
+        lines.append(f"| {r['batch']} | {r['row']} | {r['ms_per_token']:.2f} | {vs} | {acc} | "
                      f"{tpv} | {'yes' if r['same'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
