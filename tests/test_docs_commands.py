@@ -124,7 +124,7 @@ RULES = [
     ("python -m tools.e2e distill --model artifacts/opt-e2e-skipdecode ", "parse",
      LONG + " (the demo model describes the 4,862 training MRs: a minute)"),
     ("python -m tools.finetune --model .work/smollm2-e2e-consensus", "parse",
-     LONG + " (the shipped model's second stage: 10 minutes over the first stage's output)"),
+     LONG + " (the shipped model's later stages: 5-10 minutes each over the previous stage's output)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",

@@ -48,7 +48,6 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     table = rows(speedups)
     seconds = {name: [] for name, _ in table}
-    per_token = {name: [] for name, _ in table}  # each round's seconds per token: the paired ratios
     tokens, drafted, accepted, verified, outputs = {}, {}, {}, {}, {}
     gen.generate(prompts[:1], 4)  # warm up
     for r in range(rounds):
@@ -63,7 +62,6 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
                 d, a, v = d + s.drafted_tokens, a + s.accepted_tokens, v + s.verified_rows
                 out += result.token_ids
             seconds[name].append(spent)
-            per_token[name].append(spent / made)
             tokens[name], drafted[name], accepted[name], verified[name], outputs[name] = made, d, a, v, out
         log(f"batch {batch} round {r + 1}/{rounds}: " + ", ".join(
             f"{name} {tokens[name] / seconds[name][-1]:.1f} tok/s" for name, _ in table))
@@ -73,7 +71,7 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
         per = statistics.median(seconds[name]) / tokens[name]
         # the same ratio within each round: its rows ran minutes apart at most, so this machine's drift
         # cancels; its spread is what one round's noise is worth
-        paired = [f / t for f, t in zip(per_token["full depth"], per_token[name])]
+        paired = [f / tokens["full depth"] / (t / tokens[name]) for f, t in zip(seconds["full depth"], seconds[name])]
         results.append({"batch": batch, "row": name, "ms_per_token": per * 1e3, "vs_full": full / per,
                         "vs_full_rounds": (min(paired), max(paired)),
                         "acceptance": accepted[name] / drafted[name] if drafted[name] else None,
@@ -124,10 +122,10 @@ def _run(args, argv: list[str]) -> int:
 
     prompts = load_prompts(args.prompts, args.column, args.count)
     gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch), spin=args.spin,
-                       **({} if args.fused else {"fused": False}))
-    # what the table measured: the pool's waits, and the layer graphs run (an artifact without fused ones: plain)
-    load = ("spinning" if args.spin else "sleeping") + " workers" + (
-        "" if getattr(gen.backend, "fused", False) else ", plain layer graphs")
+                       fused=None if args.fused else False)  # None: the fused graphs where the artifact has them
+    # what the table measured, as the backend loaded it: the pool's waits, the layer graphs it runs
+    load = ("spinning" if gen.backend.spin else "sleeping") + " workers" + (
+        "" if gen.backend.fused else ", plain layer graphs")
     try:
         if args.chat:
             from pathlib import Path
