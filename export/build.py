@@ -27,7 +27,8 @@ from runtime.swap import recover, remove_leftovers, swap_into_place, temp_siblin
 from . import checkpoint, gguf, parity
 from . import fused as fused_layers
 from runtime.models import family_of, head_dim, kv_heads, skip_model
-from .onnx_export import ExportConfig, draft_head_spec, draft_layer_spec, export_graph, graph_specs
+from .onnx_export import (ExportConfig, draft_head_spec, draft_layer_spec, embed_table_entry, export_graph,
+                          graph_specs)
 from .weights import SharedWeights
 from .quantize import BLOCK_SIZE
 from .quantize import QuantConfig, tensorrt_readers
@@ -198,6 +199,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
         log(f"fused layer graphs for ONNX Runtime: {'none, ' + why_not if why_not else len(fused)}")
+        # the embedding as a lookup of its table where it is one (runtime.embed_table)
+        embed_table = embed_table_entry(model, specs[0], tmp)
+        if embed_table is not None:
+            log(f"embedding: a lookup of its table in {embed_table['file']} (the runtime's, on ONNX Runtime)")
         draft = draft_head_spec(specs[-1]) if config.draft_head != "none" else None
         if draft is not None:
             log(f"draft head for lossless rows: {draft.file} ({config.draft_head} weights)")
@@ -230,6 +235,11 @@ def build(options: BuildOptions, log=print) -> Manifest:
             for r in done:
                 log(f"  {r.line()}")
             results += done
+            if embed_table is not None:  # the lookup stands in for the graph: value for value
+                cases = parity.torch_cases(model, specs[0], config.page_size, tmp, "float")
+                results.append(parity.compare_embed_table(specs[0], embed_table, cases, tmp, options.dtype,
+                                                          hf_model.config.vocab_size))
+                log(f"  {results[-1].line()}")
             if draft is not None:  # judged as the quantized head it is, against the head's module
                 results.append(parity.check_graph(model, draft, tmp, options.dtype, config.draft_head,
                                                   page_size=config.page_size))
@@ -247,7 +257,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__, **gguf_entry,
                     **({"base": base.location} if base is not source else {})},
-            checks=checks, fused=fused, draft_head=draft, draft_layers=drafts,
+            checks=checks, fused=fused, draft_head=draft, draft_layers=drafts, embed_table=embed_table,
             weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
                      **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing

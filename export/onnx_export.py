@@ -224,6 +224,25 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
                      weights.name if weights is not None else None)
 
 
+def embed_table_entry(model: SkipModel, spec: GraphSpec, directory: Path) -> dict | None:
+    """The manifest's ``embed_table`` (runtime.embed_table) for the exported embedding graph
+    ``spec``: where its one table lies in the shared weights file, if the family's embedding is a
+    plain lookup (``plain_lookup``) and the table is there; else None (the runtime runs the graph).
+    export's checks hold the lookup to the graph, value for value (export.parity.compare_embed_table)."""
+    import onnx
+
+    if not getattr(graph_module(model, "embed"), "plain_lookup", False):
+        return None
+    proto = onnx.load(str(Path(directory) / spec.file), load_external_data=False)
+    if len(proto.graph.initializer) != 1:
+        return None
+    table = proto.graph.initializer[0]
+    where = {e.key: e.value for e in table.external_data}
+    if table.data_location != onnx.TensorProto.EXTERNAL or "location" not in where:
+        return None  # inside the graph (external_data="never")
+    return {"file": where["location"], "offset": int(where.get("offset", 0)), "shape": list(table.dims)}
+
+
 def draft_head_spec(head: GraphSpec) -> GraphSpec:
     """The manifest's entry for ``head_draft.onnx``: the head's inputs and outputs."""
     return GraphSpec(DRAFT_HEAD, f"{DRAFT_HEAD}.onnx", head.inputs, head.outputs, head.data_file)

@@ -318,6 +318,32 @@ def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, pa
     return GraphCheck(fused.name + ".gqa", max_diff, atol, rtol, passed, worst)
 
 
+def compare_embed_table(spec: GraphSpec, entry: dict, cases: list[Case], directory, dtype: str,
+                        vocab_size: int) -> GraphCheck:
+    """The runtime's lookup of the manifest's ``embed_table`` (runtime.embed_table) against the
+    embedding graph ``spec`` in ONNX Runtime, on ``cases``' inputs and on the vocabulary's first and
+    last ids: value for value, since the runtime runs the lookup in the graph's stead."""
+    from runtime.embed_table import EmbedTable
+
+    table = EmbedTable(directory, entry, dtype)
+    session = ort_session(Path(directory) / spec.file)
+    ends = Case(1, 2, 0, {"input_ids": np.array([[0, vocab_size - 1]], dtype=np.int64),
+                          "attention_mask": np.ones((1, 2), dtype=np.int64)}, [])
+    max_diff, worst = 0.0, ""
+    for case in [*cases, ends]:
+        got = table(case.inputs["input_ids"])
+        expected = session.run(None, case.inputs)[0]
+        where = f"hidden_states (batch {case.batch}, sequence {case.sequence}, past {case.past})"
+        if got.shape != expected.shape:
+            raise VerificationError(f"embed_table: the lookup gives shape {got.shape} but the graph "
+                                    f"{expected.shape} for {where}")
+        diff = float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32)), initial=0.0))
+        if not np.array_equal(got, expected) and not worst:
+            worst = where
+        max_diff = max(max_diff, diff)
+    return GraphCheck("embed.table", max_diff, 0.0, 0.0, not worst, worst)
+
+
 def draft_layer_cases(model: SkipModel, plain: GraphSpec, draft: GraphSpec, directory: Path, weights: str,
                       page_size: int) -> list[Case]:
     """``torch_cases`` of layer graph ``plain`` with the module holding its draft graph's weights

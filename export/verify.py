@@ -70,6 +70,9 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
     results += [parity.compare_draft_layer(spec, torch_side.cases[spec.name + parity.DRAFT_KEY], directory,
                                            manifest.dtype, manifest.weights[DRAFT_LAYERS], manifest.page_size)
                 for spec in manifest.draft_layers]
+    if manifest.embed_table is not None:  # the runtime's lookup in the embedding graph's stead
+        results.append(parity.compare_embed_table(manifest.embed, manifest.embed_table, torch_side.cases["embed"],
+                                                  directory, manifest.dtype, manifest.model.vocab_size))
     bad = [r.graph for r in results if not r.passed]
     floats = [r for r in results if r.weights == "float"]
     atol, rtol = parity.TOLERANCES[manifest.dtype]
@@ -79,6 +82,8 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
         detail += f", and {len(manifest.fused)} fused layer graphs on the same cases (their K/V bound in place)"
     if manifest.draft_layers:
         detail += f", and {len(manifest.draft_layers)} draft layer graphs"
+    if manifest.embed_table is not None:
+        detail += ", and the embedding's table lookup against its graph (value for value)"
     if floats:
         worst = max(floats, key=lambda r: r.max_abs_diff)
         detail += (f", float: max |diff| {worst.max_abs_diff:.2e} ({worst.graph}), tolerance atol "

@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .embed_table import entry_problem
 from .errors import ArtifactError
 from .integrity import hash_files, record_hashes, sha256_file, stale_files
 from .paths import confined
@@ -134,6 +135,9 @@ class Manifest:
     draft_layers: list[GraphSpec] = field(default_factory=list)  # each fused layer graph with its
     # products quantized (export --draft-layers), which lossless rows' draft steps run on ONNX
     # Runtime's CPU provider; empty: none (drafts run the fused layers)
+    embed_table: dict | None = None  # {"file", "offset", "shape": [vocab, hidden]}: the embedding
+    # graph only gathers rows of this table of ``dtype`` values in ``file``, which the ONNX Runtime
+    # backend looks up instead of running it (runtime.embed_table); None: run the graph
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -200,6 +204,8 @@ class Manifest:
             out["draft_head"] = d["draft_head"]
         if self.draft_layers:
             out["draft_layers"] = d["draft_layers"]
+        if self.embed_table is not None:
+            out["embed_table"] = d["embed_table"]
         return out
 
     def save(self, directory: Path) -> None:
@@ -218,6 +224,7 @@ class Manifest:
                    fused=[GraphSpec.from_dict(g) for g in d.get("fused", [])],
                    draft_head=GraphSpec.from_dict(d["draft_head"]) if d.get("draft_head") else None,
                    draft_layers=[GraphSpec.from_dict(g) for g in d.get("draft_layers", [])],
+                   embed_table=d.get("embed_table"),
                    producer=d.get("producer", ""), schema_version=d["schema_version"],
                    format=d.get("format", FORMAT))
 
@@ -364,6 +371,10 @@ def _check_structure(m: Manifest, path: Path) -> None:
         for rel in filter(None, (g.file, g.data_file)):
             if rel not in m.files:
                 raise ArtifactError(f"{path}: graph {g.name} file {rel} has no sha256 entry; {REBUILD_HINT}")
+    problem = None if m.embed_table is None else entry_problem(
+        m.embed_table, m.files, m.model.vocab_size, m.model.hidden_size, m.dtype)
+    if problem:
+        raise ArtifactError(f"{path}: {problem}; {REBUILD_HINT}")
     layout, page = m.kv_cache.get("layout"), m.kv_cache.get("page_size")
     if layout != KV_LAYOUT or isinstance(page, bool) or not isinstance(page, int) or page < 1:
         raise ArtifactError(f"{path}: kv_cache {m.kv_cache} is not a {KV_LAYOUT!r} layout with an int "

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import cpu_idle, hugepages
+from ..embed_table import EmbedTable
 from ..errors import ArtifactError
 from ..manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..kvcache import ArrayStorage
@@ -151,6 +152,7 @@ def session_options(ort, threads: int | None = None, spin: bool = False):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    looks_up_embeddings = True  # where the manifest records the embedding's table (runtime.embed_table)
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
@@ -191,7 +193,10 @@ class OnnxRuntimeBackend(Backend):
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
         layers = manifest.fused if use_fused else manifest.layers
-        graphs = [manifest.head, manifest.embed, *layers, *filter(None, [manifest.draft_head])]
+        # the embedding looked up where it is a plain table (runtime.embed_table): no graph to open
+        lookup = manifest.embed_table is not None and self.looks_up_embeddings
+        self._table = EmbedTable(directory, manifest.embed_table, manifest.dtype) if lookup else None
+        graphs = [manifest.head, *([] if lookup else [manifest.embed]), *layers, *filter(None, [manifest.draft_head])]
         drafts = manifest.draft_layers if use_fused else []  # they run as fused layers do
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
@@ -238,6 +243,8 @@ class OnnxRuntimeBackend(Backend):
                             lambda shape: np.zeros(shape, self._dtype), transposed_keys=not self.fused)
 
     def embed(self, input_ids, attention_mask):
+        if self._table is not None:
+            return self._table(input_ids)  # (B, T, D)
         return self._sessions["embed"].run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
     def layer(self, index, hidden, attention_mask, past_key, past_value):

@@ -227,6 +227,7 @@ class OrtValueStorage(KVStorage):
 
 class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     name = "onnxruntime"
+    looks_up_embeddings = False  # its hidden states live on the device: the embedding graph runs there
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
                  threads: int | None = None, spin: bool = False,

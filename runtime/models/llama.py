@@ -47,6 +47,9 @@ class LlamaEmbed(nn.Module):
     The mask is part of the contract for every family (OPT's embedding reads its positions from it);
     here positions are applied in the layers, so it only shapes the graph's input list."""
 
+    plain_lookup = True  # its graph only gathers rows of embed_tokens: export records the table, which
+    # the ONNX Runtime backend looks up instead of running the graph (runtime.embed_table)
+
     def __init__(self, model: nn.Module):
         super().__init__()
         self.embed_tokens = model.embed_tokens
