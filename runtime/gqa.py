@@ -36,9 +36,12 @@ class CallInputs:
         (None: all): a row that skips it keeps its K/V and count (query_seqlens 0)."""
         key = None if update is None else update.tobytes()
         if key not in self._seqlens:
-            run = np.ones_like(self.length) if key is None else update.astype(np.int32)
-            self._seqlens[key] = ((self.length + self.tokens * run - 1).astype(np.int32),
-                                  (self.tokens * run).astype(np.int32))
+            if key is None:  # every row runs it: the common case, in two operations
+                self._seqlens[key] = (self.length + np.int32(self.tokens - 1),
+                                      np.full(len(self.length), self.tokens, dtype=np.int32))
+            else:
+                run = update.astype(np.int32)
+                self._seqlens[key] = (self.length + self.tokens * run - 1, self.tokens * run)
         return self._seqlens[key]
 
 
@@ -51,18 +54,25 @@ def call_inputs(mask: np.ndarray, length: np.ndarray, tokens: int, width: int) -
     Each row's valid past lies inside its positions [0, length) (padding and unused positions are
     0) and GroupQueryAttention writes its new positions at [length, length + T): the absolute mask
     is the past's columns with the new ones placed at each row's length."""
+    # Few numpy operations: a decode step runs this between two graph runs that flush the caches,
+    # where each operation costs several times its warm time (0.15-0.2 ms a step at 5x on SmolLM2-135M
+    # int4 went here, with 15 of them; docs/benchmarks.md, "Fewer operations between runs").
     R, T = mask.shape[0], int(tokens)
     length = np.asarray(length, dtype=np.int32)
     past, new = mask[:, :-T], mask[:, -T:]  # (R, B), (R, T)
-    valid = np.zeros((R, width), dtype=bool)
-    valid[:, : min(past.shape[1], width)] = past[:, :width] != 0
-    valid[np.arange(R)[:, None], length[:, None] + np.arange(T)] = new != 0
-    bias = np.where(valid, np.float32(0), np.float32(MASK_VALUE))  # (R, W)
-    bias = np.ascontiguousarray(np.broadcast_to(bias[:, None, None, :], (R, 1, T, width)))  # (R, 1, T, W)
-    # as runtime.graph_ops.mask_positions: the valid positions before each new one, counted
-    positions = (past.sum(axis=1, keepdims=True) + np.cumsum(new, axis=1)) * new - 1  # (R, T), padding -1
-    return CallInputs(bias, np.maximum(positions, 0).astype(np.int64), np.array(width, dtype=np.int32),
-                      length, T)
+    n = min(past.shape[1], width)
+    bias = np.full((R, width), MASK_VALUE, dtype=np.float32)  # (R, W)
+    bias[:, :n][past[:, :n] != 0] = 0
+    cols = length[:, None] if T == 1 else length[:, None] + np.arange(T)  # (R, T): where the new ones go
+    bias[np.arange(R)[:, None], cols] = np.where(new != 0, np.float32(0), np.float32(MASK_VALUE))
+    if T == 1:
+        bias = bias.reshape(R, 1, 1, width)  # a view
+    else:
+        bias = np.ascontiguousarray(np.broadcast_to(bias[:, None, None, :], (R, 1, T, width)))  # (R, 1, T, W)
+    # as runtime.graph_ops.mask_positions: the valid positions before each new one, counted (padding at 0)
+    counted = past.sum(axis=1, keepdims=True)  # (R, 1)
+    positions = counted * new if T == 1 else np.maximum((counted + np.cumsum(new, axis=1)) * new - 1, 0)
+    return CallInputs(bias, positions.astype(np.int64, copy=False), np.array(width, dtype=np.int32), length, T)
 
 
 __all__ = ["CallInputs", "FUSED_INPUTS", "FUSED_OUTPUTS", "call_inputs"]
