@@ -614,12 +614,16 @@ class Engine:
         for (r, g), members in sorted(groups.items(), key=lambda item: item[0][1]):
             last = g == r.max_new_tokens - 1
             B = r.rows
-            logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
+            if len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
+                logits = members[0].logits[None, :]  # (1, V): every backend's logits are fresh arrays
+            else:  # rows that have finished stream zeros
+                logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
+                for s in members:
+                    logits[s.index] = s.logits
             event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B,
                                None if r.logprobs is None else [None] * B)
             for s in members:
                 b = s.index
-                logits[b] = s.logits
                 detok, before = r.detok[b], s.text
                 scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
                 if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):

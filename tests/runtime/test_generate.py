@@ -61,6 +61,17 @@ def test_full_depth_logits_every_step(generator, hf_model, tokenizer):
         np.testing.assert_allclose(a, b.numpy(), atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
 
 
+def test_one_row_streams_its_logits_every_step(generator, hf_model, tokenizer):
+    # a request of one row streams its row of the step's logits as it is (no copy): still each
+    # step's own, (1, V) float32, and the consumer's to keep
+    _, hf_logits = hf_generate(hf_model, tokenizer, PROMPTS[:1])
+    ours = [event.logits for event in generator.stream(PROMPTS[0], NEW)]
+    assert len(ours) == len(hf_logits)
+    for step, (a, b) in enumerate(zip(ours, hf_logits)):
+        assert a.shape == (1, b.shape[-1]) and a.dtype == np.float32
+        np.testing.assert_allclose(a, b.numpy(), atol=LOGIT_ATOL, rtol=0, err_msg=f"step {step}")
+
+
 class SpyBackend:
     """Records what the decode loop asks of the real backend: the calls, each decode step's
     per-layer updates, and the rows and past width every layer call binds."""
