@@ -39,7 +39,6 @@ class References:
     hf_logits: list[np.ndarray]  # per step (B, V)
     policy: object  # the SkipPolicy of the skip check
     skip_tokens: list[list[int]]  # the skip-aware reference's greedy tokens under ``policy``
-    skip_layers: list[int]  # layers it ran at each step
 
 
 @dataclass
@@ -114,7 +113,7 @@ def _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, spe
                           eos_token_id=m.eos_ids, pad_token_id=m.pad_token_id)
     return References(prompts, max_new_tokens, hf.sequences[:, enc["input_ids"].shape[1]:].tolist(),
                       [step.float().numpy() for step in hf.logits], policy,
-                      expected.tokens.tolist(), expected.step_layers)
+                      expected.tokens.tolist())
 
 
 def run(directory, model: str | None, prompts: list[str], max_new_tokens: int, speedup: float,

@@ -160,7 +160,7 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     skipped = gen.generate(prompts, max_new_tokens, policy=policy, eos_token_id=eos)
     ours = [_pad(t, len(expected[0]), pad) for t in skipped.token_ids]
     same = ours == expected
-    layers_ok = [s.layers for s in skipped.stats.steps] == refs.skip_layers[:len(skipped.stats.steps)]
+    layers_ok = _layers_follow(skipped.stats.steps, policy)
     report.add(f"skip policy {policy.max_layers}->{policy.min_layers} layers",
                (same or dtype == "float16" or not exact) and layers_ok,
                f"run speedup {skipped.stats.theoretical_speedup:.2f}x, layers per step "
@@ -168,6 +168,13 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
                + ("identical tokens to the PyTorch reference" if same else
                   f"tokens differ from the PyTorch reference ({_agreement(ours, expected)})")
                + ("" if layers_ok else "; layers run differ from the policy's active sets"))
+
+
+def _layers_follow(steps, policy) -> bool:
+    """Whether every step ran the policy's active set at its step. Judged against the policy, not
+    the reference's record of its own steps: where quantized weights change the tokens, rows end
+    at other steps than the reference's (an int4 artifact ran more steps and failed here)."""
+    return all(tuple(s.layers) == tuple(policy.active_layers(s.step)) for s in steps)
 
 
 def _logit_diff(ours_logits, hf_logits, ours_tokens, hf_tokens, running) -> float:

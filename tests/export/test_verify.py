@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from export.verify import _logit_diff
+from export.verify import _layers_follow, _logit_diff
+from runtime.policy import SkipPolicy
+from runtime.stats import StepStats
 
 
 def test_logit_diff_skips_rows_that_have_finished():
@@ -19,3 +21,11 @@ def test_logit_diff_stops_where_the_tokens_part():
     theirs = [np.zeros((1, 2))] * 3
     assert _logit_diff(ours, theirs, [[1, 2, 3]], [[1, 5, 3]], running=[3]) == 0.0  # step 2 fed 2 vs 5
     assert _logit_diff(ours, theirs, [[1, 2, 3]], [[1, 2, 3]], running=[3]) == 1.0
+
+
+def test_skip_check_judges_each_steps_layers_by_the_policy_whatever_the_step_count():
+    policy = SkipPolicy(max_layers=6, min_layers=2, horizon=4, num_layers=6)
+    steps = [StepStats(g, len(policy.active_layers(g)), tuple(policy.active_layers(g)), 0.01, 6) for g in range(9)]
+    assert _layers_follow(steps, policy)  # past the horizon too: as many steps as the row ran
+    wrong = steps[:3] + [StepStats(3, 3, (0, 1, 2), 0.01, 6)] + steps[4:]  # lower layers, not the top ones
+    assert not _layers_follow(wrong, policy)
