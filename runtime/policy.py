@@ -121,14 +121,7 @@ class SkipPolicy:
                 f"speedup {speedup:g} is out of range for {num_layers} layers with "
                 f"{warmup_layers} warm-up layer(s): it must lie in [1, {ceiling:g}] "
                 f"(num_layers / max(warmup_layers, 1))")
-        best = None
-        for lo in range(lo_bound, num_layers + 1):
-            for hi in range(lo, num_layers + 1):
-                achieved = _speedup(num_layers, hi, lo, horizon, decay, exponent)
-                key = (round(abs(achieved - speedup), 9), abs(math.log(hi / lo) - math.log(2)), -hi, -lo)
-                if best is None or key < best[0]:
-                    best = (key, hi, lo)
-        _, hi, lo = best
+        hi, lo = _closest(num_layers, float(speedup), horizon, lo_bound, decay, exponent)
         return cls(num_layers, hi, lo, warmup_layers=warmup_layers, horizon=horizon, decay=decay,
                    exponent=exponent, prefill=prefill)
 
@@ -245,6 +238,21 @@ def _budget(max_layers: int, min_layers: int, horizon: int, step: int, decay: st
     # round() is banker's rounding; floor(x + 0.5) matches the usual round-half-up of the paper's code
     b = math.floor(x + 0.5)
     return min(max(b, min_layers), max_layers)
+
+
+@lru_cache(maxsize=256)
+def _closest(num_layers: int, speedup: float, horizon: int, lo_bound: int, decay: str,
+             exponent: float) -> tuple[int, int]:
+    """(max_layers, min_layers) of ``SkipPolicy.for_speedup``: a search over every pair, kept per
+    request shape (0.4 ms a request at 30 layers, 1.7 ms at 64, before the first token)."""
+    best = None
+    for lo in range(lo_bound, num_layers + 1):
+        for hi in range(lo, num_layers + 1):
+            achieved = _speedup(num_layers, hi, lo, horizon, decay, exponent)
+            key = (round(abs(achieved - speedup), 9), abs(math.log(hi / lo) - math.log(2)), -hi, -lo)
+            if best is None or key < best[0]:
+                best = (key, hi, lo)
+    return best[1], best[2]
 
 
 @lru_cache(maxsize=4096)
