@@ -453,7 +453,7 @@ class Engine:
         steps = [s.step + len(s.drafts) for s in seqs]  # the generation step of each row's input
         sets = [() if w else self._layers(s, g, d) for s, g, d, w in zip(seqs, steps, drafting, waiting)]
         layers = sorted(set().union(*sets))
-        updates = [np.array([i in active for active in sets]) for i in layers]
+        updates = np.array([[i in active for active in sets] for i in layers], dtype=bool).reshape(len(layers), R)
         ids = np.array([[s.token] for s in seqs], dtype=np.int64)  # (R, 1)
         for s, d in zip(seqs, drafting):
             if d and not s.drafts:  # its first draft: the verify pass runs this token again from here

@@ -39,7 +39,7 @@ class DecodeStep:
     input_ids: np.ndarray  # (R, 1) int64: the token each row runs
     attention_mask: np.ndarray  # (R, W + 1) int64: the rows' valid past, then the new position
     layers: list[int]  # the union of the rows' active sets, ascending
-    updates: list[np.ndarray]  # per layer, (R,) bool: the rows whose active set holds it
+    updates: np.ndarray  # (len(layers), R) bool: per layer, the rows whose active set holds it
     draft: bool = False  # every row's logits are a lossless draft's: the backend may read its draft head
 
     @property
