@@ -160,7 +160,7 @@ def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=No
         layers = list(policy.active_layers(g))
         cache.reserve(0, B, 1)
         step = DecodeStep(tokens[:, None].astype(np.int64), cache.mask(0, B, new), layers,
-                          [np.ones(B, bool)] * len(layers))
+                          np.ones((len(layers), B), bool))
         with probe if probe is not None and g == new_tokens - 1 else contextlib.nullcontext():
             tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
         cache.advance(0, B, new)
