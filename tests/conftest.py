@@ -30,6 +30,17 @@ def _auto_spin_finds_the_cores_taken(monkeypatch):
     monkeypatch.setattr(runtime.cpu_idle, "cores_free", lambda *args, **kwargs: False)
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """The torch backend sets PyTorch's threads process-wide (``runtime.load(backend="torch",
+    threads=N)``); a later test that compares torch in this process with torch in a child (export's
+    reference side) then summed in another order and missed its 1e-6 (tests/export/test_reference.py
+    after tests/export/test_fused.py's torch load with threads=1). Each test leaves the count as it found it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(variant: str, **overrides) -> OPTConfig:
     fields = dict(vocab_size=512, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
                   ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=2,
