@@ -6,8 +6,8 @@ table lies in the artifact's shared weights file (the manifest's ``embed_table``
 lookup against the graph, value for value; the ONNX Runtime backend then looks the rows up in the
 memory-mapped file instead of running the graph. Why: at batch 1 the graph's run cost 0.13-0.16 ms
 of a 3 ms int4 decode step on SmolLM2-135M (its kernels take µs; the rest is a session run on
-caches the layers just flushed), the lookup ~0.01 ms (docs/benchmarks.md, "The embedding as a
-lookup").
+caches the layers just flushed), the lookup ~0.02 ms; a step gained 0.05-0.08 ms, measured paired
+(docs/benchmarks.md, "Fewer operations between runs").
 """
 
 from __future__ import annotations
