@@ -87,3 +87,14 @@ def test_opt_embedding_reads_positions_so_it_stays_a_graph(artifact_dir):
     m = json.loads((artifact_dir / "manifest.json").read_text())
     assert "embed_table" not in m
     assert "embed" in runtime.load(artifact_dir).engine.backend._sessions
+
+
+def test_a_table_inside_its_graph_stays_a_graph(tmp_path):
+    # external_data="never": self-contained graphs, no shared file to look rows up in
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "llama3")
+    out = tmp_path / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), external_data="never", progress=False), log=lambda *_: None)
+    assert "embed_table" not in json.loads((out / "manifest.json").read_text())
+    gen = runtime.load(out)
+    assert "embed" in gen.engine.backend._sessions
+    assert len(gen.generate(PROMPTS, NEW, ignore_eos=True).token_ids[0]) == NEW
