@@ -36,12 +36,9 @@ class CallInputs:
         (None: all): a row that skips it keeps its K/V and count (query_seqlens 0)."""
         key = None if update is None else update.tobytes()
         if key not in self._seqlens:
-            if key is None:  # every row runs it: the common case, in two operations
-                self._seqlens[key] = (self.length + np.int32(self.tokens - 1),
-                                      np.full(len(self.length), self.tokens, dtype=np.int32))
-            else:
-                run = update.astype(np.int32)
-                self._seqlens[key] = (self.length + self.tokens * run - 1, self.tokens * run)
+            query = (np.full(len(self.length), self.tokens, dtype=np.int32) if update is None
+                     else self.tokens * update.astype(np.int32))  # (R,) int32: new tokens a row runs
+            self._seqlens[key] = (self.length + query - 1, query)
         return self._seqlens[key]
 
 
