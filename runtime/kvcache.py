@@ -293,7 +293,9 @@ class ArrayStorage(KVStorage):
         return keys[..., :stop] if self.transposed_keys else keys[:, :, :stop]
 
     def resize(self, width, used):
-        if not self.fixed:
+        if not self.fixed and self.flat and isinstance(self.flat[0][0], np.ndarray):
+            self._relay(width, used)
+        elif not self.fixed:
             keep = min(width, self.width)
             old_keys, old_values = self.keys, self.values
             self._view(width)
@@ -307,6 +309,28 @@ class ArrayStorage(KVStorage):
                     self._key_positions(self.keys[layer][:used], keep)[...] = k
                     self.values[layer][:used, :, :keep] = v
         self.width = width
+
+    def _relay(self, width: int, used: int) -> None:
+        """Host buffers: rows [0, used) re-laid at ``width`` inside their own buffer, a row at a
+        time, without copying them out first. A row only moves towards the end when the width grows
+        (towards the start when it shrinks), so going from the last row down (the first row up)
+        never overwrites a row still to move; numpy's assignment handles a row's overlap with its
+        own new place. The copy-out it replaces allocated every layer's rows afresh at each width
+        change: fresh pages, which fault in slowly (docs/benchmarks.md, "The KV cache's pages")."""
+        keep = min(width, self.width)
+        rows = range(used - 1, -1, -1) if width > self.width else range(used)
+        for buffers in self.flat:
+            for flat, transposed in zip(buffers, (self.transposed_keys, False)):
+                for r in rows:
+                    self._row(flat, r, width, transposed)[:, :keep] = self._row(flat, r, self.width, transposed)[:, :keep]
+        self._view(width)
+
+    def _row(self, flat, row: int, width: int, transposed: bool):
+        """Row ``row`` of a flat buffer seen at ``width``, positions on axis 1: (nh * hd, W) for a
+        transposed K, else (nh, W, hd)."""
+        size = self.nh * self.hd * width
+        block = flat[row * size:(row + 1) * size]
+        return block.reshape(self.nh * self.hd, width) if transposed else block.reshape(self.nh, width, self.hd)
 
     def empty(self, rows, width):
         n = rows * self.nh * self.hd * width

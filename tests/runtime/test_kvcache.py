@@ -138,3 +138,30 @@ def test_a_write_lands_each_rows_new_positions_at_its_own_length(rows):
     np.testing.assert_array_equal(storage.keys[1], keys)
     np.testing.assert_array_equal(storage.values[1], values)
     assert not storage.keys[0].any()  # other layers untouched
+
+
+@pytest.mark.parametrize("transposed", [True, False])  # the plain graphs' K layout and the fused graphs'
+@pytest.mark.parametrize("widths", [(4, 12, 8), (12, 4, 16)])  # grow then shrink, shrink then grow
+def test_a_new_width_keeps_every_row_in_use(transposed, widths):
+    """Host buffers are re-laid in place (no copy of the rows made first): the rows in use keep
+    their positions [0, min(old, new)) in every layer, K and V."""
+    rows, used, capacity = 5, 3, 16
+    storage = ArrayStorage(L, NH, HD, lambda shape: np.zeros(shape, np.float32), transposed_keys=transposed)
+    storage.allocate(rows, capacity, widths[0])
+    rng = np.random.default_rng(7)
+    for keys, values in zip(storage.keys, storage.values):
+        keys[...] = rng.standard_normal(keys.shape)
+        values[...] = rng.standard_normal(values.shape)
+    positions = (lambda k: k) if not transposed else (lambda k: k.swapaxes(2, 3))  # (rows, nh, W, hd)
+    held = [(positions(k)[:used].copy(), v[:used].copy()) for k, v in zip(storage.keys, storage.values)]
+    before = storage.width
+    for width in widths[1:]:
+        storage.resize(width, used)
+        keep = min(before, width)
+        assert storage.width == width
+        for (key, value), keys, values in zip(held, storage.keys, storage.values):
+            assert keys.shape == ((rows, NH, HD, width) if transposed else (rows, NH, width, HD))
+            np.testing.assert_array_equal(positions(keys)[:used, :, :keep], key[:, :, :keep])
+            np.testing.assert_array_equal(values[:used, :, :keep], value[:, :, :keep])
+        held = [(positions(k)[:used].copy(), v[:used].copy()) for k, v in zip(storage.keys, storage.values)]
+        before = width
