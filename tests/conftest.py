@@ -41,6 +41,16 @@ def _torch_threads_restored():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_restored_per_module():
+    """The same for a module-scoped generator (tests/runtime/test_engine.py's torch ``engine_gen``
+    at threads=1): made before a test's own fixture looks, it left the count at 1 for the modules
+    after it (tests/export/test_reference.py then missed its 1e-6 when run after it)."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_config(variant: str, **overrides) -> OPTConfig:
     fields = dict(vocab_size=512, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
                   ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=2,
