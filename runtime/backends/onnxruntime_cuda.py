@@ -202,7 +202,7 @@ class OrtValueStorage(KVStorage):
         n = int(np.prod(k))
         return [b.numpy()[:n].reshape(k) for b in self.keys] + [b.numpy()[:n].reshape(v) for b in self.values]
 
-    def move(self, src, dst):
+    def move(self, src, dst, length):  # whole rows at the width: one copy a buffer
         row = self.b._nh * self.b._hd * self.width  # elements of one row of K, and of V
         for buffer in (*self.keys, *self.values):
             self.b._copy(buffer, src * row, buffer, dst * row, row)

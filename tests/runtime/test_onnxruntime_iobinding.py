@@ -214,8 +214,8 @@ def test_move_equals_the_array_storage(bound, width):
     before = [b.copy() for b in buffers(theirs)]
     addresses = pointers(ours)
     for src, dst in ((3, 0), (1, 2)):
-        ours.move(src, dst)
-        theirs.move(src, dst)
+        ours.move(src, dst, width)
+        theirs.move(src, dst, width)
     assert pointers(ours) == addresses
     assert_same_buffers(ours, theirs)
     for old, new in zip(before, buffers(theirs)):
