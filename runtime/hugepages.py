@@ -1,5 +1,4 @@
-"""Transparent huge pages under the weights a backend has just packed, and not under the KV cache:
-best effort, Linux only.
+"""Transparent huge pages under the weights a backend has just packed: best effort, Linux only.
 
 Why: ONNX Runtime pre-packs every MatMul/Gemm weight into anonymous memory of its own, and a
 decode step at batch 1 streams all of it. Where transparent huge pages are "madvise" (many
@@ -20,15 +19,12 @@ THP "never", no free huge page) leaves the pages as they were.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import re
 import sys
 from pathlib import Path
 
-MADV_NOHUGEPAGE = 15  # linux/mman.h
 MADV_COLLAPSE = 25  # linux/mman.h, Linux 6.1+
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) PMD size
-PAGE = mmap.PAGESIZE  # the base page madvise aligns to
 _SMAPS = Path("/proc/self/smaps")
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
@@ -74,9 +70,10 @@ def collapse_new(before: set[int] | None) -> int:
         return 0
     try:
         regions = anonymous_regions()
-        libc = _libc()
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return 0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     done = 0
     for start, (end, resident) in regions.items():
         if start in before or resident < end - start:
@@ -85,31 +82,3 @@ def collapse_new(before: set[int] | None) -> int:
         if last > first and libc.madvise(first, last - first, MADV_COLLAPSE) == 0:
             done += last - first
     return done
-
-
-def small_pages(array) -> bool:
-    """Keep a large, lazily mapped buffer on 4 KiB pages (numpy asks for huge pages on every
-    allocation of 4 MiB or more); True where the kernel took the advice.
-
-    For a buffer that becomes resident piecemeal, as the KV cache does position by position: the
-    first write into each new 2 MiB region faults in and zeroes a whole huge page synchronously
-    (compacting memory first where THP's defrag is "madvise"): on the 2-core EPYC a step that
-    widened the cache at batch 8 on Qwen3-0.6B shapes took 0.33-0.39 s on huge pages and 0.10-0.13
-    s on 4 KiB ones, and decode steps read the cache no faster on huge pages (docs/benchmarks.md,
-    "The KV cache's pages")."""
-    if not available():
-        return False
-    start = array.__array_interface__["data"][0]
-    first, last = -(-start // PAGE) * PAGE, (start + array.nbytes) // PAGE * PAGE  # aligned inside
-    if last <= first:
-        return False
-    try:
-        return _libc().madvise(first, last - first, MADV_NOHUGEPAGE) == 0
-    except OSError:
-        return False
-
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc

@@ -13,11 +13,10 @@ the two groups), so a step over n rows of a cache of M costs what it costs on a 
 
 ``W`` (``width``) is the past a step binds, a whole number of ``page`` positions that covers the
 longest row in use: it grows as rows grow and shrinks when the longest one leaves. A storage whose
-graph binds a contiguous block of ``W`` (ONNX Runtime's plain layer graphs, TensorRT) sees its
-buffers at exactly ``W`` and re-lays the rows in use in place on a change: a copy of them once per
-``page`` steps of the longest row, where every step reads them anyway. One whose graphs take the
-whole capacity (ONNX Runtime's fused graphs: GroupQueryAttention reads each row's own positions)
-or strided views of it (torch) changes nothing.
+graph binds a contiguous block (ONNX Runtime, TensorRT) sees its buffers at exactly ``W`` and
+re-lays the rows in use in place on a change: a copy of them once per ``page`` steps of the
+longest row, where every step reads them anyway. One that can bind strided views (torch) sees the
+whole capacity and changes nothing.
 
 ``KVCache`` is device-agnostic bookkeeping on the host; a ``KVStorage`` (one per backend kind:
 numpy arrays, torch tensors, ONNX Runtime device OrtValues) holds the buffers and does the four
@@ -251,9 +250,9 @@ class ArrayStorage(KVStorage):
     (numpy's zeros are mapped lazily: only what rows write becomes resident), seen as (rows, nh,
     hd, W) and (rows, nh, W, hd). ``fixed=False`` (ONNX Runtime on the host, TensorRT): the view is
     exactly W wide, so a block of rows is contiguous, and a new width re-lays the rows in use in
-    place (a copy of them, nothing allocated). ``fixed=True`` (the torch backend, the fused graphs):
-    the view is the whole capacity, bound as strided views of W (``past``) or whole (``block``);
-    addresses and strides never change (CUDA graphs keep them). ``transposed_keys=False`` (the fused layer graphs, export.fused): K is stored as V
+    place (a copy of them, nothing allocated). ``fixed=True`` (the torch backend): the view is the
+    whole capacity, bound as strided views of W; addresses and strides never change (CUDA graphs
+    keep them). ``transposed_keys=False`` (the fused layer graphs, export.fused): K is stored as V
     is, (rows, nh, W, hd), as GroupQueryAttention reads and writes it.
     """
 
@@ -317,7 +316,7 @@ class ArrayStorage(KVStorage):
         (towards the start when it shrinks), so going from the last row down (the first row up)
         never overwrites a row still to move; numpy's assignment handles a row's overlap with its
         own new place. The copy-out it replaces allocated every layer's rows afresh at each width
-        change: fresh pages, which fault in slowly (docs/benchmarks.md, "The KV cache's pages")."""
+        change: fresh pages, which fault in slowly (docs/benchmarks.md, "The KV cache's re-lay")."""
         keep = min(width, self.width)
         rows = range(used - 1, -1, -1) if width > self.width else range(used)
         for buffers in self.flat:
@@ -342,18 +341,12 @@ class ArrayStorage(KVStorage):
         return zeros.reshape(self._key_shape(rows, width)), zeros.reshape(rows, self.nh, width, self.hd)
 
     def move(self, src, dst, length):
-        # the valid positions only: a fixed storage's row is the whole capacity (40,960 positions
-        # at Qwen3's context), of which a row holds a few hundred
+        # the valid positions only: a fixed storage's row is the whole capacity (the torch backend's
+        # max_length), of which a row may hold a few
         with self.scope():
             for keys, values in zip(self.keys, self.values):
                 self._key_positions(keys[dst:dst + 1], length)[...] = self._key_positions(keys[src:src + 1], length)
                 values[dst, :, :length] = values[src, :, :length]
-
-    def block(self, layer: int, start: int, stop: int):
-        """(K, V) of rows [start, stop) as stored, contiguous: the whole capacity where ``fixed``,
-        else the width (the fused graphs bind it: GroupQueryAttention reads each row's own
-        positions of whatever buffer it gets, so a fixed one is never re-laid)."""
-        return self.keys[layer][start:stop], self.values[layer][start:stop]
 
     def past(self, layer, start, stop):
         if self.fixed:

@@ -64,8 +64,8 @@ class FusedLayers:
 
     def _bind(self, shape: _Shape, cache, index: int, direction: int, start: int, stop: int):
         """Layer ``index``'s binding reading shape.hidden[direction], writing the other."""
-        key, value = cache.storage.block(index, start, stop)  # (R, nkv, capacity, hd) each: the past,
-        # and where the graph writes the new positions
+        key, value = cache.storage.past(index, start, stop)  # (R, nkv, W, hd) each: the past, and where
+        # the graph writes the new positions
         binding = self._sessions[index].io_binding()
         for name, array in (("attention_bias", shape.bias), ("position_ids", shape.positions),
                             ("total_sequence_length", shape.total), ("seqlens_k", shape.seqlens_k),

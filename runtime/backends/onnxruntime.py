@@ -238,17 +238,9 @@ class OnnxRuntimeBackend(Backend):
 
     def kv_storage(self) -> ArrayStorage:
         # np.zeros maps untouched memory lazily (calloc), so only the positions rows write become
-        # resident: a capacity of the model's whole context costs nothing until it is used. On 4 KiB
-        # pages, since it becomes resident a few positions at a time (hugepages.small_pages). The
-        # fused graphs bind each row's whole capacity (``fixed``): GroupQueryAttention reads a row's
-        # own positions wherever its buffer ends, so the cache never re-lays its rows.
-        return ArrayStorage(len(self._layer_names), self._nh, self._hd, self._kv_zeros, fixed=self.fused,
-                            transposed_keys=not self.fused)
-
-    def _kv_zeros(self, shape):
-        zeros = np.zeros(shape, self._dtype)
-        hugepages.small_pages(zeros)
-        return zeros
+        # resident: a capacity of the model's whole context costs nothing until it is used.
+        return ArrayStorage(len(self._layer_names), self._nh, self._hd,
+                            lambda shape: np.zeros(shape, self._dtype), transposed_keys=not self.fused)
 
     def embed(self, input_ids, attention_mask):
         if self._table is not None:

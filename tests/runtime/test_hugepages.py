@@ -62,16 +62,3 @@ def test_regions_that_existed_before_are_left_as_they_were():
     huge_before = _huge_bytes(old)  # non-zero only where THP is "always"
     hugepages.collapse_new(hugepages.snapshot())
     assert _huge_bytes(old) == huge_before
-
-
-@pytest.mark.skipif(not hugepages.available(), reason="needs Linux with transparent huge pages not 'never'")
-def test_a_kv_buffer_written_a_little_at_a_time_stays_on_small_pages():
-    """numpy asks for huge pages on large buffers; the KV cache's are kept on 4 KiB ones: writing
-    a few positions of a fresh buffer makes that much resident, not a 2 MiB page each."""
-    kv = np.zeros(64 << 20, np.uint8)
-    assert hugepages.small_pages(kv)
-    kv[:: 4 << 20] = 1  # one byte in each of 16 separate 4 MiB stretches
-    assert _huge_bytes(kv) == 0
-    assert hugepages.anonymous_regions()[_region(kv)][1] <= 16 * (64 << 10)  # ~16 pages, not 16 x 2 MiB
-    assert kv.sum() == 16  # the values are the buffer's own
-    assert not hugepages.small_pages(np.zeros(16, np.uint8))  # no whole page inside: nothing to advise
