@@ -55,6 +55,7 @@ def _parser():
                                      "backend's (onnxruntime: cuda where onnxruntime-gpu offers it)")
     be.add_argument("--threads", type=int, help="intra-op threads (default: the backend's)")
     cli.add_spin(be)
+    cli.add_huge_pages(be)
     cli.add_fused(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
@@ -154,6 +155,9 @@ def _run(args) -> int:
     print(f"weights: {gen.manifest.weights_label}", file=sys.stderr)
     if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
+    if args.huge_pages:
+        print(f"huge pages: {gen.backend.huge_page_bytes / 2**20:.0f} MiB of packed weights on 2 MiB pages "
+              f"(--huge-pages; 0 where Linux's transparent huge pages or MADV_COLLAPSE are unavailable)", file=sys.stderr)
     print(f"policy: {result.policy}", file=sys.stderr)
     print(f"layers per step: {s.layers_per_step}", file=sys.stderr)
     print(f"run speedup {s.theoretical_speedup:.2f}x (layers / mean budget over the {len(s.steps)} steps "

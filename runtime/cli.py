@@ -140,6 +140,18 @@ def add_spin(group) -> None:
                       help="onnxruntime: worker threads sleep whenever they wait, as a library load's do")
 
 
+def add_huge_pages(group, default: bool | str = False) -> None:
+    """--huge-pages / --no-huge-pages: off by default in ``python -m runtime`` (a one-shot run may
+    not repay the load), "auto" in ``python -m runtime serve`` (on wherever ONNX Runtime runs)."""
+    huge = group.add_mutually_exclusive_group()
+    huge.add_argument("--huge-pages", dest="huge_pages", action="store_const", const=True, default=default,
+                      help="onnxruntime on Linux: move the weights ONNX Runtime packed onto 2 MiB pages "
+                           "after loading (~2 ms a MiB at load; decode 6-11%% faster where transparent "
+                           "huge pages are 'madvise', no more memory)" + (" (the default here)" if default else ""))
+    huge.add_argument("--no-huge-pages", dest="huge_pages", action="store_const", const=False,
+                      help="leave the packed weights on the pages they were allocated on")
+
+
 def add_fused(group) -> None:
     """--no-fused, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     group.add_argument("--no-fused", dest="fused", action="store_false",
@@ -176,7 +188,7 @@ def policy_fields(speedup: float | None, max_layers: int | None, min_layers: int
 
 
 def backend_options(args) -> dict:
-    """The backend options of a command line's --threads, --spin, --device, --engine-dir (the
+    """The backend options of a command line's --threads, --spin, --huge-pages, --device, --engine-dir (the
     runtime's and the server's, which share them), as ``runtime.load`` takes them."""
     options = {"threads": args.threads}
     if args.spin != "auto" and args.backend != "onnxruntime":
@@ -184,6 +196,12 @@ def backend_options(args) -> dict:
                                    f"(its thread pools), not {args.backend}")
     if args.backend == "onnxruntime":
         options["spin"] = args.spin
+    huge = getattr(args, "huge_pages", False)  # True, False or "auto" (the server's: on for onnxruntime)
+    if huge is True and args.backend != "onnxruntime":
+        raise InvalidArgumentError(f"--huge-pages applies to --backend onnxruntime (the weights it packs), "
+                                   f"not {args.backend}")
+    if huge and args.backend == "onnxruntime":
+        options["huge_pages"] = True
     if not getattr(args, "fused", True):
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--no-fused applies to --backend onnxruntime, not {args.backend}")

@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     eng.add_argument("--threads", type=int, help="intra-op threads (default: ONNX Runtime's)")
     cli.add_spin(eng)
+    cli.add_huge_pages(eng, default="auto")
     cli.add_fused(eng)
     ray = p.add_argument_group("replicas (Ray Serve; needs the serve extra)")
     ray.add_argument("--replicas", type=int,

@@ -27,6 +27,7 @@ from runtime.version import __version__
     (["--device", "tpu"], "error: device must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     (["--spin", "--backend", "torch"], "error: --spin applies to --backend onnxruntime (its thread pools), not torch"),
     (["--no-spin", "--backend", "torch"], "error: --no-spin applies to --backend onnxruntime (its thread pools), not torch"),
+    (["--huge-pages", "--backend", "torch"], "error: --huge-pages applies to --backend onnxruntime (the weights it packs), not torch"),
     (["--max-batch", "0"], "error: max_batch must be an int >= 1, got 0"),
     (["--system", "Be brief."], "error: --system goes with --chat (a system message of a chat); add --chat"),
     (["--chat"], "error: --chat needs a chat template, and this artifact's tokenizer has none")])
@@ -113,3 +114,21 @@ def test_cuda_device_without_cuda_onnxruntime(artifact_dir, capsys):
     err = capsys.readouterr().err
     assert "error: device='cuda:1' needs ONNX Runtime's CUDAExecutionProvider, which this onnxruntime" in err
     assert "install onnxruntime-gpu instead of onnxruntime (never both), or use device='cpu'" in err
+
+
+def test_huge_pages_reach_the_backend_and_change_no_token(artifact_dir, capsys, monkeypatch):
+    """--huge-pages moves the packed weights' memory, not their values: the same text, and a summary
+    line with what the backend moved (a tiny model's weights fill no 2 MiB page: the count is the
+    backend's, faked here)."""
+    from runtime import hugepages
+
+    argv = [str(artifact_dir), "Hello, my name is", "--max-new-tokens", "6", "--ignore-eos", "--no-check-hashes"]
+    assert main(argv) == 0
+    plain = capsys.readouterr()
+    monkeypatch.setattr(hugepages, "snapshot", lambda: {})
+    monkeypatch.setattr(hugepages, "collapse_new", lambda before: 123 << 20 if before == {} else 0)
+    assert main(argv + ["--huge-pages"]) == 0
+    huge = capsys.readouterr()
+    assert huge.out == plain.out
+    assert "huge pages: " not in plain.err
+    assert "\nhuge pages: 123 MiB of packed weights on 2 MiB pages (--huge-pages;" in huge.err, huge.err
