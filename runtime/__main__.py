@@ -157,7 +157,8 @@ def _run(args) -> int:
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
     if args.huge_pages:
         print(f"huge pages: {gen.backend.huge_page_bytes / 2**20:.0f} MiB of packed weights on 2 MiB pages "
-              f"(--huge-pages; 0 where Linux's transparent huge pages or MADV_COLLAPSE are unavailable)", file=sys.stderr)
+              f"(--huge-pages; 0 where Linux's transparent huge pages or MADV_COLLAPSE are unavailable)",
+              file=sys.stderr)
     print(f"policy: {result.policy}", file=sys.stderr)
     print(f"layers per step: {s.layers_per_step}", file=sys.stderr)
     print(f"run speedup {s.theoretical_speedup:.2f}x (layers / mean budget over the {len(s.steps)} steps "

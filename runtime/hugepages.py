@@ -11,10 +11,11 @@ them, ~2 ms per MiB at load (0.6 s for OPT-125m's 336 MiB), which is why the lib
 (glibc 2.35+) gets huge pages for every large allocation as it is made, at no load cost.
 
 Only what appeared while the backend loaded (``snapshot`` before, ``collapse_new`` after) and is
-resident is collapsed: new regions, and the part the heap grew by (where glibc put most packed
-weights: until the fifteenth session only new regions were, 110 of Qwen3-0.6B int4's 468 MB, and
-the option gained nothing; now 416 MB, and a decode step is 6-11% faster). The KV cache, mapped
-lazily and allocated later, is never touched, and collapsing a populated range adds no memory.
+resident is collapsed: new regions, and the part a region grew by, since glibc serves most packed
+weights from the heap, which exists before the load (new regions alone were 110 of Qwen3-0.6B
+int4's 468 MB, and gained nothing; with the heap's growth 416 MB, and a decode step is 6-11%
+faster). The KV cache, mapped lazily and allocated later, is never touched, and collapsing a
+populated range adds no memory.
 ``python -m runtime serve`` turns it on by default (a server's load is paid once), ``python -m
 runtime`` with ``--huge-pages``. Any failure (another OS, an older kernel,
 THP "never", no free huge page) leaves the pages as they were.

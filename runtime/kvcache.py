@@ -322,7 +322,8 @@ class ArrayStorage(KVStorage):
         for buffers in self.flat:
             for flat, transposed in zip(buffers, (self.transposed_keys, False)):
                 for r in rows:
-                    self._row(flat, r, width, transposed)[:, :keep] = self._row(flat, r, self.width, transposed)[:, :keep]
+                    new, old = self._row(flat, r, width, transposed), self._row(flat, r, self.width, transposed)
+                    new[:, :keep] = old[:, :keep]
         self._view(width)
 
     def _row(self, flat, row: int, width: int, transposed: bool):
