@@ -396,6 +396,24 @@ def test_worker_loads_each_kind_with_the_spin_the_bench_asked_for(tiny, monkeypa
     assert asked == [False, "auto", "auto", True, "none"]
 
 
+def test_worker_loads_the_onnxruntime_rows_on_huge_pages_where_the_bench_asks(tiny, monkeypatch):
+    """--huge-pages: this project's ONNX Runtime rows load with huge_pages=True, torch rows as ever."""
+    import runtime
+    from tools.bench.worker import measure
+
+    asked = []
+
+    def load(directory, **options):
+        asked.append(options.get("huge_pages", "none"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime, "load", load)
+    for kind, huge in (("ort", False), ("ort", True), ("ort-int4", True), ("torch", True)):
+        with pytest.raises(KeyboardInterrupt):
+            measure({**_spec(tiny, kind), "huge_pages": huge})
+    assert asked == ["none", True, True, "none"]
+
+
 def test_worker_process_prints_one_json_line(tiny):
     spec = _spec(tiny, "ort", batch=1)
     done = subprocess.run([sys.executable, "-m", "tools.bench.worker", json.dumps(spec)],

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="this project's ONNX Runtime rows other than ort-spin: off, workers that sleep "
                         "(runtime.load's default); auto, the command lines' default (spinning where no "
                         "other process uses the cores, as in a run of rows one at a time) (default off)")
+    p.add_argument("--huge-pages", action="store_true",
+                   help="this project's ONNX Runtime rows load with huge_pages=True (the server's default, "
+                        "`python -m runtime --huge-pages`): their packed weights on 2 MiB pages")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians across them (default 3)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="untimed warm-up generation per run (default 8)")
     p.add_argument("--seed", type=int, default=0, help="random weights and round order (default 0)")
@@ -153,7 +156,8 @@ def measure(args, argv: list[str], log) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     (work / ".gitignore").write_text("*\n")  # weights, exports and the venv stay out of git
     data = {"argv": argv, "machine": machine.describe(), "models": {}, "policies": {}, "jobs": [],
-            "outcomes": [], "settings": {"threads": args.threads, "spin": args.spin, "rounds": args.rounds, "seed": args.seed,
+            "outcomes": [], "settings": {"threads": args.threads, "spin": args.spin, "huge_pages": args.huge_pages,
+                                         "rounds": args.rounds, "seed": args.seed,
                                          "block_size": args.block_size,
                                          "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens}}
     log(f"measuring memory read bandwidth ({args.threads} thread(s))")
@@ -212,7 +216,8 @@ def measure(args, argv: list[str], log) -> dict:
                     "context": shape.prompt + args.warmup_tokens + args.max_new_tokens + 8,
                     "prompts": make_prompts(tokenizer, shape.batch, shape.prompt),
                     "new_tokens": args.max_new_tokens, "warmup_tokens": args.warmup_tokens,
-                    "threads": args.threads, "spin": args.spin, "pad_token_id": info["pad_token_id"],
+                    "threads": args.threads, "spin": args.spin, "huge_pages": args.huge_pages,
+                    "pad_token_id": info["pad_token_id"],
                     "policy": policy.to_dict() if row.backend in rows_mod.RUNTIME else None}
             unavailable = peer_reason if row.backend in peer_dirs and not peer_dir else ""
             if row.backend in rows_mod.LLAMACPP and shape.batch != 1 and not unavailable:

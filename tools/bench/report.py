@@ -23,6 +23,9 @@ COLUMNS = ("batch", "prompt", "row", "policy max→min", "layers/token", "theor.
            "floor ms", "× floor", "vs peers")
 
 
+HUGE_NOTE = "; their packed weights on 2 MiB pages (--huge-pages: runtime.load's huge_pages=True)"
+
+
 def _spin_note(spin: str) -> str:
     """What --spin made of the ONNX Runtime rows' workers, for the settings line."""
     if spin == "auto":
@@ -128,7 +131,9 @@ def render(data: dict, rows: list[ResultRow], targets: list[Target], plot_name: 
         *([peer_line("ONNX Runtime GenAI", data["ortgenai"])] if "ortgenai" in data else []),
         *([peer_line("llama.cpp", data["llamacpp"])] if "llamacpp" in data else []),
         f"- Threads: {data['settings']['threads']} for every row (ORT intra-op threads, "
-        f"torch.set_num_threads, OMP/MKL){_spin_note(data['settings'].get('spin', 'off'))}. Weights: random, fp32, at each architecture's real shapes, seed "
+        f"torch.set_num_threads, OMP/MKL){_spin_note(data['settings'].get('spin', 'off'))}"
+        f"{HUGE_NOTE if data['settings'].get('huge_pages') else ''}. Weights: random, fp32, at each "
+        f"architecture's real shapes, seed "
         f"{data['settings']['seed']}; every row runs the same weights (the artifact and each peer's "
         f"export, build or GGUF are all made from one saved checkpoint).",
         f"- {data['settings']['rounds']} rounds; each round runs every row once, in a shuffled order "

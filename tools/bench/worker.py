@@ -5,7 +5,9 @@
 SPEC kinds: ``hf`` (transformers ``generate``, PyTorch eager, on the saved checkpoint), ``torch``,
 ``ort``, ``ort-spin`` and ``ort-nospin`` (this project's runtime on the exported artifact, with
 ``policy``). ``ort-spin`` runs the ONNX Runtime backend with ``spin=True`` (``--spin``), the other ONNX
-Runtime kinds with ``spin="auto"`` where the spec's ``spin`` says ``auto`` (tools.bench ``--spin``);
+Runtime kinds with ``spin="auto"`` where the spec's ``spin`` says ``auto`` (tools.bench ``--spin``),
+and every ONNX Runtime kind with ``huge_pages=True`` where the spec's ``huge_pages`` is true
+(tools.bench ``--huge-pages``);
 ``ort-nospin``, from before the backend's threads slept by default, now runs exactly ``ort`` and is
 kept so that the commands in docs/benchmarks.md still run. Every kind runs a
 short warm-up generation first, then the timed one, and reports the same fields (see
@@ -51,6 +53,8 @@ def measure_runtime(spec: dict) -> dict:
     options = {}
     if backend == "onnxruntime":
         options["spin"] = True if spec["kind"] == "ort-spin" else ("auto" if spec.get("spin") == "auto" else False)
+        if spec.get("huge_pages"):
+            options["huge_pages"] = True  # tools.bench --huge-pages
     gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,
                        max_batch=len(spec["prompts"]), **options)  # KV slots for exactly this batch
     load_s = time.perf_counter() - loaded
