@@ -24,12 +24,14 @@ THP "never", no free huge page) leaves the pages as they were.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import re
 import sys
 from pathlib import Path
 
 MADV_COLLAPSE = 25  # linux/mman.h, Linux 6.1+
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) PMD size
+_PAGE = mmap.PAGESIZE  # mincore's unit
 _SMAPS = Path("/proc/self/smaps")
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
@@ -70,11 +72,11 @@ def snapshot() -> dict[int, int] | None:
 
 
 def collapse_new(before: dict[int, int] | None) -> int:
-    """Collapse what appeared since ``before`` onto huge pages: new anonymous regions that are
-    wholly resident, and the part a region grew by (the heap: glibc serves ONNX Runtime's packed
-    weights from it, 356 of 468 MB at Qwen3-0.6B int4) where at most one huge page of the region is
-    not resident, which collapsing then populates; the bytes now on huge pages (0 where nothing
-    could be)."""
+    """Collapse what appeared since ``before`` onto huge pages: in new anonymous regions and in the
+    part a region grew by (the heap: glibc serves ONNX Runtime's packed weights from it, 356 of
+    468 MB at Qwen3-0.6B int4), every aligned 2 MiB range whose pages are all resident. Ranges with
+    a page not resident (a lazily mapped KV buffer, memory malloc gave back) are left alone, so
+    collapsing adds no memory. The bytes now on huge pages (0 where nothing could be)."""
     if before is None:
         return 0
     try:
@@ -83,16 +85,32 @@ def collapse_new(before: dict[int, int] | None) -> int:
     except OSError:
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     done = 0
-    for start, (end, resident) in regions.items():
-        missing = end - start - resident
-        if start in before:
-            start = before[start]  # the part it grew by, if any
-            if missing > HUGE_PAGE:
-                continue
-        elif missing:
-            continue
-        first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE  # aligned inside
-        if last > first and libc.madvise(first, last - first, MADV_COLLAPSE) == 0:
-            done += last - first
+    for start, (end, _) in regions.items():
+        start = before.get(start, start)  # a region that existed: only the part it grew by
+        for first, last in _resident_runs(libc, start, end):
+            if libc.madvise(first, last - first, MADV_COLLAPSE) == 0:
+                done += last - first
     return done
+
+
+def _resident_runs(libc: ctypes.CDLL, start: int, end: int) -> list[tuple[int, int]]:
+    """Runs of aligned 2 MiB ranges inside [start, end) whose base pages are all resident."""
+    first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE  # aligned inside
+    if last <= first:
+        return []
+    page = _PAGE
+    vector = (ctypes.c_ubyte * ((last - first) // page))()  # one byte per base page, bit 0: resident
+    if libc.mincore(first, last - first, vector) != 0:
+        return []
+    per_huge = HUGE_PAGE // page
+    runs: list[tuple[int, int]] = []
+    for i in range(0, len(vector), per_huge):
+        if all(b & 1 for b in vector[i:i + per_huge]):
+            lo = first + i * page
+            if runs and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], lo + HUGE_PAGE)
+            else:
+                runs.append((lo, lo + HUGE_PAGE))
+    return runs
