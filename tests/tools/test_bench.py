@@ -615,17 +615,24 @@ def test_gguf_weight_bytes_are_layer_zero_and_the_head_as_stored(tmp_path):
 
 
 class _FakeLlama:
-    """llama_cpp.Llama as llamacpp_worker.bench uses it: every token is 7, forever."""
+    """llama_cpp.Llama as llamacpp_worker.bench uses it: every token is 7, forever; like the real
+    one, a generation after another keeps the prefix they share unless ``reset()`` came between."""
 
     def __init__(self, model_path, **options):
         self.options = options
         self.metadata = {"general.architecture": "llama", "llama.block_count": "5"}
+        self.cached = []  # the ids in its KV cache
 
     def tokenize(self, text):
         return [1, *range(len(text.split()))]
 
+    def reset(self):
+        self.cached = []
+
     def generate(self, ids, top_k, temp, reset):
         assert top_k == 1 and temp == 0.0 and reset
+        assert not self.cached, "the prompt's prefix was still cached: the timed prompt would not run"
+        self.cached = list(ids)
         while True:
             yield 7
 
