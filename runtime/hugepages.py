@@ -100,15 +100,14 @@ def _resident_runs(libc: ctypes.CDLL, start: int, end: int) -> list[tuple[int, i
     first, last = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE  # aligned inside
     if last <= first:
         return []
-    page = _PAGE
-    vector = (ctypes.c_ubyte * ((last - first) // page))()  # one byte per base page, bit 0: resident
+    vector = (ctypes.c_ubyte * ((last - first) // _PAGE))()  # one byte per base page, bit 0: resident
     if libc.mincore(first, last - first, vector) != 0:
         return []
-    per_huge = HUGE_PAGE // page
+    per_huge = HUGE_PAGE // _PAGE
     runs: list[tuple[int, int]] = []
     for i in range(0, len(vector), per_huge):
         if all(b & 1 for b in vector[i:i + per_huge]):
-            lo = first + i * page
+            lo = first + i * _PAGE
             if runs and runs[-1][1] == lo:
                 runs[-1] = (runs[-1][0], lo + HUGE_PAGE)
             else:

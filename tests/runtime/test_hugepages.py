@@ -102,9 +102,10 @@ def test_a_heap_with_memory_given_back_still_has_its_growth_collapsed():
     ctypes.CDLL(None).malloc_trim(0)  # 15 MB of them given back: no longer resident
     before = hugepages.snapshot()
     heap, blocks = _grow_heap(24 << 20)
-    huge_before = _region_huge(heap)
+    huge_before, resident_before = _region_huge(heap), hugepages.anonymous_regions()[heap][1]
     assert hugepages.collapse_new(before) >= 16 << 20
     assert _region_huge(heap) >= huge_before + (16 << 20)
+    assert hugepages.anonymous_regions()[heap][1] <= resident_before + (1 << 20)  # the holes stay out
     assert all(b.count(7) == 100_000 for b in blocks)
 
 
