@@ -131,6 +131,9 @@ RULES = [
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
     ("python -m export build --model WORK/ARCH/hf --out A$", "parse",
      LONG + " (exports tools.bench's checkpoint of SmolLM2-360M's or Qwen3-0.6B's shape in float32, 1.4-3 GB)"),
+    ("python -m export build --model H --weights int4 --out A$", "parse",
+     PLACEHOLDER + " (H: the real SmolLM2-135M-Instruct saved as a Hugging Face directory; tests/test_real_model.py "
+     "exports it)"),
     ("python -m export build --model WORK/ARCH/hf --weights int4 --out A$", "parse",
      LONG + " (exports tools.bench's checkpoint of SmolLM2-360M's or Qwen3-0.6B's shape, in its --work-dir)"),
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
