@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import cpu_idle, hugepages
 from ..embed_table import EmbedTable
-from ..errors import ArtifactError
+from ..errors import ArtifactError, InvalidArgumentError
 from ..manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..kvcache import ArrayStorage
 from .base import Backend
@@ -71,6 +71,7 @@ def _x86_cpu_only(providers) -> bool:
     return set(names_only(providers)) == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
+INT4_KERNELS = ("auto", "skipdecode", "onnxruntime")  # auto: skipdecode where runtime.kernels can run
 SPIN_US = 50  # spin=True without the shared pool: longest busy-wait of an idle worker (µs); a
 # layer's operators come µs apart, and ONNX Runtime's default duration cost 2x more than this
 # beside a busy process
@@ -156,7 +157,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
-                 fused: bool | None = None):
+                 fused: bool | None = None, int4_kernel: str = "auto"):
         ort = import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -188,6 +189,11 @@ class OnnxRuntimeBackend(Backend):
             raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
         use_fused = bool(manifest.fused) and fused is not False and cpu_only
         directory = Path(directory)
+        # int4_kernel: the int4 products on this project's kernel (runtime/kernels) or ONNX Runtime's
+        self._q4, self.int4_kernel = self._int4_kernel(int4_kernel, manifest, cpu_only)
+        self._q4_handles: list[int] = []
+        if self._q4 is not None:
+            opts.register_custom_ops_library(str(self._q4.path))
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
@@ -217,8 +223,40 @@ class OnnxRuntimeBackend(Backend):
         """Whether the layers run as their fused graphs (export.fused)."""
         return self._fused is not None
 
+    @staticmethod
+    def _int4_kernel(choice: str, manifest: Manifest, cpu_only: bool):
+        """(the loaded kernel or None, which kernel the int4 products run on: "skipdecode",
+        "onnxruntime", or None for an artifact without int4 weights)."""
+        from .. import kernels
+
+        if choice not in INT4_KERNELS:
+            raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {choice!r}")
+        if "int4" not in manifest.weights.values():
+            return None, None
+        if choice == "onnxruntime":
+            return None, "onnxruntime"
+        reason = "it runs on the CPU provider alone" if not cpu_only else None
+        path, reason = (None, reason) if reason else kernels.library()
+        if path is None:
+            if choice == "skipdecode":
+                raise InvalidArgumentError(f"int4_kernel='skipdecode' cannot run here: {reason}; load with "
+                                           f"int4_kernel='auto' or 'onnxruntime' (ONNX Runtime's MatMulNBits)")
+            return None, "onnxruntime"
+        return kernels.Kernel(path), "skipdecode"
+
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
-        session = ort.InferenceSession(str(directory / spec.file), opts, providers=self.providers)
+        source = str(directory / spec.file)
+        if self._q4 is not None and self.manifest.graph_weights(spec.name) == "int4":
+            import onnx
+
+            from .. import kernels
+
+            model = onnx.load(source)  # with its weights: the packed copy replaces them
+            handles = kernels.rewrite(model, self._q4)
+            if handles:
+                self._q4_handles += handles
+                source = model.SerializeToString()
+        session = ort.InferenceSession(source, opts, providers=self.providers)
         names = ([i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])
         expected = ([t.name for t in spec.inputs], [t.name for t in spec.outputs])
         if names != expected:
@@ -283,3 +321,8 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self):
         self._sessions.clear()
+        self._fused = self._draft_fused = None
+        if self._q4 is not None:  # no session is left to read them
+            for handle in self._q4_handles:
+                self._q4.free(handle)
+            self._q4_handles = []

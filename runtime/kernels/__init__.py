@@ -1,0 +1,203 @@
+"""This project's own int4 kernel for ONNX Runtime's CPU provider (``q4_vnni.c``).
+
+ONNX Runtime's MatMulNBits kernel (MLAS) reads an int4 decode step at ~2.2x the memory's floor on
+a 2-core Zen 4, where llama.cpp's q4_0 reads it at ~1.7x (docs/benchmarks.md, "Issue 28
+re-measured"): at batch 1 the int4 products are compute-bound there. ``q4_vnni.c`` computes what
+MatMulNBits computes for bits=4, block_size=32 at accuracy level 4 (int8 activations, the same
+weights, zero points or none) from a layout that feeds 16 output rows per 64-byte load.
+
+``rewrite`` swaps a graph's eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes whose
+weights it packed into the library's table (the graph keeps no copy of them); ``library`` builds
+the library with the machine's C compiler once, into a cache folder, and says why not where it
+cannot (not x86-64 Linux, no AVX-512 VNNI, no compiler, an ONNX Runtime too old for its API).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("q4_vnni.c")
+DOMAIN = "skipdecode"
+OP = "Q4MatMul"
+BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
+MIN_ORT = (1, 17)  # KernelContext_ParallelFor: the kernel runs on the session's own threads
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fPIC", "-shared")
+
+_LOCK = threading.Lock()
+_BUILT: dict[str, tuple[Path | None, str]] = {}
+
+
+def cache_dir() -> Path:
+    """Where built libraries go: $SKIPDECODE_CACHE, else $XDG_CACHE_HOME or ~/.cache, /skipdecode."""
+    root = os.environ.get("SKIPDECODE_CACHE")
+    if root:
+        return Path(root) / "kernels"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "skipdecode" / "kernels"
+
+
+def why_not() -> str | None:
+    """Why this machine cannot run the kernel (None: it can, once built)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"it is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError as exc:
+        return f"/proc/cpuinfo unreadable ({exc})"
+    missing = [f for f in CPU_FLAGS if f not in flags]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    import onnxruntime
+
+    version = tuple(int(p) for p in onnxruntime.__version__.split(".")[:2] if p.isdigit())
+    if version < MIN_ORT:
+        return f"ONNX Runtime {onnxruntime.__version__} predates {'.'.join(map(str, MIN_ORT))}"
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (cc, gcc or $CC) to build it with"
+    return None
+
+
+def library() -> tuple[Path | None, str]:
+    """(the built library, "") or (None, why not). Built once per source, compiler flags and
+    machine into cache_dir(); a build writes to a temporary name and renames, so concurrent
+    processes never load half a file."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    with _LOCK:
+        if key in _BUILT:
+            return _BUILT[key]
+        reason = why_not()
+        if reason:
+            _BUILT[key] = (None, reason)
+            return _BUILT[key]
+        target = cache_dir() / f"q4_vnni-{key}.so"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if done.returncode != 0:
+                os.unlink(tmp)
+                _BUILT[key] = (None, f"{cc} failed to build {SOURCE.name}: {done.stderr.strip()[-500:]}")
+                return _BUILT[key]
+            os.replace(tmp, target)
+        _BUILT[key] = (target, "")
+        return _BUILT[key]
+
+
+class Kernel:
+    """The built library, loaded: packs weights into its table and multiplies by them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lib = ctypes.CDLL(str(path))  # the same handle ONNX Runtime's dlopen of the path gets
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        self._lib.q4_pack.argtypes = [ptr, ptr, ptr, i64, i64]
+        self._lib.q4_pack.restype = i64
+        self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr]
+        self._lib.q4_matmul.restype = ctypes.c_int
+        self._lib.q4_free.argtypes = [i64]
+        self._lib.q4_bytes.argtypes = [i64]
+        self._lib.q4_bytes.restype = i64
+        self._cols: dict[int, int] = {}  # handle -> N
+
+    def pack(self, b, scales, zero_points, k: int, n: int) -> int:
+        """A MatMulNBits weight (B (n, k/32, 16) uint8, scales (n * k/32) float32, zero points
+        (n * ceil(k/64)) uint8 or None) into the table; returns its handle."""
+        import numpy as np
+
+        arrays = [np.ascontiguousarray(b, np.uint8), np.ascontiguousarray(scales, np.float32)]
+        if zero_points is not None:
+            arrays.append(np.ascontiguousarray(zero_points, np.uint8))
+        if arrays[0].size != n * k // 2 or arrays[1].size != n * k // BLOCK or (
+                zero_points is not None and arrays[2].size != n * ((k // BLOCK + 1) // 2)):
+            raise ValueError(f"MatMulNBits weight of K={k}, N={n} has B {arrays[0].size} bytes, scales "
+                             f"{arrays[1].size}, zero points {arrays[2].size if zero_points is not None else 0}")
+        handle = self._lib.q4_pack(*(a.ctypes.data for a in arrays[:2]),
+                                   arrays[2].ctypes.data if zero_points is not None else None, k, n)
+        if handle < 0:
+            raise MemoryError(f"packing an int4 weight of {k} x {n} for {SOURCE.name}: out of memory")
+        self._cols[int(handle)] = n
+        return int(handle)
+
+    def matmul(self, handle: int, a):
+        """a (m, k) float32 times the packed weight's transpose, on this thread: (m, n)."""
+        import numpy as np
+
+        if handle not in self._cols:
+            raise ValueError(f"no packed weight {handle}")
+        a = np.ascontiguousarray(a, np.float32)
+        y = np.empty((a.shape[0], self._cols[handle]), np.float32)
+        if self._lib.q4_matmul(handle, a.ctypes.data, a.shape[0], y.ctypes.data) != 0:
+            raise ValueError(f"q4_matmul failed on weight {handle}")
+        return y
+
+    def bytes(self, handle: int) -> int:
+        return int(self._lib.q4_bytes(handle))
+
+    def free(self, handle: int) -> None:
+        self._cols.pop(handle, None)
+        self._lib.q4_free(handle)
+
+
+def eligible(node, inits: dict) -> bool:
+    """Whether a MatMulNBits node computes what Q4MatMul does: 4 bits, blocks of 32, int8
+    activations (accuracy level 4), constant weights and uint8 zero points (or none), no g_idx or
+    bias."""
+    import onnx
+
+    if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
+        return False
+    attrs = {a.name: a.i for a in node.attribute}
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    if attrs.get("bits", 4) != 4 or attrs.get("block_size") != BLOCK or attrs.get("accuracy_level", 0) != 4:
+        return False
+    if any(inputs[4:6]) or inputs[1] not in inits or inputs[2] not in inits:
+        return False
+    if inputs[3] and (inputs[3] not in inits or inits[inputs[3]].data_type != onnx.TensorProto.UINT8):
+        return False
+    return inits[inputs[2]].data_type == onnx.TensorProto.FLOAT and attrs.get("K", 0) % BLOCK == 0
+
+
+def rewrite(model, kernel: Kernel) -> list[int]:
+    """Swaps ``model``'s eligible MatMulNBits nodes (its weights loaded, not external) for
+    ``skipdecode.Q4MatMul`` nodes over weights packed into ``kernel``; the weights' initializers
+    leave the graph where nothing else reads them. Returns the packed handles (none: unchanged)."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    handles, nodes = [], []
+    for node in graph.node:
+        if not eligible(node, inits):
+            nodes.append(node)
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        k, n = attrs["K"], attrs["N"]
+        zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
+        handle = kernel.pack(numpy_helper.to_array(inits[node.input[1]]),
+                             numpy_helper.to_array(inits[node.input[2]]), zp, k, n)
+        handles.append(handle)
+        nodes.append(helper.make_node(OP, [node.input[0]], list(node.output), name=node.name, domain=DOMAIN,
+                                      K=k, N=n, handle=handle))
+    if not handles:
+        return []
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return handles

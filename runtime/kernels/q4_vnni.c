@@ -1,0 +1,350 @@
+/* int4 weight x float activation products for x86 CPUs with AVX-512 VNNI, as an ONNX Runtime
+ * custom operator (runtime/kernels/__init__.py builds and loads this file).
+ *
+ * Computes what com.microsoft::MatMulNBits computes for bits=4, block_size=32 (its weights as
+ * stored, with or without zero points) at accuracy level 4: the activations quantized to int8 per
+ * block of 32 (one float scale each), the products in int32 with vpdpbusd, each block's sum scaled
+ * in float. ONNX Runtime's own kernel for it reads an int4 step at ~2.2x the memory's floor on a
+ * 2-core Zen 4 (docs/benchmarks.md); this layout reaches ~1.5x because one 64-byte load feeds 16
+ * output rows at once:
+ *
+ *   packed weights: groups of 16 output rows; per group, per block of 32 inputs, GROUP_BLOCK bytes:
+ *     256 B  four 64-byte vectors; vector q, lane r (4 bytes) = row r's bytes 4q..4q+3 of the
+ *            block as MatMulNBits stores them (byte j: input 2j in the low nibble, 2j+1 high)
+ *      64 B  the 16 rows' float32 scales
+ *      16 B  the 16 rows' zero points, one byte each (8 where MatMulNBits has none)
+ *
+ * Weights are packed once, from Python, into a table of this library (q4_pack); a graph's node
+ * names its entry by an attribute, so the graph holds no copy of them.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define GROUP 16
+#define BLOCK 32
+#define GROUP_BLOCK (256 + 64 + 16)
+#define M_TILE 4 /* activation rows that share one unpacking of a group's block */
+
+typedef struct {
+    int64_t k, n, blocks, groups;
+    uint8_t *data; /* groups x blocks x GROUP_BLOCK, 2 MiB aligned */
+    size_t bytes;
+} q4_weight;
+
+static q4_weight **table;
+static int64_t table_len, table_cap;
+
+static uint8_t *alloc_huge(size_t bytes) {
+    void *p = NULL;
+    size_t align = (size_t)2 << 20;
+    if (posix_memalign(&p, align, (bytes + align - 1) / align * align)) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE); /* a step streams it */
+#endif
+    return (uint8_t *)p;
+}
+
+/* Packs a MatMulNBits weight (b: n x blocks x 16 bytes, s: n x blocks floats, z: n x
+ * ceil(blocks/2) bytes or NULL) into the table; returns its handle, -1 when out of memory. */
+int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, int64_t k, int64_t n) {
+    int64_t blocks = k / BLOCK, zbytes = (blocks + 1) / 2, groups = (n + GROUP - 1) / GROUP;
+    q4_weight *w = calloc(1, sizeof *w);
+    if (!w) return -1;
+    w->k = k; w->n = n; w->blocks = blocks; w->groups = groups;
+    w->bytes = (size_t)groups * blocks * GROUP_BLOCK;
+    w->data = alloc_huge(w->bytes);
+    if (!w->data) { free(w); return -1; }
+    memset(w->data, 0, w->bytes);
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t j = 0; j < blocks; j++) {
+            uint8_t *p = w->data + ((size_t)g * blocks + j) * GROUP_BLOCK;
+            for (int r = 0; r < GROUP; r++) {
+                int64_t row = g * GROUP + r;
+                if (row >= n) { p[320 + r] = 8; continue; } /* padding rows: zero weights */
+                const uint8_t *src = b + ((size_t)row * blocks + j) * 16;
+                for (int q = 0; q < 4; q++) memcpy(p + q * 64 + r * 4, src + q * 4, 4);
+                memcpy(p + 256 + r * 4, s + (size_t)row * blocks + j, 4);
+                p[320 + r] = z ? (z[(size_t)row * zbytes + j / 2] >> ((j & 1) * 4)) & 15 : 8;
+            }
+        }
+    if (table_len == table_cap) {
+        int64_t cap = table_cap ? table_cap * 2 : 256;
+        q4_weight **t = realloc(table, (size_t)cap * sizeof *t);
+        if (!t) { free(w->data); free(w); return -1; }
+        table = t; table_cap = cap;
+    }
+    table[table_len] = w;
+    return table_len++;
+}
+
+void q4_free(int64_t handle) {
+    if (handle < 0 || handle >= table_len || !table[handle]) return;
+    free(table[handle]->data);
+    free(table[handle]);
+    table[handle] = NULL;
+}
+
+int64_t q4_bytes(int64_t handle) {
+    return handle >= 0 && handle < table_len && table[handle] ? (int64_t)table[handle]->bytes : -1;
+}
+
+static const q4_weight *lookup(int64_t handle) {
+    return handle >= 0 && handle < table_len ? table[handle] : NULL;
+}
+
+/* An activation block quantized: its 16 even and 16 odd inputs (the low and high nibbles'
+ * partners), the float scale and the int8 values' sum (for the zero points). */
+typedef struct {
+    int8_t even[16], odd[16];
+    float scale;
+    int32_t sum;
+} act_block;
+
+static void quantize(const float *a, int64_t blocks, act_block *out) {
+    for (int64_t j = 0; j < blocks; j++) {
+        __m512 v0 = _mm512_loadu_ps(a + j * BLOCK), v1 = _mm512_loadu_ps(a + j * BLOCK + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+        int32_t q[BLOCK];
+        _mm512_storeu_si512(q, _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))); /* rounds to nearest */
+        _mm512_storeu_si512(q + 16, _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
+        int32_t sum = 0;
+        for (int i = 0; i < 16; i++) {
+            out[j].even[i] = (int8_t)q[2 * i];
+            out[j].odd[i] = (int8_t)q[2 * i + 1];
+            sum += q[2 * i] + q[2 * i + 1];
+        }
+        out[j].scale = amax / 127.f;
+        out[j].sum = sum;
+    }
+}
+
+/* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
+static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, float *y) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 f[M_TILE];
+    for (int t = 0; t < M_TILE; t++) f[t] = _mm512_setzero_ps();
+    const uint8_t *p = w->data + (size_t)g * w->blocks * GROUP_BLOCK;
+    for (int64_t j = 0; j < w->blocks; j++, p += GROUP_BLOCK) {
+        _mm_prefetch((const char *)(p + 4096), _MM_HINT_T0); /* ~12 blocks ahead */
+        _mm_prefetch((const char *)(p + 4096 + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 4096 + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 4096 + 192), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 4096 + 256), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 4096 + 320), _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        for (int q = 0; q < 4; q++) {
+            __m512i x = _mm512_loadu_si512(p + q * 64);
+            lo[q] = _mm512_and_si512(x, low);
+            hi[q] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+        }
+        __m512i zp = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 320)));
+        __m512 scale = _mm512_loadu_ps(p + 256);
+        for (int t = 0; t < mt; t++) {
+            const act_block *a = act + (m0 + t) * w->blocks + j;
+            const int32_t *e = (const int32_t *)a->even, *o = (const int32_t *)a->odd;
+            __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) {
+                acc = _mm512_dpbusd_epi32(acc, lo[q], _mm512_set1_epi32(e[q]));
+                acc2 = _mm512_dpbusd_epi32(acc2, hi[q], _mm512_set1_epi32(o[q]));
+            }
+            /* sum_i (q_i - z) a_i = sum_i q_i a_i - z sum_i a_i */
+            acc = _mm512_sub_epi32(_mm512_add_epi32(acc, acc2), _mm512_mullo_epi32(zp, _mm512_set1_epi32(a->sum)));
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale, _mm512_set1_ps(a->scale)), f[t]);
+        }
+    }
+    int64_t n0 = g * GROUP, left = w->n - n0 < GROUP ? w->n - n0 : GROUP;
+    for (int t = 0; t < mt; t++)
+        _mm512_mask_storeu_ps(y + (m0 + t) * w->n + n0, (__mmask16)((1u << left) - 1), f[t]);
+}
+
+typedef struct {
+    const q4_weight *w;
+    const act_block *act;
+    int64_t m;
+    float *y;
+    int64_t per_item; /* groups a work item runs */
+} job;
+
+static void run_items(const job *jb, int64_t first, int64_t last) {
+    for (int64_t g = first * jb->per_item; g < last * jb->per_item && g < jb->w->groups; g++)
+        for (int64_t m0 = 0; m0 < jb->m; m0 += M_TILE)
+            group_rows(jb->w, g, jb->act, m0, (int)(jb->m - m0 < M_TILE ? jb->m - m0 : M_TILE), jb->y);
+}
+
+static void run_item(void *data, size_t i) { run_items((const job *)data, (int64_t)i, (int64_t)i + 1); }
+
+/* y (m x n) = a (m x k) times the weight's transpose, on the calling thread (tests call this). */
+int q4_matmul(int64_t handle, const float *a, int64_t m, float *y) {
+    const q4_weight *w = lookup(handle);
+    if (!w) return -1;
+    act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
+    if (!act) return -2;
+    for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
+    job jb = {w, act, m, y, 1};
+    run_items(&jb, 0, w->groups);
+    free(act);
+    return 0;
+}
+
+/* ---- ONNX Runtime custom operator: skipdecode.Q4MatMul(A) -> Y, attributes K, N, handle ----
+ * ONNX Runtime's C API is a table of function pointers that only ever grows at its end
+ * (OrtApi); this file declares no header of it, only the entries it calls, by position. */
+
+typedef void *ort_status; /* OrtStatus*; NULL is success */
+typedef const void *const *ort_api; /* the table */
+
+#define ORT_API_VERSION_USED 17 /* ONNX Runtime 1.17: KernelContext_ParallelFor arrived */
+enum { /* positions in OrtApi */
+    API_CreateCustomOpDomain = 26,
+    API_CustomOpDomain_Add = 27,
+    API_AddCustomOpDomain = 28,
+    API_GetTensorMutableData = 51,
+    API_GetDimensionsCount = 61,
+    API_GetDimensions = 62,
+    API_GetTensorTypeAndShape = 65,
+    API_KernelInfoGetAttribute_int64 = 86,
+    API_KernelContext_GetInput = 90,
+    API_KernelContext_GetOutput = 91,
+    API_ReleaseTensorTypeAndShapeInfo = 99,
+    API_KernelContext_ParallelFor = 274,
+};
+#define CALL(api, idx, type) ((type)(api)[idx])
+#define TRY(expr) do { ort_status st_ = (expr); if (st_) return st_; } while (0)
+
+typedef ort_status (*create_status_fn)(int code, const char *msg);
+typedef ort_status (*get_int_fn)(const void *info, const char *name, int64_t *out);
+typedef ort_status (*get_input_fn)(const void *context, size_t index, const void **out);
+typedef ort_status (*get_output_fn)(void *context, size_t index, const int64_t *dims, size_t rank, void **out);
+typedef ort_status (*type_shape_fn)(const void *value, void **out);
+typedef ort_status (*dims_count_fn)(const void *info, size_t *out);
+typedef ort_status (*dims_fn)(const void *info, int64_t *out, size_t length);
+typedef void (*release_fn)(void *info);
+typedef ort_status (*data_fn)(const void *value, void **out);
+typedef ort_status (*parallel_fn)(const void *context, void (*fn)(void *, size_t), size_t total, size_t batches,
+                                  void *data);
+
+/* OrtCustomOp, as far as its version 17 reads */
+typedef struct {
+    uint32_t version;
+    void *(*CreateKernel)(const void *op, const void *api, const void *info);
+    const char *(*GetName)(const void *op);
+    const char *(*GetExecutionProviderType)(const void *op);
+    int (*GetInputType)(const void *op, size_t index);
+    size_t (*GetInputTypeCount)(const void *op);
+    int (*GetOutputType)(const void *op, size_t index);
+    size_t (*GetOutputTypeCount)(const void *op);
+    void (*KernelCompute)(void *kernel, void *context);
+    void (*KernelDestroy)(void *kernel);
+    int (*GetInputCharacteristic)(const void *op, size_t index);
+    int (*GetOutputCharacteristic)(const void *op, size_t index);
+    int (*GetInputMemoryType)(const void *op, size_t index);
+    int (*GetVariadicInputMinArity)(const void *op);
+    int (*GetVariadicInputHomogeneity)(const void *op);
+    int (*GetVariadicOutputMinArity)(const void *op);
+    int (*GetVariadicOutputHomogeneity)(const void *op);
+    ort_status (*CreateKernelV2)(const void *op, const void *api, const void *info, void **kernel);
+    ort_status (*KernelComputeV2)(void *kernel, void *context);
+    ort_status (*InferOutputShapeFn)(const void *op, void *context);
+    int (*GetStartVersion)(const void *op);
+    int (*GetEndVersion)(const void *op);
+    void *unread[4]; /* GetMayInplace .. ReleaseAliasMap: versions after 17 */
+} custom_op;
+
+typedef struct {
+    ort_api api;
+    int64_t k, n, handle;
+} kernel;
+
+enum { ORT_FAIL = 1, TENSOR_FLOAT = 1, REQUIRED = 0, MEM_DEFAULT = 0 };
+
+static ort_status fail(ort_api api, const char *msg) { return CALL(api, 0, create_status_fn)(ORT_FAIL, msg); }
+
+static ort_status create_kernel(const void *op, const void *api_, const void *info, void **out) {
+    (void)op;
+    ort_api api = (ort_api)api_;
+    kernel *kn = calloc(1, sizeof *kn);
+    if (!kn) return fail(api, "Q4MatMul: out of memory");
+    kn->api = api;
+    get_int_fn get = CALL(api, API_KernelInfoGetAttribute_int64, get_int_fn);
+    ort_status st = get(info, "K", &kn->k);
+    if (!st) st = get(info, "N", &kn->n);
+    if (!st) st = get(info, "handle", &kn->handle);
+    if (!st && !lookup(kn->handle)) st = fail(api, "Q4MatMul: its handle names no packed weight of this process");
+    if (!st && (lookup(kn->handle)->k != kn->k || lookup(kn->handle)->n != kn->n))
+        st = fail(api, "Q4MatMul: K and N differ from its packed weight's");
+    if (st) { free(kn); return st; }
+    *out = kn;
+    return NULL;
+}
+
+static ort_status compute(void *kn_, void *context) {
+    kernel *kn = kn_;
+    ort_api api = kn->api;
+    const q4_weight *w = lookup(kn->handle);
+    const void *a_value = NULL;
+    void *info = NULL, *y_value = NULL;
+    size_t rank = 0;
+    int64_t shape[8];
+    TRY(CALL(api, API_KernelContext_GetInput, get_input_fn)(context, 0, &a_value));
+    TRY(CALL(api, API_GetTensorTypeAndShape, type_shape_fn)(a_value, &info));
+    ort_status st = CALL(api, API_GetDimensionsCount, dims_count_fn)(info, &rank);
+    if (!st && (rank < 1 || rank > 8)) st = fail(api, "Q4MatMul: A must have 1 to 8 dimensions");
+    if (!st) st = CALL(api, API_GetDimensions, dims_fn)(info, shape, rank);
+    CALL(api, API_ReleaseTensorTypeAndShapeInfo, release_fn)(info);
+    if (st) return st;
+    if (shape[rank - 1] != w->k) return fail(api, "Q4MatMul: A's last dimension is not K");
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < rank; i++) m *= shape[i];
+    shape[rank - 1] = w->n;
+    TRY(CALL(api, API_KernelContext_GetOutput, get_output_fn)(context, 0, shape, rank, &y_value));
+    float *a = NULL, *y = NULL;
+    TRY(CALL(api, API_GetTensorMutableData, data_fn)(a_value, (void **)&a));
+    TRY(CALL(api, API_GetTensorMutableData, data_fn)(y_value, (void **)&y));
+    if (m == 0) return NULL;
+    act_block *act = malloc((size_t)m * w->blocks * sizeof *act);
+    if (!act) return fail(api, "Q4MatMul: out of memory");
+    for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
+    job jb = {w, act, m, y, 4}; /* 4 groups an item: 64 rows, a few KB of weights per call */
+    size_t items = (size_t)((w->groups + jb.per_item - 1) / jb.per_item);
+    st = CALL(api, API_KernelContext_ParallelFor, parallel_fn)(context, run_item, items, 0, &jb);
+    free(act);
+    return st;
+}
+
+static const char *op_name(const void *op) { (void)op; return "Q4MatMul"; }
+static const char *op_provider(const void *op) { (void)op; return "CPUExecutionProvider"; }
+static int op_float(const void *op, size_t i) { (void)op; (void)i; return TENSOR_FLOAT; }
+static size_t op_one(const void *op) { (void)op; return 1; }
+static void destroy_kernel(void *kn) { free(kn); }
+static int op_required(const void *op, size_t i) { (void)op; (void)i; return REQUIRED; }
+static int op_memory(const void *op, size_t i) { (void)op; (void)i; return MEM_DEFAULT; }
+static int op_int_one(const void *op) { (void)op; return 1; }
+static int op_end_version(const void *op) { (void)op; return 0x7fffffff; }
+
+static custom_op q4_op = {
+    ORT_API_VERSION_USED, NULL, op_name, op_provider, op_float, op_one, op_float, op_one, NULL, destroy_kernel,
+    op_required, op_required, op_memory, op_int_one, op_int_one, op_int_one, op_int_one,
+    create_kernel, compute, NULL, op_int_one, op_end_version, {NULL, NULL, NULL, NULL},
+};
+
+typedef struct {
+    const void *(*GetApi)(uint32_t version);
+    const char *(*GetVersionString)(void);
+} ort_api_base;
+
+/* ONNX Runtime calls this when a session's options register the library */
+void *RegisterCustomOps(void *options, const ort_api_base *base) {
+    ort_api api = base->GetApi(ORT_API_VERSION_USED);
+    if (!api) return NULL; /* too old: runtime/kernels checks the version before it registers */
+    typedef ort_status (*create_domain_fn)(const char *, void **);
+    typedef ort_status (*domain_add_fn)(void *, const void *);
+    typedef ort_status (*add_domain_fn)(void *, void *);
+    void *domain = NULL;
+    TRY(CALL(api, API_CreateCustomOpDomain, create_domain_fn)("skipdecode", &domain));
+    TRY(CALL(api, API_CustomOpDomain_Add, domain_add_fn)(domain, &q4_op));
+    return CALL(api, API_AddCustomOpDomain, add_domain_fn)(options, domain);
+}

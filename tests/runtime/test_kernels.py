@@ -1,0 +1,205 @@
+"""runtime.kernels: this project's int4 kernel computes what ONNX Runtime's MatMulNBits computes
+(bits 4, blocks of 32, int8 activations), alone, inside a session in place of MatMulNBits, and
+under the ONNX Runtime backend, where the tokens stay those of MatMulNBits; machines that cannot
+build or run it fall back to MatMulNBits with the reason, and a request for it there is refused."""
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime import kernels
+from runtime.errors import InvalidArgumentError
+
+HERE_WHY_NOT = kernels.why_not()
+needs_kernel = pytest.mark.skipif(HERE_WHY_NOT is not None, reason=f"runtime.kernels cannot run here: {HERE_WHY_NOT}")
+
+
+def random_weight(rng, k, n, zero_points=True):
+    """MatMulNBits' B (n, k/32, 16), scales (n * k/32) and zero points (n * ceil(k/64)) or None."""
+    blocks = k // 32
+    b = rng.integers(0, 256, (n, blocks, 16), dtype=np.uint8)
+    scales = (rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001)
+    zp = rng.integers(0, 256, n * ((blocks + 1) // 2), dtype=np.uint8) if zero_points else None
+    return b, scales, zp
+
+
+def dequantized(b, scales, zp, k):
+    """The (n, k) float weight MatMulNBits' inputs stand for."""
+    n, blocks, _ = b.shape
+    q = np.empty((n, blocks, 32), np.float32)
+    q[..., 0::2], q[..., 1::2] = b & 15, b >> 4  # input 2j in byte j's low nibble
+    if zp is None:
+        z = np.full((n, blocks), 8, np.float32)
+    else:
+        z = np.empty((n, (blocks + 1) // 2 * 2), np.float32)
+        z[:, 0::2], z[:, 1::2] = zp.reshape(n, -1) & 15, zp.reshape(n, -1) >> 4
+        z = z[:, :blocks]
+    return ((q - z[..., None]) * scales.reshape(n, blocks)[..., None]).reshape(n, k)
+
+
+def matmulnbits_model(k, n, b, scales, zp, accuracy_level=4, block_size=32, rank=2):
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    inputs = ["A", "B", "scales"]
+    if zp is not None:
+        inits.append(numpy_helper.from_array(zp, "zero_points"))
+        inputs.append("zero_points")
+    node = helper.make_node("MatMulNBits", inputs, ["Y"], name="proj", domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    lead = ["batch", "sequence"][:rank - 1]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [*lead, k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*lead, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def session(model, threads=2, library=None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    if library is not None:
+        opts.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if HERE_WHY_NOT is not None:
+        pytest.skip(f"runtime.kernels cannot run here: {HERE_WHY_NOT}")
+    path, reason = kernels.library()
+    assert path is not None, reason
+    return kernels.Kernel(path)
+
+
+# (k, n, m, zero points): n not a multiple of 16 (a padded group), k not a multiple of 128, batches
+# that are not a multiple of the kernel's 4-row tile
+SHAPES = [(960, 1600, 1, True), (2560, 96, 3, True), (64, 8, 2, False), (96, 7, 5, True), (32, 33, 9, False)]
+
+
+@pytest.mark.parametrize("k,n,m,zp", SHAPES)
+def test_products_match_matmulnbits(kernel, k, n, m, zp):
+    rng = np.random.default_rng(k + n + m)
+    b, scales, zero_points = random_weight(rng, k, n, zp)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    exact = a @ dequantized(b, scales, zero_points, k).T
+    theirs = session(matmulnbits_model(k, n, b, scales, zero_points)).run(None, {"A": a})[0]
+    ours = kernel.matmul(kernel.pack(b, scales, zero_points, k, n), a)
+    scale = np.abs(exact).max()
+    # both quantize the activations to int8 per block of 32: each is within ~1% of the float
+    # product, and they agree with each other as closely
+    assert np.abs(ours - exact).max() / scale < 0.02
+    assert np.abs(theirs - exact).max() / scale < 0.02
+    assert np.abs(ours - theirs).max() / scale < 0.02
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_the_rewritten_graph_runs_the_kernel_in_place_of_matmulnbits(kernel, rank):
+    k, n = 256, 200
+    rng = np.random.default_rng(1)
+    b, scales, zp = random_weight(rng, k, n)
+    model = matmulnbits_model(k, n, b, scales, zp, rank=rank)
+    a = rng.standard_normal((2, 3, k) if rank == 3 else (5, k), dtype=np.float32)
+    theirs = session(model).run(None, {"A": a})[0]
+    handles = kernels.rewrite(model, kernel)
+    assert len(handles) == 1 and [nd.op_type for nd in model.graph.node] == ["Q4MatMul"]
+    assert not model.graph.initializer  # the packed copy is the only one
+    ours = session(model, threads=2, library=kernel.path).run(None, {"A": a})[0]
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, atol=0.02 * np.abs(theirs).max())
+    exact = a @ dequantized(b, scales, zp, k).T
+    assert np.abs(ours - exact).max() < 0.02 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("what", [dict(accuracy_level=1), dict(block_size=64)])
+def test_what_the_kernel_does_not_compute_stays_matmulnbits(kernel, what):
+    k, n = 128, 16
+    b, scales, zp = random_weight(np.random.default_rng(2), k, n)
+    if what.get("block_size") == 64:
+        b, scales = b.reshape(n, k // 64, 32), scales.reshape(n, -1)[:, ::2].reshape(-1).copy()
+        zp = zp.reshape(n, -1)[:, :1].reshape(-1).copy()
+    model = matmulnbits_model(k, n, b, scales, zp, **what)
+    assert kernels.rewrite(model, kernel) == []
+    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits"] and len(model.graph.initializer) == 3
+
+
+def test_a_machine_without_a_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(tmp_path))
+    reason = kernels.why_not()
+    if HERE_WHY_NOT is None:
+        assert reason == "no C compiler (cc, gcc or $CC) to build it with"
+        assert kernels.library() == (None, reason)
+
+
+def test_a_failed_build_says_why_and_leaves_no_file(monkeypatch, tmp_path):
+    if HERE_WHY_NOT is not None:
+        pytest.skip(HERE_WHY_NOT)
+    monkeypatch.setenv("CC", "false")  # a compiler that always fails
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(tmp_path))
+    path, reason = kernels.library()
+    assert path is None and reason.startswith("false failed to build q4_vnni.c")
+    assert not any((tmp_path / "kernels").iterdir())  # the temporary file is gone
+
+
+@needs_kernel
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(tmp_path))
+    path, _ = kernels.library()
+    assert path.parent == tmp_path / "kernels" and path.name.startswith("q4_vnni-")
+    stamp = path.stat().st_mtime_ns
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    assert kernels.library()[0] == path and path.stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+# ---- under the ONNX Runtime backend ----
+
+@pytest.fixture(scope="module")
+def int4_artifact(tmp_path_factory):
+    """A tiny Llama with int4 weights in blocks of 32 (every K a multiple of 32)."""
+    from export.build import BuildOptions, build
+    from tests.families import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("q4-ckpt"), "llama3", hidden_size=64,
+                                intermediate_size=96, head_dim=16)
+    out = tmp_path_factory.mktemp("q4-artifact") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, weights="int4"), log=lambda *_: None)
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("fused", [None, False])
+def test_the_backend_gives_matmulnbits_tokens(int4_artifact, fused):
+    prompts = ["hello world", "the quick brown fox jumps"]
+    results = {}
+    for choice in ("onnxruntime", "skipdecode"):
+        gen = runtime.load(int4_artifact, threads=2, int4_kernel=choice, fused=fused)
+        try:
+            assert gen.backend.int4_kernel == choice
+            results[choice] = gen.generate(prompts, 12, ignore_eos=True)
+            first = next(iter(gen.stream(prompts, 1))).logits  # (B, V)
+            results[choice + "-logits"] = first
+        finally:
+            gen.close()
+    assert results["skipdecode"].token_ids == results["onnxruntime"].token_ids
+    theirs, ours = results["onnxruntime-logits"], results["skipdecode-logits"]
+    assert np.abs(ours - theirs).max() < 0.05 * np.abs(theirs).max()
+
+
+def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_refused(int4_artifact, monkeypatch):
+    monkeypatch.setattr(kernels, "library", lambda: (None, "this CPU lacks avx512_vnni"))
+    gen = runtime.load(int4_artifact, threads=1)
+    try:
+        assert gen.backend.int4_kernel == "onnxruntime"
+        assert len(gen.generate("hello", 3, ignore_eos=True).token_ids[0]) == 3
+    finally:
+        gen.close()
+    with pytest.raises(InvalidArgumentError, match=r"int4_kernel='skipdecode' cannot run here: this CPU lacks "
+                                                   r"avx512_vnni; load with int4_kernel='auto' or 'onnxruntime'"):
+        runtime.load(int4_artifact, threads=1, int4_kernel="skipdecode")
+    with pytest.raises(InvalidArgumentError, match="int4_kernel must be one of auto, skipdecode, onnxruntime"):
+        runtime.load(int4_artifact, threads=1, int4_kernel="mlas")
