@@ -18,6 +18,7 @@ from .generation_config import GenerationConfig
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
+KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
 SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
 
 
@@ -57,6 +58,7 @@ def _parser():
     cli.add_spin(be)
     cli.add_huge_pages(be)
     cli.add_fused(be)
+    cli.add_int4_kernel(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")
@@ -152,7 +154,9 @@ def _run(args) -> int:
             print(f"{prompt!r} -> {text!r}")
     s = result.stats
     # The figures go to stderr: stdout holds the texts alone (`| head -1`, a file, another tool)
-    print(f"weights: {gen.manifest.weights_label}", file=sys.stderr)
+    kernel = getattr(gen.backend, "int4_kernel", None)
+    print(f"weights: {gen.manifest.weights_label}" + (f"; int4 products on {KERNEL_LABELS[kernel]}" if kernel else ""),
+          file=sys.stderr)
     if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
     if args.huge_pages:

@@ -159,6 +159,14 @@ def add_fused(group) -> None:
                             "their fused-operator variant (GroupQueryAttention), which it runs by default")
 
 
+def add_int4_kernel(group) -> None:
+    """--int4-kernel, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--int4-kernel", choices=("auto", "skipdecode", "onnxruntime"), default="auto",
+                       help="onnxruntime on the CPU, int4 artifacts: the products on this project's AVX-512 VNNI "
+                            "kernel (skipdecode, built with the machine's C compiler at first use) or ONNX "
+                            "Runtime's MatMulNBits; auto: skipdecode where it can run")
+
+
 def prefill_chunk(text: str) -> int | str | None:
     """argparse type of --prefill-chunk: 'auto', 'none' (whole prompts) or a number of tokens >= 1."""
     if text in ("auto", "none"):
@@ -206,6 +214,11 @@ def backend_options(args) -> dict:
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--no-fused applies to --backend onnxruntime, not {args.backend}")
         options["fused"] = False
+    kernel = getattr(args, "int4_kernel", "auto")
+    if kernel != "auto":
+        if args.backend != "onnxruntime":
+            raise InvalidArgumentError(f"--int4-kernel applies to --backend onnxruntime, not {args.backend}")
+        options["int4_kernel"] = kernel
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

@@ -432,7 +432,10 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         default) spins where no other process uses the cores at load (runtime.cpu_idle): spinning
         runs every ONNX Runtime session of the process on one shared pool; ``huge_pages``: True
         moves the weights it packed onto 2 MiB pages where Linux allows, ~2 ms per MiB at load
-        for a faster decode, runtime/hugepages.py).
+        for a faster decode, runtime/hugepages.py; ``int4_kernel``: "auto", the default, runs an
+        int4 artifact's products on this project's AVX-512 VNNI kernel where it can run (x86-64
+        Linux, a C compiler: runtime/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
+        insists on the former, "onnxruntime" on the latter).
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
@@ -460,7 +463,8 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, spin, huge_pages, fused, device, cuda_graphs, engine_dir) apply when ``model`` is a directory.
+    threads, spin, huge_pages, fused, int4_kernel, device, cuda_graphs, engine_dir) apply when ``model`` is a
+    directory.
     """
     # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's
     # and the backend's, which check it

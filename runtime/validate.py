@@ -225,7 +225,8 @@ def check_providers(providers) -> list | None:
 
 
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers."""
+    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers
+    (int4_kernel: the ONNX Runtime backend checks it)."""
     check_threads(options.get("threads"))
     if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.cpu_idle)
         check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",

@@ -209,6 +209,8 @@ class OnnxRuntimeBackend(Backend):
         draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
+        if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
+            self._q4, self.int4_kernel = None, "onnxruntime"
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
