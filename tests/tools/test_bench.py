@@ -414,6 +414,29 @@ def test_worker_loads_the_onnxruntime_rows_on_huge_pages_where_the_bench_asks(ti
     assert asked == ["none", True, True, "none"]
 
 
+def test_the_int4_rows_choose_their_kernel_and_share_one_export(tiny, monkeypatch):
+    """ort-int4 runs int4_kernel='auto' (runtime/kernels' VNNI kernel where it runs), ort-int4-mlas
+    the same export on ONNX Runtime's MatMulNBits: one export, two kernels, side by side."""
+    import runtime
+    from tools.bench.prepare import block_suffix
+    from tools.bench.rows import QUANTIZED, SAME_EXPORT
+    from tools.bench.worker import measure
+
+    asked = []
+
+    def load(directory, **options):
+        asked.append(options.get("int4_kernel", "none"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runtime, "load", load)
+    for kind in ("ort-int4", "ort-int4-mlas", "ort"):
+        with pytest.raises(KeyboardInterrupt):
+            measure(_spec(tiny, kind))
+    assert asked == ["auto", "onnxruntime", "none"]
+    assert QUANTIZED["ort-int4-mlas"] == QUANTIZED["ort-int4"] and SAME_EXPORT["ort-int4-mlas"] == "ort-int4"
+    assert block_suffix(32) == ""  # so both name artifact-ort-int4 at the default block
+
+
 def test_worker_process_prints_one_json_line(tiny):
     spec = _spec(tiny, "ort", batch=1)
     done = subprocess.run([sys.executable, "-m", "tools.bench.worker", json.dumps(spec)],

@@ -83,10 +83,10 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_
         gc.collect()
     built = {}
     for name in variants:  # quantized exports of the same checkpoint (tools.bench.rows.QUANTIZED)
-        from .rows import QUANTIZED
+        from .rows import QUANTIZED, SAME_EXPORT
 
         layers, head = QUANTIZED[name]
-        out = base / f"artifact-{name}{block_suffix(block_size)}"
+        out = base / f"artifact-{SAME_EXPORT.get(name, name)}{block_suffix(block_size)}"
         # the accuracy level too: artifacts made before the export's default changed are rebuilt
         vstamp = {**art_stamp, "weights": layers, "head_weights": head, "accuracy_level": DEFAULT_ACCURACY_LEVEL}
         if not _stamped(out, vstamp):

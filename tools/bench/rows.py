@@ -22,7 +22,10 @@ BACKENDS = {
     "ort-spin": "this project, ONNX Runtime backend, --spin (worker threads busy-wait briefly)",
     "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0 (now the default: as ort)",
     "optimum": "Optimum ORTModelForCausalLM",
-    "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block {block})",
+    "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block {block}), "
+                "the products on runtime/kernels' VNNI kernel where it runs (int4_kernel='auto')",
+    "ort-int4-mlas": "this project, ONNX Runtime backend, the ort-int4 export on ONNX Runtime's own MatMulNBits kernel "
+                     "(int4_kernel='onnxruntime')",
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",
     "ort-int8head": "this project, ONNX Runtime backend, int8 head, float layers",
     "ort-int8": "this project, ONNX Runtime backend, int8 weights (layers and head; MatMulNBits, block {block})",
@@ -34,8 +37,10 @@ BACKENDS = {
 }
 # The quantized rows run their own export of the same checkpoint: backend -> (layers, head) weights
 # (export.build.BuildOptions.weights / head_weights).
-QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4head": ("float", "int4"), "ort-int8": ("int8", "int8"),
-             "ort-int8head": ("float", "int8")}
+QUANTIZED = {"ort-int4": ("int4", "int4"), "ort-int4-mlas": ("int4", "int4"), "ort-int4head": ("float", "int4"),
+             "ort-int8": ("int8", "int8"), "ort-int8head": ("float", "int8")}
+SAME_EXPORT = {"ort-int4-mlas": "ort-int4"}  # rows that run another row's export, another way
+INT4_KERNEL = {"ort-int4-mlas": "onnxruntime"}  # the backend's int4_kernel per row (others: "auto")
 # ONNX Runtime GenAI's rows: backend -> its builder's precision (tools/bench/ortgenai_worker.py)
 ORTGENAI = {"ortgenai": "fp32", "ortgenai-int4": "int4"}
 # llama.cpp's rows: backend -> the GGUF's type (tools/bench/llamacpp_worker.py)

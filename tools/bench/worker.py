@@ -22,7 +22,7 @@ import sys
 import time
 
 from .hf_generate import peak_rss_bytes, timed_generate, timing_record
-from .rows import QUANTIZED
+from .rows import INT4_KERNEL, QUANTIZED
 
 KINDS = ("hf", "torch", "ort", "ort-spin", "ort-nospin", *QUANTIZED)
 
@@ -55,6 +55,8 @@ def measure_runtime(spec: dict) -> dict:
         options["spin"] = True if spec["kind"] == "ort-spin" else ("auto" if spec.get("spin") == "auto" else False)
         if spec.get("huge_pages"):
             options["huge_pages"] = True  # tools.bench --huge-pages
+        if spec["kind"] in QUANTIZED:
+            options["int4_kernel"] = INT4_KERNEL.get(spec["kind"], "auto")
     gen = runtime.load(spec["artifact_dir"], backend=backend, threads=spec["threads"], check_hashes=False,
                        max_batch=len(spec["prompts"]), **options)  # KV slots for exactly this batch
     load_s = time.perf_counter() - loaded
@@ -70,7 +72,8 @@ def measure_runtime(spec: dict) -> dict:
     record.update(load_s=load_s, layers_per_step=stats.layers_per_step,
                   compute_prefill_s=stats.prefill_seconds,  # embed + layers + head only
                   compute_step_s=[s.seconds for s in stats.steps],
-                  theoretical_speedup=stats.theoretical_speedup)
+                  theoretical_speedup=stats.theoretical_speedup,
+                  int4_kernel=getattr(gen.backend, "int4_kernel", None))  # which kernel ran the int4 products
     gen.close()
     return record
 
