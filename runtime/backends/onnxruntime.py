@@ -194,6 +194,8 @@ class OnnxRuntimeBackend(Backend):
         self._q4_handles: list[int] = []
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
+            # a rewritten graph comes as bytes: its other external weights are read from here
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(directory))
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
         # kernel packs them (MatMul, Gemm), holds the packed copy and lets the mapping go; for a
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
@@ -253,8 +255,8 @@ class OnnxRuntimeBackend(Backend):
 
             from .. import kernels
 
-            model = onnx.load(source)  # with its weights: the packed copy replaces them
-            handles = kernels.rewrite(model, self._q4)
+            model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs
+            handles = kernels.rewrite(model, self._q4, str(directory))
             if handles:
                 self._q4_handles += handles
                 source = model.SerializeToString()

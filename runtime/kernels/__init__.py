@@ -169,10 +169,12 @@ def eligible(node, inits: dict) -> bool:
     return inits[inputs[2]].data_type == onnx.TensorProto.FLOAT and attrs.get("K", 0) % BLOCK == 0
 
 
-def rewrite(model, kernel: Kernel) -> list[int]:
-    """Swaps ``model``'s eligible MatMulNBits nodes (its weights loaded, not external) for
-    ``skipdecode.Q4MatMul`` nodes over weights packed into ``kernel``; the weights' initializers
-    leave the graph where nothing else reads them. Returns the packed handles (none: unchanged)."""
+def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
+    """Swaps ``model``'s eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes over weights
+    packed into ``kernel`` (external data read from ``base_dir``); the weights' initializers leave
+    the graph where nothing else reads them, the others stay as they are (external ones too: the
+    RoPE tables every layer shares stay one mapping of weights.bin). Returns the packed handles
+    (none: the model is unchanged)."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -184,9 +186,9 @@ def rewrite(model, kernel: Kernel) -> list[int]:
             continue
         attrs = {a.name: a.i for a in node.attribute}
         k, n = attrs["K"], attrs["N"]
-        zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
-        handle = kernel.pack(numpy_helper.to_array(inits[node.input[1]]),
-                             numpy_helper.to_array(inits[node.input[2]]), zp, k, n)
+        read = lambda name: numpy_helper.to_array(inits[name], base_dir)  # noqa: E731
+        zp = read(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+        handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n)
         handles.append(handle)
         nodes.append(helper.make_node(OP, [node.input[0]], list(node.output), name=node.name, domain=DOMAIN,
                                       K=k, N=n, handle=handle))

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 
 #define GROUP 16
@@ -34,8 +35,13 @@ typedef struct {
     size_t bytes;
 } q4_weight;
 
-static q4_weight **table;
-static int64_t table_len, table_cap;
+/* The table: chunks of CHUNK entries that never move once made, so a session reading an entry
+ * never races a pack that grows the table; packs take the lock (ctypes lets go of the GIL). */
+#define CHUNK 1024
+#define CHUNKS 4096
+static q4_weight **chunks[CHUNKS];
+static int64_t table_len;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint8_t *alloc_huge(size_t bytes) {
     void *p = NULL;
@@ -70,29 +76,40 @@ int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, int64_t k, i
                 p[320 + r] = z ? (z[(size_t)row * zbytes + j / 2] >> ((j & 1) * 4)) & 15 : 8;
             }
         }
-    if (table_len == table_cap) {
-        int64_t cap = table_cap ? table_cap * 2 : 256;
-        q4_weight **t = realloc(table, (size_t)cap * sizeof *t);
-        if (!t) { free(w->data); free(w); return -1; }
-        table = t; table_cap = cap;
+    pthread_mutex_lock(&table_lock);
+    int64_t handle = table_len;
+    if (handle >= (int64_t)CHUNK * CHUNKS) handle = -1;
+    else if (!chunks[handle / CHUNK]) {
+        q4_weight **chunk = calloc(CHUNK, sizeof *chunk);
+        if (chunk) __atomic_store_n(&chunks[handle / CHUNK], chunk, __ATOMIC_RELEASE);
+        else handle = -1;
     }
-    table[table_len] = w;
-    return table_len++;
+    if (handle >= 0) {
+        __atomic_store_n(&chunks[handle / CHUNK][handle % CHUNK], w, __ATOMIC_RELEASE);
+        table_len++;
+    }
+    pthread_mutex_unlock(&table_lock);
+    if (handle < 0) { free(w->data); free(w); }
+    return handle;
+}
+
+static q4_weight *lookup(int64_t handle) {
+    if (handle < 0 || handle >= (int64_t)CHUNK * CHUNKS) return NULL;
+    q4_weight **chunk = __atomic_load_n(&chunks[handle / CHUNK], __ATOMIC_ACQUIRE);
+    return chunk ? __atomic_load_n(&chunk[handle % CHUNK], __ATOMIC_ACQUIRE) : NULL;
 }
 
 void q4_free(int64_t handle) {
-    if (handle < 0 || handle >= table_len || !table[handle]) return;
-    free(table[handle]->data);
-    free(table[handle]);
-    table[handle] = NULL;
+    q4_weight *w = lookup(handle);
+    if (!w) return;
+    __atomic_store_n(&chunks[handle / CHUNK][handle % CHUNK], NULL, __ATOMIC_RELEASE);
+    free(w->data);
+    free(w);
 }
 
 int64_t q4_bytes(int64_t handle) {
-    return handle >= 0 && handle < table_len && table[handle] ? (int64_t)table[handle]->bytes : -1;
-}
-
-static const q4_weight *lookup(int64_t handle) {
-    return handle >= 0 && handle < table_len ? table[handle] : NULL;
+    const q4_weight *w = lookup(handle);
+    return w ? (int64_t)w->bytes : -1;
 }
 
 /* An activation block quantized: its 16 even and 16 odd inputs (the low and high nibbles'

@@ -93,6 +93,26 @@ def test_products_match_matmulnbits(kernel, k, n, m, zp):
     assert np.abs(ours - theirs).max() / scale < 0.02
 
 
+def test_weights_packed_from_many_threads_at_once_each_keep_their_own_entry(kernel):
+    """ctypes lets go of the GIL: packs from several threads (two models loading at once) race for
+    the table, and a session may read it meanwhile; every handle must stay its own weight's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    k, n = 64, 40
+    rng = np.random.default_rng(3)
+    weights = [random_weight(rng, k, n) for _ in range(64)]
+    with ThreadPoolExecutor(8) as pool:
+        handles = list(pool.map(lambda w: kernel.pack(*w, k, n), weights))
+    assert len(set(handles)) == len(handles)
+    a = rng.standard_normal((2, k), dtype=np.float32)
+    for handle, (b, scales, zp) in zip(handles, weights):
+        exact = a @ dequantized(b, scales, zp, k).T
+        assert np.abs(kernel.matmul(handle, a) - exact).max() < 0.02 * np.abs(exact).max()
+        kernel.free(handle)
+    with pytest.raises(ValueError, match="no packed weight"):
+        kernel.matmul(handles[0], a)
+
+
 @pytest.mark.parametrize("rank", [2, 3])
 def test_the_rewritten_graph_runs_the_kernel_in_place_of_matmulnbits(kernel, rank):
     k, n = 256, 200
@@ -188,6 +208,23 @@ def test_the_backend_gives_matmulnbits_tokens(int4_artifact, fused):
     assert results["skipdecode"].token_ids == results["onnxruntime"].token_ids
     theirs, ours = results["onnxruntime-logits"], results["skipdecode-logits"]
     assert np.abs(ours - theirs).max() < 0.05 * np.abs(theirs).max()
+
+
+@needs_kernel
+def test_a_layer_graph_keeps_its_other_weights_in_weights_bin(int4_artifact, kernel):
+    """Only the packed weights leave a graph: the rest (the RoPE tables every layer shares, ~21 MB
+    a layer on Qwen3-0.6B) stay external, one mapping of weights.bin for all layers, not a copy per
+    layer (a copy per layer tripled Qwen3-0.6B's resident memory)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(int4_artifact / "layer_00.gqa.onnx"), load_external_data=False)
+    external = {t.name for t in model.graph.initializer if uses_external_data(t)}
+    handles = kernels.rewrite(model, kernel, str(int4_artifact))
+    assert len(handles) == 4  # q/k/v, o, gate/up, down
+    kept = {t.name: uses_external_data(t) for t in model.graph.initializer}
+    assert any(name.startswith("rope.") for name in kept) and all(kept[n] for n in kept if n in external)
+    assert not any(name.endswith(("_Q4", "_scales", "_zero_points")) for name in kept)
 
 
 def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_refused(int4_artifact, monkeypatch):
