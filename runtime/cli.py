@@ -161,7 +161,9 @@ def add_fused(group) -> None:
 
 def add_int4_kernel(group) -> None:
     """--int4-kernel, the same in ``python -m runtime`` and ``python -m runtime serve``."""
-    group.add_argument("--int4-kernel", choices=("auto", "skipdecode", "onnxruntime"), default="auto",
+    from .kernels import CHOICES
+
+    group.add_argument("--int4-kernel", choices=CHOICES, default="auto",
                        help="onnxruntime on the CPU, int4 artifacts: the products on this project's AVX-512 VNNI "
                             "kernel (skipdecode, built with the machine's C compiler at first use) or ONNX "
                             "Runtime's MatMulNBits; auto: skipdecode where it can run")

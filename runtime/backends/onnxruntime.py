@@ -71,7 +71,6 @@ def _x86_cpu_only(providers) -> bool:
     return set(names_only(providers)) == {"CPUExecutionProvider"} and platform.machine().lower() in ("x86_64", "amd64")
 
 
-INT4_KERNELS = ("auto", "skipdecode", "onnxruntime")  # auto: skipdecode where runtime.kernels can run
 SPIN_US = 50  # spin=True without the shared pool: longest busy-wait of an idle worker (µs); a
 # layer's operators come µs apart, and ONNX Runtime's default duration cost 2x more than this
 # beside a busy process
@@ -190,7 +189,7 @@ class OnnxRuntimeBackend(Backend):
         use_fused = bool(manifest.fused) and fused is not False and cpu_only
         directory = Path(directory)
         # int4_kernel: the int4 products on this project's kernel (runtime/kernels) or ONNX Runtime's
-        self._q4, self.int4_kernel = self._int4_kernel(int4_kernel, manifest, cpu_only)
+        self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
@@ -213,6 +212,7 @@ class OnnxRuntimeBackend(Backend):
         self.huge_page_bytes = hugepages.collapse_new(before)
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
             self._q4, self.int4_kernel = None, "onnxruntime"
+            self.int4_kernel_note = "no MatMulNBits of 4 bits, blocks of 32 and int8 activations to take"
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
@@ -230,23 +230,22 @@ class OnnxRuntimeBackend(Backend):
     @staticmethod
     def _int4_kernel(choice: str, manifest: Manifest, cpu_only: bool):
         """(the loaded kernel or None, which kernel the int4 products run on: "skipdecode",
-        "onnxruntime", or None for an artifact without int4 weights)."""
+        "onnxruntime", or None for an artifact without int4 weights, and why not ours, or "")."""
         from .. import kernels
 
-        if choice not in INT4_KERNELS:
-            raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(INT4_KERNELS)}, got {choice!r}")
+        if choice not in kernels.CHOICES:
+            raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(kernels.CHOICES)}, got {choice!r}")
         if "int4" not in manifest.weights.values():
-            return None, None
+            return None, None, ""
         if choice == "onnxruntime":
-            return None, "onnxruntime"
-        reason = "it runs on the CPU provider alone" if not cpu_only else None
-        path, reason = (None, reason) if reason else kernels.library()
+            return None, "onnxruntime", "int4_kernel='onnxruntime'"
+        path, reason = kernels.library() if cpu_only else (None, "it runs on the CPU provider alone")
         if path is None:
             if choice == "skipdecode":
                 raise InvalidArgumentError(f"int4_kernel='skipdecode' cannot run here: {reason}; load with "
                                            f"int4_kernel='auto' or 'onnxruntime' (ONNX Runtime's MatMulNBits)")
-            return None, "onnxruntime"
-        return kernels.Kernel(path), "skipdecode"
+            return None, "onnxruntime", f"runtime/kernels cannot run here: {reason}"
+        return kernels.Kernel(path), "skipdecode", ""
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         source = str(directory / spec.file)

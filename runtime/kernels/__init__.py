@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("q4_vnni.c")
+CHOICES = ("auto", "skipdecode", "onnxruntime")  # int4_kernel: auto = skipdecode where it can run
 DOMAIN = "skipdecode"
 OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)

@@ -232,6 +232,7 @@ def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_ref
     gen = runtime.load(int4_artifact, threads=1)
     try:
         assert gen.backend.int4_kernel == "onnxruntime"
+        assert gen.backend.int4_kernel_note == "runtime/kernels cannot run here: this CPU lacks avx512_vnni"
         assert len(gen.generate("hello", 3, ignore_eos=True).token_ids[0]) == 3
     finally:
         gen.close()
@@ -240,3 +241,22 @@ def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_ref
         runtime.load(int4_artifact, threads=1, int4_kernel="skipdecode")
     with pytest.raises(InvalidArgumentError, match="int4_kernel must be one of auto, skipdecode, onnxruntime"):
         runtime.load(int4_artifact, threads=1, int4_kernel="mlas")
+
+
+def test_the_command_line_says_which_kernel_ran_the_int4_products_and_why(int4_artifact, capsys, monkeypatch):
+    from runtime.__main__ import main
+
+    argv = [str(int4_artifact), "hello", "--max-new-tokens", "2", "--threads", "1", "--no-check-hashes"]
+    assert main([*argv, "--int4-kernel", "onnxruntime"]) == 0
+    assert ("int4 products on ONNX Runtime's MatMulNBits (int4_kernel='onnxruntime')"
+            in capsys.readouterr().err)
+    if HERE_WHY_NOT is None:
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert "int4 products on the AVX-512 VNNI kernel of runtime/kernels\n" in err
+    monkeypatch.setattr(kernels, "library", lambda: (None, "this CPU lacks avx512_vnni"))
+    assert main(argv) == 0
+    assert ("int4 products on ONNX Runtime's MatMulNBits (runtime/kernels cannot run here: this CPU lacks "
+            "avx512_vnni)" in capsys.readouterr().err)
+    assert main([*argv, "--int4-kernel", "skipdecode"]) == 2
+    assert "error: int4_kernel='skipdecode' cannot run here: this CPU lacks avx512_vnni" in capsys.readouterr().err
