@@ -131,6 +131,20 @@ def test_the_rewritten_graph_runs_the_kernel_in_place_of_matmulnbits(kernel, ran
     assert np.abs(ours - exact).max() < 0.02 * np.abs(exact).max()
 
 
+def test_a_graph_whose_weights_are_gone_is_refused_with_the_reason(kernel):
+    """A rewritten graph names its weights by a handle of this process's table: loaded in another
+    process, or after its backend closed, it must fail at load with a message, never read freed
+    memory."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    k, n = 64, 16
+    model = matmulnbits_model(k, n, *random_weight(np.random.default_rng(4), k, n))
+    (handle,) = kernels.rewrite(model, kernel)
+    kernel.free(handle)
+    with pytest.raises(Fail, match="Q4MatMul: its handle names no packed weight of this process"):
+        session(model, library=kernel.path)
+
+
 @pytest.mark.parametrize("what", [dict(accuracy_level=1), dict(block_size=64)])
 def test_what_the_kernel_does_not_compute_stays_matmulnbits(kernel, what):
     k, n = 128, 16
