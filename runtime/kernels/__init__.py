@@ -82,10 +82,15 @@ def library() -> tuple[Path | None, str]:
             return _BUILT[key]
         target = cache_dir() / f"q4_vnni-{key}.so"
         if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            except OSError as exc:
+                _BUILT[key] = (None, f"cannot write its build to {target.parent} ({exc.strerror or exc}); "
+                                     f"set SKIPDECODE_CACHE to a writable folder")
+                return _BUILT[key]
             os.close(fd)
+            cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
             done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
             if done.returncode != 0:
                 os.unlink(tmp)

@@ -135,13 +135,11 @@ def test_a_graph_whose_weights_are_gone_is_refused_with_the_reason(kernel):
     """A rewritten graph names its weights by a handle of this process's table: loaded in another
     process, or after its backend closed, it must fail at load with a message, never read freed
     memory."""
-    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
-
     k, n = 64, 16
     model = matmulnbits_model(k, n, *random_weight(np.random.default_rng(4), k, n))
     (handle,) = kernels.rewrite(model, kernel)
     kernel.free(handle)
-    with pytest.raises(Fail, match="Q4MatMul: its handle names no packed weight of this process"):
+    with pytest.raises(Exception, match="Q4MatMul: its handle names no packed weight of this process"):
         session(model, library=kernel.path)
 
 
@@ -177,6 +175,19 @@ def test_a_failed_build_says_why_and_leaves_no_file(monkeypatch, tmp_path):
     path, reason = kernels.library()
     assert path is None and reason.startswith("false failed to build q4_vnni.c")
     assert not any((tmp_path / "kernels").iterdir())  # the temporary file is gone
+
+
+def test_a_cache_folder_that_cannot_be_written_falls_back_with_the_fix(monkeypatch, tmp_path):
+    if HERE_WHY_NOT is not None:
+        pytest.skip(HERE_WHY_NOT)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setenv("SKIPDECODE_CACHE", str(blocker))
+    path, reason = kernels.library()
+    assert path is None and reason.startswith(f"cannot write its build to {blocker / 'kernels'} (")
+    assert reason.endswith("set SKIPDECODE_CACHE to a writable folder")
+    assert blocker.read_text() == "not a folder"
 
 
 @needs_kernel
