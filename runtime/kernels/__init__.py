@@ -31,7 +31,7 @@ OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
 MIN_ORT = (1, 17)  # KernelContext_ParallelFor: the kernel runs on the session's own threads
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
-CFLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fPIC", "-shared")
+CFLAGS = ("-O3", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fPIC", "-shared")
 
 _LOCK = threading.Lock()
 _BUILT: dict[str, tuple[Path | None, str]] = {}

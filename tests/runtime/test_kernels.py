@@ -204,35 +204,74 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
 # ---- under the ONNX Runtime backend ----
 
 @pytest.fixture(scope="module")
-def int4_artifact(tmp_path_factory):
-    """A tiny Llama with int4 weights in blocks of 32 (every K a multiple of 32)."""
+def artifacts(tmp_path_factory):
+    """A tiny Llama (every K a multiple of 32) exported twice: float32 and int4 in blocks of 32."""
     from export.build import BuildOptions, build
     from tests.families import save_tiny_checkpoint
 
     ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("q4-ckpt"), "llama3", hidden_size=64,
                                 intermediate_size=96, head_dim=16)
-    out = tmp_path_factory.mktemp("q4-artifact") / "model"
-    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, weights="int4"), log=lambda *_: None)
+    out = {}
+    for weights in ("float", "int4"):
+        out[weights] = tmp_path_factory.mktemp(f"q4-artifact-{weights}") / "model"
+        build(BuildOptions(model=str(ckpt), out=str(out[weights]), progress=False, weights=weights),
+              log=lambda *_: None)
     return out
+
+
+@pytest.fixture(scope="module")
+def int4_artifact(artifacts):
+    return artifacts["int4"]
+
+
+PROMPTS = ["hello world", "the quick brown fox jumps", "a", "one two three four five six seven"]
+
+
+def first_logits(artifact, **options):
+    gen = runtime.load(artifact, threads=2, **options)
+    try:
+        return next(iter(gen.stream(PROMPTS, 1))).logits  # (B, V)
+    finally:
+        gen.close()
 
 
 @needs_kernel
 @pytest.mark.parametrize("fused", [None, False])
-def test_the_backend_gives_matmulnbits_tokens(int4_artifact, fused):
-    prompts = ["hello world", "the quick brown fox jumps"]
-    results = {}
+def test_the_backend_is_as_close_to_the_float_model_as_matmulnbits(artifacts, fused):
+    """Both kernels quantize the activations to int8 and read the same int4 weights; ours keeps
+    the scales as float16. Ours may be no further from the float model's logits than MatMulNBits
+    by more than a tenth of what int4 itself costs (on this random model ~0.51 of the logits'
+    norm, 0.519 with ours; with the zero points ignored 1.31, the nibbles swapped 1.48)."""
+    exact = first_logits(artifacts["float"], fused=fused)
+    error = {k: np.linalg.norm(first_logits(artifacts["int4"], int4_kernel=k, fused=fused) - exact)
+             / np.linalg.norm(exact) for k in ("onnxruntime", "skipdecode")}
+    assert error["onnxruntime"] < 0.7 and error["skipdecode"] < 1.1 * error["onnxruntime"], error
+
+
+@needs_kernel
+@pytest.mark.parametrize("fused", [None, False])
+def test_the_backend_gives_matmulnbits_tokens_but_for_near_ties(int4_artifact, fused):
+    """Greedy tokens are MatMulNBits' until a step where MatMulNBits itself had nearly as good a
+    case for our token: a random model's flat logits, where the kernels' few-percent difference
+    decides a near tie; the logits stay within that difference at every step before it."""
+    steps = {}
     for choice in ("onnxruntime", "skipdecode"):
         gen = runtime.load(int4_artifact, threads=2, int4_kernel=choice, fused=fused)
         try:
             assert gen.backend.int4_kernel == choice
-            results[choice] = gen.generate(prompts, 12, ignore_eos=True)
-            first = next(iter(gen.stream(prompts, 1))).logits  # (B, V)
-            results[choice + "-logits"] = first
+            steps[choice] = [(e.token_ids, e.logits) for e in gen.stream(PROMPTS, 16, ignore_eos=True)]
         finally:
             gen.close()
-    assert results["skipdecode"].token_ids == results["onnxruntime"].token_ids
-    theirs, ours = results["onnxruntime-logits"], results["skipdecode-logits"]
-    assert np.abs(ours - theirs).max() < 0.05 * np.abs(theirs).max()
+    agreed = 0
+    for (theirs, their_logits), (ours, our_logits) in zip(steps["onnxruntime"], steps["skipdecode"]):
+        scale = np.abs(their_logits).max()
+        assert np.abs(our_logits - their_logits).max() < 0.1 * scale
+        if ours != theirs:
+            for row, (o, t) in enumerate(zip(ours, theirs)):
+                assert their_logits[row, t] - their_logits[row, o] < 0.1 * scale
+            break
+        agreed += 1
+    assert agreed >= 3  # the same model: its first steps agree outright
 
 
 @needs_kernel
