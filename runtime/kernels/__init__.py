@@ -30,7 +30,7 @@ DOMAIN = "skipdecode"
 OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
 MIN_ORT = (1, 17)  # KernelContext_ParallelFor: the kernel runs on the session's own threads
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
 CFLAGS = ("-O3", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fPIC", "-shared")
 
 _LOCK = threading.Lock()
