@@ -62,15 +62,19 @@ def why_not() -> str | None:
     version = tuple(int(p) for p in onnxruntime.__version__.split(".")[:2] if p.isdigit())
     if version < MIN_ORT:
         return f"ONNX Runtime {onnxruntime.__version__} predates {'.'.join(map(str, MIN_ORT))}"
-    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+    if not _compiler():
         return "no C compiler (cc, gcc or $CC) to build it with"
     return None
 
 
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def library() -> tuple[Path | None, str]:
-    """(the built library, "") or (None, why not). Built once per source, compiler flags and
-    machine into cache_dir(); a build writes to a temporary name and renames, so concurrent
-    processes never load half a file."""
+    """(the built library, "") or (None, why not). Built once per source and compiler flags into
+    cache_dir(); a build writes to a temporary name and renames, so concurrent processes never
+    load half a file."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
     with _LOCK:
@@ -90,7 +94,7 @@ def library() -> tuple[Path | None, str]:
                                      f"set SKIPDECODE_CACHE to a writable folder")
                 return _BUILT[key]
             os.close(fd)
-            cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
+            cc = _compiler()
             done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
             if done.returncode != 0:
                 os.unlink(tmp)
@@ -113,8 +117,6 @@ class Kernel:
         self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr]
         self._lib.q4_matmul.restype = ctypes.c_int
         self._lib.q4_free.argtypes = [i64]
-        self._lib.q4_bytes.argtypes = [i64]
-        self._lib.q4_bytes.restype = i64
         self._cols: dict[int, int] = {}  # handle -> N
 
     def pack(self, b, scales, zero_points, k: int, n: int) -> int:
@@ -147,9 +149,6 @@ class Kernel:
         if self._lib.q4_matmul(handle, a.ctypes.data, a.shape[0], y.ctypes.data) != 0:
             raise ValueError(f"q4_matmul failed on weight {handle}")
         return y
-
-    def bytes(self, handle: int) -> int:
-        return int(self._lib.q4_bytes(handle))
 
     def free(self, handle: int) -> None:
         self._cols.pop(handle, None)

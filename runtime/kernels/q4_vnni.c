@@ -111,11 +111,6 @@ void q4_free(int64_t handle) {
     free(w);
 }
 
-int64_t q4_bytes(int64_t handle) {
-    const q4_weight *w = lookup(handle);
-    return w ? (int64_t)w->bytes : -1;
-}
-
 /* An activation block quantized: its 16 even and 16 odd inputs (the low and high nibbles'
  * partners), the float scale and the int8 values' sum (for the zero points). */
 typedef struct {
