@@ -4,7 +4,9 @@ ONNX Runtime's MatMulNBits kernel (MLAS) reads an int4 decode step at ~2.2x the 
 a 2-core Zen 4, where llama.cpp's q4_0 reads it at ~1.7x (docs/benchmarks.md, "Issue 28
 re-measured"): at batch 1 the int4 products are compute-bound there. ``q4_vnni.c`` computes what
 MatMulNBits computes for bits=4, block_size=32 at accuracy level 4 (int8 activations, the same
-weights, zero points or none) from a layout that feeds 16 output rows per 64-byte load.
+weights, zero points or none; its scales kept as float16) from a layout that feeds 16 output rows
+per 64-byte load: int4 steps 1.3x-1.6x faster there (docs/benchmarks.md, "This project's int4
+kernel").
 
 ``rewrite`` swaps a graph's eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes whose
 weights it packed into the library's table (the graph keeps no copy of them); ``library`` builds

@@ -145,7 +145,7 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
     for (int t = 0; t < M_TILE; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *p = w->data + (size_t)g * w->blocks * GROUP_BLOCK;
     for (int64_t j = 0; j < w->blocks; j++, p += GROUP_BLOCK) {
-        _mm_prefetch((const char *)(p + 4096), _MM_HINT_T0); /* ~12 blocks ahead */
+        _mm_prefetch((const char *)(p + 4096), _MM_HINT_T0); /* ~14 blocks ahead */
         _mm_prefetch((const char *)(p + 4096 + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 4096 + 128), _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 4096 + 192), _MM_HINT_T0);
