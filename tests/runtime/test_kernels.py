@@ -155,6 +155,21 @@ def test_what_the_kernel_does_not_compute_stays_matmulnbits(kernel, what):
     assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits"] and len(model.graph.initializer) == 3
 
 
+@pytest.mark.parametrize("system,machine,flags,reason", [
+    ("Linux", "aarch64", "fp asimd asimddp", "it is written for x86-64 Linux, not Linux aarch64"),
+    ("Linux", "x86_64", "fpu sse avx2 avx512f avx512bw avx512vl avx512dq f16c",
+     "this CPU lacks avx512_vnni"),
+    ("Linux", "x86_64", "fpu avx2 f16c", "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni"),
+])
+def test_a_cpu_the_kernel_is_not_written_for_is_named(monkeypatch, system, machine, flags, reason):
+    real_read = kernels.Path.read_text
+    monkeypatch.setattr(kernels.platform, "system", lambda: system)
+    monkeypatch.setattr(kernels.platform, "machine", lambda: machine)
+    monkeypatch.setattr(kernels.Path, "read_text", lambda self, *a, **k: f"processor\t: 0\nflags\t\t: {flags}\n"
+                        if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k))
+    assert kernels.why_not() == reason
+
+
 def test_a_machine_without_a_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
