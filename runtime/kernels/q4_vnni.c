@@ -138,6 +138,14 @@ static void quantize(const float *a, int64_t blocks, act_block *out) {
     }
 }
 
+/* Every activation row of a (m x k) quantized for weight w; NULL when out of memory. */
+static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m) {
+    act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
+    if (act)
+        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
+    return act;
+}
+
 /* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
 static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, float *y) {
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -198,9 +206,8 @@ static void run_item(void *data, size_t i) { run_items((const job *)data, (int64
 int q4_matmul(int64_t handle, const float *a, int64_t m, float *y) {
     const q4_weight *w = lookup(handle);
     if (!w) return -1;
-    act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
+    act_block *act = quantize_rows(w, a, m);
     if (!act) return -2;
-    for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
     job jb = {w, act, m, y, 1};
     run_items(&jb, 0, w->groups);
     free(act);
@@ -322,9 +329,8 @@ static ort_status compute(void *kn_, void *context) {
     TRY(CALL(api, API_GetTensorMutableData, data_fn)(a_value, (void **)&a));
     TRY(CALL(api, API_GetTensorMutableData, data_fn)(y_value, (void **)&y));
     if (m == 0) return NULL;
-    act_block *act = malloc((size_t)m * w->blocks * sizeof *act);
+    act_block *act = quantize_rows(w, a, m);
     if (!act) return fail(api, "Q4MatMul: out of memory");
-    for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
     job jb = {w, act, m, y, 4}; /* 4 groups an item: 64 rows, a few KB of weights per call */
     size_t items = (size_t)((w->groups + jb.per_item - 1) / jb.per_item);
     st = CALL(api, API_KernelContext_ParallelFor, parallel_fn)(context, run_item, items, 0, &jb);
