@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import Backend
-from .backends.base import DecodeStep
+from .backends.base import DecodeStep, VerifyPass
 from .detokenize import IncrementalDetokenizer
 from .errors import SkipDecodeError
 from .generation_config import GenerationConfig
@@ -555,12 +555,12 @@ class Engine:
             ids[s.row, : n + 1] = [s.first, *(d for d, _ in s.drafts)]
             new[s.row, : n + 1] = 1
             update[s.row] = True
-        cache.reserve(0, R, T)
-        mask = cache.mask(0, R, new)  # (R, W + T)
-        rows = np.array([s.row for s in ready])
-        hidden = self.backend.embed(ids, mask)  # (R, T, D)
-        hidden = self.backend.run_layers(cache, 0, R, hidden, mask, range(L), [update] * L)
-        logits = self.backend.head_all(hidden, rows)  # (len(ready), T, V)
+        # the verified rows' T positions must fit; a row that rides along writes nothing, so one
+        # near the capacity does not stop the pass
+        longest = max(ready, key=lambda s: cache.length[s.row]).row
+        cache.reserve(longest, longest + 1, T)
+        check = VerifyPass(ids, cache.mask(0, R, new), update, np.array([s.row for s in ready]), L)
+        logits = self.backend.verify(check, cache)  # (len(ready), T, V)
         for s in ready:
             cache.grow(s.row, len(s.drafts) + 1)
         seconds = time.perf_counter() - began

@@ -19,6 +19,8 @@ A decode step is one call, ``decode(step, cache)``, whose default (``run_decode`
 embed, the step's layers, head over the decoding rows ``[0, step.rows)``. A backend that can run
 the whole step at once overrides it: the torch backend replays one CUDA graph per active-layer set
 (backends/cuda_graphs.py); the ONNX Runtime IOBinding backend uploads the mask once per step.
+A lossless verify pass is one call too, ``verify(check, cache)`` (default ``run_verify``: embed,
+every layer, ``head_all``), which the torch backend replays as a captured graph as well.
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ class DecodeStep:
     layers: list[int]  # the union of the rows' active sets, ascending
     updates: np.ndarray  # (len(layers), R) bool: per layer, the rows whose active set holds it
     draft: bool = False  # every row's logits are a lossless draft's: the backend may read its draft head
+
+    @property
+    def rows(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class VerifyPass:
+    """A lossless verify pass: T tokens for each of the decoding rows [0, rows) at full depth."""
+
+    input_ids: np.ndarray  # (R, T) int64: a verified row's first draft input and its drafts, then pad
+    attention_mask: np.ndarray  # (R, W + T) int64: the rows' valid past, then the positions written
+    updates: np.ndarray  # (R,) bool: the rows verified; the others ride along and write nothing
+    verified: np.ndarray  # (n,) int64: the verified rows, whose logits come back
+    depth: int  # the model's layers, all of which the pass runs
 
     @property
     def rows(self) -> int:
@@ -112,6 +129,12 @@ class Backend(ABC):
         """One decode step: fp32 logits (step.rows, V)."""
         return run_decode(self, step, cache)
 
+    def verify(self, check: VerifyPass, cache: KVCache) -> np.ndarray:
+        """One verify pass, every layer writing the verified rows' K/V at their T new positions:
+        fp32 logits (len(check.verified), T, V) of every position. The cache's lengths do not move
+        (the engine grows the rows by what they keep)."""
+        return run_verify(self, check, cache)
+
     def close(self) -> None:
         """Release sessions and device memory (nothing to do by default)."""
         return None
@@ -129,6 +152,13 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
         cache.write(index, new_key, new_value, rows if update is None else np.flatnonzero(update), start)
         hidden = out if update is None or update.all() else backend.keep(update, out, hidden)
     return hidden
+
+
+def run_verify(backend: Backend, check: VerifyPass, cache: KVCache) -> np.ndarray:
+    hidden = backend.embed(check.input_ids, check.attention_mask)  # (R, T, D)
+    hidden = backend.run_layers(cache, 0, check.rows, hidden, check.attention_mask, range(check.depth),
+                                [check.updates] * check.depth)
+    return backend.head_all(hidden, check.verified)  # (n, T, V)
 
 
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:

@@ -25,6 +25,12 @@ either copied into them or made part of the key:
   an indexed write of every row, rows not updated writing back what was there (a row-count-free
   form, since ``nonzero`` would synchronise with the host and cannot be captured).
 
+A lossless **verify pass** (T tokens per row at full depth, runtime.engine) is captured the same
+way, its token count part of the key: T is padded to a multiple of ``VERIFY_TOKENS`` (passes of 2
+to 17 tokens take 5 graphs per batch and width bucket), the padding positions masked and never
+written. Eagerly, a pass launches every layer's ~75 kernels from Python and costs several decode
+steps (docs/benchmarks-gpu.md), which no draft saves back.
+
 Warm-up runs before a capture execute the step for real: they write the same K/V at the same
 positions (each row's new position is masked in its own step), so running a step several times
 gives what running it once does. Graphs share one memory pool, as only one runs at a time.
@@ -51,6 +57,8 @@ WARMUP_RUNS = 2  # eager runs on a side stream before a capture (cuBLAS handles,
 # workload revisits: one generation under a 16->8 policy uses ~16 keys per batch bucket. The least
 # recently replayed step goes first, and is captured again if it comes back.
 MAX_GRAPHS = 128
+VERIFY_TOKENS = 4  # a verify pass's tokens are padded to a multiple of this (fewer graphs; the padding
+# is compute on a few more rows of each product, which launches, not arithmetic, bound at this size)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -71,11 +79,19 @@ def batch_bucket(rows_needed: int, rows: int) -> int:
     return min(_pow2_at_least(rows_needed), rows)
 
 
+def tokens_bucket(tokens: int) -> int:
+    """The tokens a verify pass of ``tokens`` runs at: a multiple of ``VERIFY_TOKENS``."""
+    if tokens < 1:
+        raise ValueError(f"a pass runs at least one token, got {tokens}")
+    return -(-tokens // VERIFY_TOKENS) * VERIFY_TOKENS
+
+
 @dataclass(frozen=True)
 class GraphKey:
     layers: tuple[int, ...]  # the active-layer set, ascending
     batch: int  # the first `batch` rows of the KV cache run
     width: int  # past positions attention reads
+    tokens: int = 0  # a verify pass's tokens per row (tokens_bucket); 0: a decode step (one token)
 
 
 class EagerCapture:
@@ -162,5 +178,5 @@ def default_capture(device: torch.device, cuda_graphs: bool | None):
     return CudaGraphCapture(device)
 
 
-__all__ = ["CudaGraphCapture", "EagerCapture", "GraphCache", "GraphKey", "MAX_GRAPHS", "MIN_WIDTH", "batch_bucket",
-           "default_capture", "width_bucket"]
+__all__ = ["CudaGraphCapture", "EagerCapture", "GraphCache", "GraphKey", "MAX_GRAPHS", "MIN_WIDTH", "VERIFY_TOKENS",
+           "batch_bucket", "default_capture", "tokens_bucket", "width_bucket"]

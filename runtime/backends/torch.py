@@ -15,8 +15,8 @@ addresses never change.
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
 calls; only the logits of the last position come back to the host. On CUDA a decode step is
 replayed from a CUDA graph captured per active-layer set, batch bucket and width bucket
-(backends/cuda_graphs.py, which says how the shapes are made static); ``cuda_graphs=False`` runs
-every step eagerly.
+(backends/cuda_graphs.py, which says how the shapes are made static), and so is a lossless verify
+pass, per batch, width and token bucket; ``cuda_graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from ..errors import ArtifactError, InvalidArgumentError
 from ..models import family_named
 from ..kvcache import ArrayStorage, KVCache
 from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
-from .base import Backend, DecodeStep, run_decode
-from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, width_bucket
+from .base import Backend, DecodeStep, VerifyPass, run_decode, run_verify
+from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, tokens_bucket, width_bucket
 
 HF_CONFIG_DIR = "hf_config"  # written by `python -m export build` beside the graphs
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -242,6 +242,18 @@ class TorchBackend(Backend):
         return static.logits[: step.rows].cpu().numpy()  # (R, V) fp32
 
     @torch.inference_mode()
+    def verify(self, check: VerifyPass, cache: KVCache):
+        if self.graphs is None:
+            return run_verify(self, check, cache)
+        T = check.input_ids.shape[1]
+        key = GraphKey(tuple(range(check.depth)), batch_bucket(check.rows, cache.max_rows),
+                       width_bucket(cache.width, cache.capacity), tokens_bucket(T))
+        static, replay = self.graphs.get(key, lambda k: StaticVerify(self, k))
+        static.load(check, cache.length[: check.rows])
+        replay()
+        return static.logits[self._tensor(check.verified), :T].cpu().numpy()  # (n, T, V) fp32
+
+    @torch.inference_mode()
     def head(self, hidden, rows=None):
         hidden = self._hidden(hidden)
         last = hidden[:, -1:, :] if rows is None else hidden[self._tensor(rows), -1:, :]  # (R, 1, D)
@@ -310,4 +322,61 @@ class StaticStep:
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
 
-__all__ = ["StaticStep", "TorchBackend", "read_graph_weights", "load_hf_model"]
+class StaticVerify:
+    """One lossless verify pass of fixed shape (cuda_graphs.GraphKey with ``tokens``): T tokens for
+    each of the KV cache's first ``batch`` rows at full depth, over a past of ``width`` positions.
+
+    It runs each layer's exported ``forward`` (the math of the eager pass, ``run_verify``) on the
+    cache's views, then writes the verified rows' new K/V at their positions; a row that rides
+    along (not verified), a padding token and the bucket's extra rows write back what was there.
+    Inputs, in one int64 buffer: ids (B, T), the mask (B, W + T) with the real past left-aligned
+    and the new positions last, positions (B,) (each row's length: where its first new K/V go),
+    writes (B, T) (1 where a new position is written). ``logits`` (B, T, V) fp32 is the result.
+    """
+
+    def __init__(self, backend: TorchBackend, key: GraphKey):
+        self.backend, self.key = backend, key
+        B, W, T = key.batch, key.width, key.tokens
+        sizes = [B * T, B * (W + T), B, B * T]
+        self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
+        self.host = np.zeros(sum(sizes), np.int64)  # staged here, then copied in one transfer
+        ids, mask, positions, writes = torch.split(self.inputs, sizes)
+        self.ids, self.mask = ids.view(B, T), mask.view(B, W + T)  # (B, T), (B, W + T)
+        self.positions, self.writes = positions, writes.view(B, T)  # (B,), (B, T)
+        self.at = torch.arange(B, device=backend.device)[:, None].expand(B, T)  # (B, T) each row's own
+        self.offsets = torch.arange(T, device=backend.device)  # (T,)
+        self.logits: torch.Tensor | None = None  # (B, T, V) fp32, set by run
+
+    def load(self, check: VerifyPass, positions: np.ndarray) -> None:
+        """The pass's inputs; ``positions`` (R,): the rows' lengths, where their first new K/V go."""
+        B, W, T = self.key.batch, self.key.width, self.key.tokens
+        R, t = check.input_ids.shape
+        past = check.attention_mask.shape[1] - t
+        self.host[:] = 0  # padding tokens and rows past R: nothing valid, nothing written
+        ids, mask, pos, writes = np.split(self.host, np.cumsum([B * T, B * (W + T), B]))
+        ids.reshape(B, T)[:R, :t] = check.input_ids
+        mask = mask.reshape(B, W + T)
+        mask[:R, :past], mask[:R, W:W + t] = check.attention_mask[:, :past], check.attention_mask[:, past:]
+        pos[:R] = positions
+        writes.reshape(B, T)[:R, :t] = check.attention_mask[:, past:] * check.updates[:, None]
+        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+
+    def run(self) -> None:
+        backend, B, W = self.backend, self.key.batch, self.key.width
+        storage = backend.storage
+        # (B, T): the cache column of each new position; a row near the capacity that writes
+        # nothing wraps around (the indices stay in the buffer and never meet a written one)
+        cols = (self.positions[:, None] + self.offsets) % storage.capacity
+        write = self.writes.bool()[:, :, None, None]  # (B, T, 1, 1)
+        at_k, at_v = (self.at, slice(None), slice(None), cols), (self.at, slice(None), cols)
+        hidden = backend.model.embed(self.ids, self.mask)  # (B, T, D)
+        for index in self.key.layers:
+            keys, values = storage.keys[index], storage.values[index]  # (rows, nh, hd, C), (rows, nh, C, hd)
+            hidden, new_key, new_value = backend.layers[index](
+                hidden, self.mask, keys[:B, ..., :W], values[:B, :, :W])  # new K/V (B, nh, T, hd)
+            keys[at_k] = torch.where(write, new_key.transpose(1, 2), keys[at_k])  # (B, T, nh, hd)
+            values[at_v] = torch.where(write, new_value.transpose(1, 2), values[at_v])
+        self.logits = backend.model.head(hidden).float()  # (B, T, V)
+
+
+__all__ = ["StaticStep", "StaticVerify", "TorchBackend", "read_graph_weights", "load_hf_model"]

@@ -10,10 +10,12 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 import runtime
 from export.build import BuildOptions, build
-from runtime.backends.cuda_graphs import EagerCapture
+from runtime.backends.base import run_verify
+from runtime.backends.cuda_graphs import EagerCapture, tokens_bucket
 from runtime.errors import InvalidArgumentError
 from runtime.sampling import verify_draft
 from tests.conftest import PROMPTS
@@ -133,13 +135,114 @@ def test_rows_that_draft_badly_pause_at_full_depth(gen, full):
 
 
 def test_torch_backend_and_its_static_steps(artifact_dir, full):
-    """The torch backend, its decode steps run as the static steps CUDA graphs capture (EagerCapture
-    on the CPU) and the verify pass as a chunk: the same tokens."""
+    """The torch backend, its decode steps and verify passes run as the static steps CUDA graphs
+    capture (EagerCapture on the CPU): the same tokens."""
     t = runtime.load(artifact_dir, backend="torch", max_batch=4, check_hashes=False)
     try:
         t.backend.use_graphs(EagerCapture())
         result = t.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True)
         assert result.token_ids == full.token_ids
+        assert any(key.tokens for key in t.backend.graphs.steps), "no verify pass ran as a static pass"
+    finally:
+        t.close()
+
+
+class BothWays:
+    """A torch backend's ``verify`` that runs every pass twice on the same cache state, eagerly
+    (``run_verify``) and as its static pass, and checks that the static one gives the eager logits
+    and K/V at every position a verified row writes, and leaves every other K/V as it was."""
+
+    def __init__(self, backend):
+        self.backend, self.static = backend, backend.verify
+        self.passes = []  # (rows' lengths, tokens, capacity) of each pass compared
+        backend.verify = self
+
+    def __call__(self, check, cache):
+        storage = self.backend.storage
+        buffers = [*storage.keys, *storage.values]
+        before = [b.clone() for b in buffers]
+        want = run_verify(self.backend, check, cache)
+        eager = [b.clone() for b in buffers]
+        for b, old in zip(buffers, before):
+            b.copy_(old)
+        got = self.static(check, cache)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        T = check.input_ids.shape[1]
+        written = torch.zeros(storage.rows, storage.capacity, dtype=torch.bool)  # (rows, C)
+        for r in np.flatnonzero(check.updates):
+            new = check.attention_mask[r, -T:].astype(bool)
+            written[r, cache.length[r] + np.flatnonzero(new)] = True
+        for k, (b, old, ref) in enumerate(zip(buffers, before, eager)):
+            at = written[:, None, None, :] if k < len(storage.keys) else written[:, None, :, None]
+            at = at.to(b.device).expand_as(b)
+            torch.testing.assert_close(b[at], ref[at], rtol=0, atol=1e-5)
+            assert torch.equal(b[~at], old[~at]), "the static pass wrote where the eager one does not"
+        self.passes.append((cache.length[: check.rows].copy(), T, storage.capacity))
+        return got
+
+
+def ride_along_at_the_capacity(gen, full):
+    """A plain row decoding to the KV capacity (64) while a lossless row's verify passes run: it
+    rides along them, writes nothing, and both give their tokens. When the lossless row starts,
+    and so where its passes fall, is swept: how many tokens a row drafts follows the clock."""
+    verify, overflows = gen.backend.verify, []
+
+    def recording(check, cache):  # whether a riding row's length + the pass's tokens pass the capacity
+        riding = cache.length[: check.rows][~check.updates]
+        overflows.append(int(riding.max(initial=0)) + check.input_ids.shape[1] > cache.capacity)
+        return verify(check, cache)
+
+    gen.backend.verify = recording
+    want = None
+    for at in [None, *range(52, 60)]:  # None: the plain row alone
+        with gen.stepper() as stepper:
+            plain = stepper.add(PROMPTS[2:], 61, ignore_eos=True)  # 3 prompt tokens: to the capacity
+            for _ in range(at or 0):
+                stepper.step()
+            if at is not None:
+                lossless = stepper.add(PROMPTS[:1], 8, speedup=2, lossless=True, ignore_eos=True)
+            while not stepper.done:
+                stepper.step()
+        assert plain.error is None, plain.error
+        want = want or plain.result.token_ids
+        assert plain.result.token_ids == want
+        if at is not None:
+            assert lossless.result.token_ids == [full.token_ids[0][:8]]
+    assert any(overflows), "no verify pass ran with a riding row within its tokens of the capacity"
+
+
+def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, full):
+    """A verify pass makes room for the rows it verifies only: a row riding along 2 positions
+    short of the capacity failed with 'rows would hold 65 positions, past the KV capacity 64'."""
+    g = runtime.load(artifact_dir, max_batch=4, max_length=64, check_hashes=False)
+    try:
+        ride_along_at_the_capacity(g, full)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, full, device):
+    """Each verify pass, run as the static pass (a CUDA graph on a GPU, EagerCapture on the CPU)
+    and eagerly on the same cache, gives the same logits and K/V: for rows with fewer drafts than
+    others (padded tokens), for a plain row riding along near the KV capacity (its padded
+    positions lie past the capacity, and the pass must not write there), in a batch of lossless
+    rows; and the tokens stay full depth's."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to PyTorch on this machine; CUDA graphs are captured only on a GPU")
+    t = runtime.load(artifact_dir, backend="torch", device=device, max_batch=4, max_length=64, check_hashes=False)
+    try:
+        if device == "cpu":
+            t.backend.use_graphs(EagerCapture())
+        both = BothWays(t.backend)
+        with t.stepper() as stepper:
+            batch = stepper.add(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True)
+            while not stepper.done:
+                stepper.step()
+        assert batch.result.token_ids == full.token_ids
+        ride_along_at_the_capacity(t, full)
+        past_capacity = [lengths.max() + tokens_bucket(T) > capacity for lengths, T, capacity in both.passes]
+        assert any(past_capacity), f"no pass rode a row along near the capacity: {both.passes}"
     finally:
         t.close()
 

@@ -65,3 +65,29 @@ def test_spin_loads_the_spinning_pool(artifact_dir, tmp_path):
                            "--threads", "1", "--spin"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "1 threads (spinning workers, plain layer graphs)" in done.stdout
+
+
+def test_the_torch_backend_and_its_device(artifact_dir, tmp_path, capsys):
+    """--backend torch (CUDA graphs with --device cuda, where a GPU is): the header says what ran, and
+    lossless rows give full depth's tokens; the options of the other backend are refused."""
+    import pytest
+    import torch
+
+    from runtime.errors import InvalidArgumentError
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello, my name is\nParis\n")
+    argv = [str(artifact_dir), "--prompts", str(prompts), "--batch", "2", "--speedups", "2", "--rounds", "1",
+            "--max-new-tokens", "8", "--threads", "1", "--backend", "torch"]
+    for device, said in [("cpu", "1 threads (torch on cpu)")] + (
+            [("cuda", "(torch on cuda, CUDA graphs)")] if torch.cuda.is_available() else []):
+        assert lossless.main([*argv, "--device", device]) == 0
+        out = capsys.readouterr().out
+        assert said in out
+        row = next(line for line in out.splitlines() if line.startswith("| 2 | lossless 2x"))
+        assert row.split("|")[7].strip() == "yes"
+    with pytest.raises(InvalidArgumentError, match="--spin and --no-fused apply to --backend onnxruntime"):
+        lossless._run(lossless.parse([*argv, "--spin"]), [])
+    with pytest.raises(InvalidArgumentError, match="--device applies to --backend torch"):
+        lossless._run(lossless.parse([str(artifact_dir), "--device", "cuda"]), [])
+

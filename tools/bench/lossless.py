@@ -95,7 +95,7 @@ def render(results: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     p = cli.parser("python -m tools.bench.lossless", description=__doc__.split("\n\n")[0])
     p.add_argument("artifact", help="an artifact directory (python -m export build)")
     p.add_argument("--prompts", help="a .txt file (one prompt per line) or a .csv/.jsonl(.gz) with --column "
@@ -107,13 +107,20 @@ def main(argv=None) -> int:
     p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5], help="policies (default 2 3 5)")
     cli.add_max_new_tokens(p, 64, "tokens per prompt (EOS ends a row earlier)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, every row once each (default 3)")
-    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
+                   help="what runs the graphs (default onnxruntime; torch: --device cuda replays CUDA graphs)")
+    p.add_argument("--device", help="the torch backend's device, cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime's (torch's: intra-op) threads (default 2)")
     p.add_argument("--spin", action="store_true",
                    help="ONNX Runtime's worker threads busy-wait (runtime.load's spin=True: one process-wide "
                         "pool, for cores no other process uses); default: they sleep, as a library load's do")
     cli.add_fused(p)
     p.add_argument("--out", help="also write the table to this Markdown file")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     return cli.run(lambda: _run(args, sys.argv[1:] if argv is None else argv))
 
 
@@ -121,11 +128,21 @@ def _run(args, argv: list[str]) -> int:
     import runtime
 
     prompts = load_prompts(args.prompts, args.column, args.count)
-    gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch), spin=args.spin,
-                       fused=None if args.fused else False)  # None: the fused graphs where the artifact has them
-    # what the table measured, as the backend loaded it: the pool's waits, the layer graphs it runs
-    load = ("spinning" if gen.backend.spin else "sleeping") + " workers" + (
-        "" if gen.backend.fused else ", plain layer graphs")
+    if args.backend == "torch":
+        if args.spin or not args.fused:
+            raise InvalidArgumentError("--spin and --no-fused apply to --backend onnxruntime, not torch")
+        gen = runtime.load(args.artifact, backend="torch", device=args.device or "cpu", threads=args.threads,
+                           max_batch=max(args.batch))
+        graphs = gen.backend.graphs is not None
+        load = f"torch on {gen.backend.device}" + (", CUDA graphs" if graphs else "")
+    else:
+        if args.device:
+            raise InvalidArgumentError("--device applies to --backend torch (onnxruntime runs on this CPU here)")
+        gen = runtime.load(args.artifact, threads=args.threads, max_batch=max(args.batch), spin=args.spin,
+                           fused=None if args.fused else False)  # None: the fused graphs where the artifact has them
+        # what the table measured, as the backend loaded it: the pool's waits, the layer graphs it runs
+        load = ("spinning" if gen.backend.spin else "sleeping") + " workers" + (
+            "" if gen.backend.fused else ", plain layer graphs")
     try:
         if args.chat:
             from pathlib import Path
