@@ -125,6 +125,11 @@ class Backend(ABC):
         artifact's ``draft_layers``) runs there; the verify pass runs the layers."""
         return run_layers(self, cache, start, count, hidden, mask, layers, updates)
 
+    def setups(self) -> int:
+        """One-time work done so far (the torch backend's CUDA graph captures): a call during which
+        this grew took longer than the same call will again, so the engine does not time it."""
+        return 0
+
     def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
         """One decode step: fp32 logits (step.rows, V)."""
         return run_decode(self, step, cache)

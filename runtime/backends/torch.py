@@ -216,6 +216,9 @@ class TorchBackend(Backend):
                 layer.fuse_for_steps()  # the modules' weights become views: no memory added
         self.graphs = GraphCache(capture)
 
+    def setups(self) -> int:
+        return 0 if self.graphs is None else self.graphs.captures
+
     @torch.inference_mode()
     def embed(self, input_ids, attention_mask):
         return self.model.embed(self._tensor(input_ids), self._tensor(attention_mask))  # (B, T, D)
