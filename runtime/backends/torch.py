@@ -295,7 +295,6 @@ class StaticStep:
         ids, mask, positions, updates = torch.split(self.inputs, sizes)
         self.ids, self.mask = ids.view(B, 1), mask.view(B, W + 1)  # (B, 1), (B, W + 1)
         self.positions, self.updates = positions, updates.view(n, B)  # (B,), (n, B)
-        self.at = torch.arange(B, device=backend.device)  # (B,) each row's own cache row
         self.logits: torch.Tensor | None = None  # (B, V) fp32, set by run
 
     def load(self, step: DecodeStep, positions: np.ndarray) -> None:
@@ -315,13 +314,13 @@ class StaticStep:
         backend, W, B = self.backend, self.key.width, self.key.batch
         storage = backend.storage
         hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
-        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a step
+        shared = backend.model.step_inputs(self.mask, self.positions, hidden)  # once a step
         for k, index in enumerate(self.key.layers):
-            keep = self.updates[k].bool()[:, None, None]  # (B, 1, 1): rows that skip write back what was there
+            keep = self.updates[k].bool()[:, None, None, None]  # (B, 1, 1, 1): rows that skip write back what was there
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             out = backend.layers[index].step(hidden, shared, key, value, keep)  # writes its K/V
-            hidden = torch.where(keep, out, hidden)  # (B, 1, D)
+            hidden = torch.where(keep[..., 0], out, hidden)  # (B, 1, D)
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
 
@@ -329,8 +328,8 @@ class StaticVerify:
     """One lossless verify pass of fixed shape (cuda_graphs.GraphKey with ``tokens``): T tokens for
     each of the KV cache's first ``batch`` rows at full depth, over a past of ``width`` positions.
 
-    It runs each layer's exported ``forward`` (the math of the eager pass, ``run_verify``) on the
-    cache's views, then writes the verified rows' new K/V at their positions; a row that rides
+    The decode step's road (each layer's ``step``, runtime.models.step) over T tokens: each layer
+    writes the verified rows' new K/V into the cache rows, then attends over them; a row that rides
     along (not verified), a padding token and the bucket's extra rows write back what was there.
     Inputs, in one int64 buffer: ids (B, T), the mask (B, W + T) with the real past left-aligned
     and the new positions last, positions (B,) (each row's length: where its first new K/V go),
@@ -346,8 +345,6 @@ class StaticVerify:
         ids, mask, positions, writes = torch.split(self.inputs, sizes)
         self.ids, self.mask = ids.view(B, T), mask.view(B, W + T)  # (B, T), (B, W + T)
         self.positions, self.writes = positions, writes.view(B, T)  # (B,), (B, T)
-        self.at = torch.arange(B, device=backend.device)[:, None].expand(B, T)  # (B, T) each row's own
-        self.offsets = torch.arange(T, device=backend.device)  # (T,)
         self.logits: torch.Tensor | None = None  # (B, T, V) fp32, set by run
 
     def load(self, check: VerifyPass, positions: np.ndarray) -> None:
@@ -367,18 +364,13 @@ class StaticVerify:
     def run(self) -> None:
         backend, B, W = self.backend, self.key.batch, self.key.width
         storage = backend.storage
-        # (B, T): the cache column of each new position; a row near the capacity that writes
-        # nothing wraps around (the indices stay in the buffer and never meet a written one)
-        cols = (self.positions[:, None] + self.offsets) % storage.capacity
         write = self.writes.bool()[:, :, None, None]  # (B, T, 1, 1)
-        at_k, at_v = (self.at, slice(None), slice(None), cols), (self.at, slice(None), cols)
         hidden = backend.model.embed(self.ids, self.mask)  # (B, T, D)
+        shared = backend.model.step_inputs(self.mask, self.positions, hidden)  # once a pass
         for index in self.key.layers:
-            keys, values = storage.keys[index], storage.values[index]  # (rows, nh, hd, C), (rows, nh, C, hd)
-            hidden, new_key, new_value = backend.layers[index](
-                hidden, self.mask, keys[:B, ..., :W], values[:B, :, :W])  # new K/V (B, nh, T, hd)
-            keys[at_k] = torch.where(write, new_key.transpose(1, 2), keys[at_k])  # (B, T, nh, hd)
-            values[at_v] = torch.where(write, new_value.transpose(1, 2), values[at_v])
+            key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
+            value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
+            hidden = backend.layers[index].step(hidden, shared, key, value, write)  # writes its K/V
         self.logits = backend.model.head(hidden).float()  # (B, T, V)
 
 

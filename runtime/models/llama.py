@@ -26,7 +26,7 @@ from torch import nn
 from . import head_dim, kv_heads
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .base import SkipModel
-from .step import StepInputs, fuse_linears, step_attention, step_bias
+from .step import StepInputs, fuse_linears, step_attention, step_inputs
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -151,20 +151,21 @@ class CachedLlamaLayer(nn.Module):
         self.gate_up_weight, _ = fuse_linears(mlp.gate_proj, mlp.up_proj)
 
     def step(self, hidden, inputs: StepInputs, key, value, keep):
-        """hidden (B, 1, D) -> (B, 1, D); writes the rows' new K/V into ``key`` (B, nkv, hd, W) and
-        ``value`` (B, nkv, W, hd) where ``keep`` (B, 1, 1). The math of ``forward`` at T = 1."""
+        """hidden (B, T, D) -> (B, T, D); writes the rows' new K/V into ``key`` (B, nkv, hd, W) and
+        ``value`` (B, nkv, W, hd) where ``keep`` (B, T | 1, 1, 1). The math of ``forward``."""
         attn, mlp = self.self_attn, self.mlp
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        B = hidden.shape[0]
+        B, T = hidden.shape[:2]
         qkv = F.linear(step_rms_norm(self.input_layernorm, hidden), self.qkv_weight, self.qkv_bias)
-        qkv = qkv.view(B, nh + 2 * nkv, hd)  # (B, nh + 2 nkv, hd)
+        qkv = qkv.view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
         if hasattr(attn, "q_norm"):  # Qwen3
-            qk = torch.cat([step_rms_norm(attn.q_norm, qkv[:, :nh]), step_rms_norm(attn.k_norm, qkv[:, nh:nh + nkv])], 1)
+            qk = torch.cat([step_rms_norm(attn.q_norm, qkv[:, :, :nh]),
+                            step_rms_norm(attn.k_norm, qkv[:, :, nh:nh + nkv])], 2)
         else:
-            qk = qkv[:, : nh + nkv]  # (B, nh + nkv, hd)
-        qk = qk * inputs.cos + qk.index_select(2, self.swap_halves) * inputs.sin  # RoPE on q and k at once
-        q = (qk[:, :nh] * self.scaling).view(B, nkv, nh // nkv, hd)  # (B, nkv, g, hd)
-        out = step_attention(q, qk[:, nh:], qkv[:, nh + nkv:], key, value, keep, inputs)  # (B, 1, nh * hd)
+            qk = qkv[:, :, : nh + nkv]  # (B, T, nh + nkv, hd)
+        qk = qk * inputs.cos + qk.index_select(3, self.swap_halves) * inputs.sin  # RoPE on q and k at once
+        q = (qk[:, :, :nh] * self.scaling).view(B, T, nkv, nh // nkv, hd).transpose(1, 2)  # (B, nkv, T, g, hd)
+        out = step_attention(q, qk[:, :, nh:], qkv[:, :, nh + nkv:], key, value, keep, inputs)  # (B, T, nh * hd)
         hidden = hidden + attn.o_proj(out)
         gate, up = F.linear(step_rms_norm(self.post_attention_layernorm, hidden), self.gate_up_weight).chunk(2, -1)
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
@@ -210,11 +211,10 @@ class SkipLlama(SkipModel):
                          [CachedLlamaLayer(layer, config, inv_freq, scaling) for layer in hf_model.model.layers],
                          LlamaHead(hf_model.model, hf_model.lm_head))
 
-    def step_inputs(self, mask, at, positions, like) -> StepInputs:
-        """What every layer of a decode step shares (runtime.models.step): the bias, and RoPE's
-        tables as each layer's graph makes them (every layer holds the same frequencies)."""
-        cos, sin = self.layers[0]._rope(mask, like)  # (B, 1, 1, hd)
-        return StepInputs(step_bias(mask, positions), at, positions, cos[:, 0], sin[:, 0])
+    def step_inputs(self, mask, positions, like) -> StepInputs:
+        """What every layer of a step shares (runtime.models.step): the bias, and RoPE's tables as
+        each layer's graph makes them (every layer holds the same frequencies)."""
+        return step_inputs(mask, positions, like, self.layers[0]._rope)
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nkv, hd = kv_heads(self.config), head_dim(self.config)

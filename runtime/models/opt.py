@@ -23,7 +23,7 @@ from torch import nn
 
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .base import SkipModel
-from .step import StepInputs, fuse_linears, step_attention, step_bias
+from .step import StepInputs, fuse_linears, step_attention, step_inputs
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
 
@@ -178,13 +178,14 @@ class CachedOPTLayer(OPTLayer):
         return F.layer_norm(x.float(), ln.normalized_shape, *self.norms32[id(ln)], ln.eps).to(x.dtype)
 
     def step(self, hidden, inputs: StepInputs, key, value, keep):
-        """hidden (B, 1, D) -> (B, 1, D); writes the rows' new K/V into ``key`` (B, nh, hd, W) and
-        ``value`` (B, nh, W, hd) where ``keep`` (B, 1, 1). The math of ``forward`` at T = 1."""
+        """hidden (B, T, D) -> (B, T, D); writes the rows' new K/V into ``key`` (B, nh, hd, W) and
+        ``value`` (B, nh, W, hd) where ``keep`` (B, T | 1, 1, 1). The math of ``forward``."""
         nh, hd = self.num_heads, self.head_dim
 
         def attend(h):
-            q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).view(h.shape[0], 3, nh, hd).unbind(1)
-            q = (q * self.scaling)[:, :, None]  # (B, nh, 1, hd): one query head per KV head
+            B, T = h.shape[:2]
+            q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).view(B, T, 3, nh, hd).unbind(2)  # (B, T, nh, hd)
+            q = (q * self.scaling).transpose(1, 2)[:, :, :, None]  # (B, nh, T, 1, hd): one query head per KV head
             return self.out_proj(step_attention(q, k, v, key, value, keep, inputs)), None, None
 
         return self._block(hidden, attend, self._step_norm)[0]
@@ -227,10 +228,10 @@ class SkipOPT(SkipModel):
         """The graphs read their past from rows of a KV buffer (CachedOPTLayer)."""
         return CachedOPTLayer(self.layers[index])
 
-    def step_inputs(self, mask, at, positions, like) -> StepInputs:
-        """What every layer of a decode step shares (runtime.models.step): the bias (the
-        positions are the embedding's)."""
-        return StepInputs(step_bias(mask, positions), at, positions)
+    def step_inputs(self, mask, positions, like) -> StepInputs:
+        """What every layer of a step shares (runtime.models.step): the bias (the positions are
+        the embedding's)."""
+        return step_inputs(mask, positions, like)
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nh = self.config.num_attention_heads

@@ -1,4 +1,5 @@
-"""The decode step the torch backend runs (and captures as a CUDA graph): one new token per row.
+"""The step the torch backend runs (and captures as a CUDA graph): T new tokens per row, one for a
+decode step, a lossless verify pass's first input and drafts for a pass.
 
 A layer graph (runtime.models.opt.CachedOPTLayer) derives its attention bias and RoPE positions
 from the call's mask in every layer, projects q, k and v by three products, and attends to the past
@@ -11,8 +12,9 @@ of them: no memory is added), and each layer writes its new K/V into the cache r
 attends over them in one product. The tolerances of tests/runtime/test_torch_backend.py hold it
 to the graphs' values: only the order of a few additions differs.
 
-Shapes: B rows (the step's batch bucket), W the bound width (each row's new position, its length,
-is < W), D hidden, nh query heads over nkv KV heads of hd, g = nh / nkv.
+Shapes: B rows (the step's batch bucket), T new positions per row, W the bound width (the rows
+that write have their new positions below it), D hidden, nh query heads over nkv KV heads of hd,
+g = nh / nkv.
 """
 
 from __future__ import annotations
@@ -27,23 +29,42 @@ from ..kvcache import MASK_VALUE
 
 @dataclass
 class StepInputs:
-    """What every layer of one decode step shares."""
+    """What every layer of one step shares."""
 
-    bias: torch.Tensor  # (B, 1, 1, W) fp32: 0 where a cache position is valid (the new one included)
-    at: torch.Tensor  # (B,) int64: each row's own cache row
-    positions: torch.Tensor  # (B,) int64: where each row's new K/V go (its length)
-    cos: torch.Tensor | None = None  # (B, 1, hd) model dtype: RoPE (Llama family), as the graphs make it
-    sin: torch.Tensor | None = None  # (B, 1, hd), its first half negated
+    bias: torch.Tensor  # (B, 1, T, 1, W) fp32: 0 where query t may read a cache position
+    at: torch.Tensor  # (B, T) int64: each row's own cache row
+    cols: torch.Tensor  # (B, T) int64: the cache columns of the T new positions (from each row's length)
+    cos: torch.Tensor | None = None  # (B, T, 1, hd) model dtype: RoPE (Llama family), as the graphs make it
+    sin: torch.Tensor | None = None  # (B, T, 1, hd), its first half negated
 
 
-def step_bias(mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``mask`` (B, W + 1): the rows' valid past left-aligned, then the new position (the graphs'
-    input); the new position lives at column ``positions`` (B,) of the cache: -> bias (B, 1, 1, W)."""
-    valid = mask[:, :-1].clone()  # (B, W)
-    valid.scatter_(1, positions[:, None], mask[:, -1:])
-    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
-    masked = torch.full((), MASK_VALUE, dtype=torch.float32, device=mask.device)
-    return torch.where(valid > 0, zero, masked)[:, None, None, :]  # (B, 1, 1, W)
+def step_inputs(mask: torch.Tensor, positions: torch.Tensor, like: torch.Tensor, rope=None) -> StepInputs:
+    """``mask`` (B, W + T): the rows' valid past left-aligned, then the T new positions (the graphs'
+    input); ``positions`` (B,): each row's length, where its first new K/V go; ``like`` (B, T, D);
+    ``rope``: a layer's ``_rope`` (Llama family).
+
+    New position t of a row lives at column (length + t) mod W. A verify pass's rows that write
+    nothing (riding along, or padding tokens) may wrap round to the start, since W bounds the
+    longest row that writes: their columns keep what the past says, and a written position is
+    seen by the queries at and after it (causal)."""
+    B, T = like.shape[:2]
+    W = mask.shape[1] - T
+    device = mask.device
+    at = torch.arange(B, device=device)[:, None].expand(B, T)  # (B, T)
+    cols = (positions[:, None] + torch.arange(T, device=device)) % W  # (B, T)
+    past, new = mask[:, :W], mask[:, W:]  # (B, W), (B, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (t, t'): t' <= t
+    written = causal & (new[:, None, :] > 0)  # (B, T, T)
+    seen = torch.where(written, new[:, None, :], past.gather(1, cols)[:, None, :])  # (B, T, T)
+    valid = past[:, None, :].expand(B, T, W).clone()  # (B, T, W)
+    valid.scatter_(2, cols[:, None, :].expand(B, T, T), seen)
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    masked = torch.full((), MASK_VALUE, dtype=torch.float32, device=device)
+    bias = torch.where(valid > 0, zero, masked)[:, None, :, None, :]  # (B, 1, T, 1, W)
+    if rope is None:
+        return StepInputs(bias, at, cols)
+    cos, sin = rope(mask, like)  # (B, 1, T, hd)
+    return StepInputs(bias, at, cols, cos[:, 0, :, None], sin[:, 0, :, None])
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -65,17 +86,19 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
 
 def step_attention(q: torch.Tensor, key_new: torch.Tensor, value_new: torch.Tensor, key: torch.Tensor,
                    value: torch.Tensor, keep: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
-    """q (B, nkv, g, hd), already scaled; key_new / value_new (B, nkv, hd); key (B, nkv, hd, W) and
-    value (B, nkv, W, hd), views of the cache rows, which get the new K/V of the rows that ``keep``
-    (B, 1, 1) at their positions (the others keep what was there) -> attention (B, 1, nh * hd)."""
-    at_k = (inputs.at, slice(None), slice(None), inputs.positions)  # (B, nkv, hd)
-    at_v = (inputs.at, slice(None), inputs.positions)  # (B, nkv, hd)
+    """q (B, nkv, T, g, hd), already scaled; key_new / value_new (B, T, nkv, hd); key (B, nkv, hd, W)
+    and value (B, nkv, W, hd), views of the cache rows, which get the new K/V where ``keep`` (B, T |
+    1, 1, 1) at ``inputs.cols`` (the others keep what was there) -> attention (B, T, nh * hd)."""
+    B, nkv, T, g, hd = q.shape
+    at_k = (inputs.at, slice(None), slice(None), inputs.cols)  # (B, T, nkv, hd)
+    at_v = (inputs.at, slice(None), inputs.cols)  # (B, T, nkv, hd)
     key[at_k] = torch.where(keep, key_new, key[at_k])
     value[at_v] = torch.where(keep, value_new, value[at_v])
-    scores = torch.matmul(q, key).float()  # (B, nkv, g, W) fp32
-    probs = torch.softmax(scores + inputs.bias, dim=-1).to(q.dtype)  # (B, nkv, g, W)
-    out = torch.matmul(probs, value)  # (B, nkv, g, hd)
-    return out.reshape(out.shape[0], 1, -1)  # (B, 1, nh * hd): head j*g + i, as the graphs order them
+    scores = torch.matmul(q.reshape(B, nkv, T * g, hd), key).float()  # (B, nkv, T g, W) fp32
+    probs = torch.softmax(scores.view(B, nkv, T, g, -1) + inputs.bias, dim=-1).to(q.dtype)  # (B, nkv, T, g, W)
+    out = torch.matmul(probs.view(B, nkv, T * g, -1), value)  # (B, nkv, T g, hd)
+    # (B, T, nh * hd): head j*g + i, as the graphs order them
+    return out.view(B, nkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(B, T, nkv * g * hd)
 
 
-__all__ = ["StepInputs", "fuse_linears", "step_attention", "step_bias"]
+__all__ = ["StepInputs", "fuse_linears", "step_attention", "step_inputs"]

@@ -249,16 +249,17 @@ def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, ful
         g.close()
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, full, device):
+def static_verify_is_the_eager_pass(artifact, device):
     """Each verify pass, run as the static pass (a CUDA graph on a GPU, EagerCapture on the CPU)
     and eagerly on the same cache, gives the same logits and K/V: for rows with fewer drafts than
     others (padded tokens), for a plain row riding along near the KV capacity (its padded
     positions lie past the capacity, and the pass must not write there), in a batch of lossless
-    rows; and the tokens stay full depth's."""
+    rows; and the tokens stay full depth's (ONNX Runtime's)."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device visible to PyTorch on this machine; CUDA graphs are captured only on a GPU")
-    t = runtime.load(artifact_dir, backend="torch", device=device, max_batch=4, max_length=64, check_hashes=False)
+    with runtime.load(artifact, max_batch=4, check_hashes=False) as reference:
+        full = reference.generate(PROMPTS, NEW, ignore_eos=True)
+    t = runtime.load(artifact, backend="torch", device=device, max_batch=4, max_length=64, check_hashes=False)
     try:
         if device == "cpu":
             t.backend.use_graphs(EagerCapture())
@@ -271,8 +272,20 @@ def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, full, device):
         ride_along_at_the_capacity(t, full)
         past_capacity = [lengths.max() + tokens_bucket(T) > capacity for lengths, T, capacity in both.passes]
         assert any(past_capacity), f"no pass rode a row along near the capacity: {both.passes}"
+        assert any(T > 2 for _, T, _ in both.passes), "no pass verified more than one draft"
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, device):
+    static_verify_is_the_eager_pass(artifact_dir, device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torch_static_verify_pass_llama_family(llama_artifact, device):
+    """Llama 3 and Qwen3 (grouped KV heads, RoPE, Qwen3's q/k norms) over T tokens."""
+    static_verify_is_the_eager_pass(llama_artifact, device)
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
