@@ -458,7 +458,7 @@ class Engine:
         for s, d in zip(seqs, drafting):
             if d and not s.drafts:  # its first draft: the verify pass runs this token again from here
                 s.first, s.base = s.token, int(cache.length[s.row])
-        began, setups = time.perf_counter(), self.backend.setups()
+        began, setup = time.perf_counter(), self.backend.setup_seconds()
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
         new[waiting] = 0
@@ -468,12 +468,12 @@ class Engine:
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
         seconds = time.perf_counter() - began
-        if self.backend.setups() == setups:  # not a step that captured a graph: what steps cost
-            self.step_seconds = _smoothed(self.step_seconds, seconds)
-            if len(layers) == self.num_layers:
-                self.full_seconds = _smoothed(self.full_seconds, seconds)
-            elif all(drafting):
-                self.draft_seconds = _smoothed(self.draft_seconds, seconds)
+        cost = seconds - (self.backend.setup_seconds() - setup)  # what this step costs the next time
+        self.step_seconds = _smoothed(self.step_seconds, cost)
+        if len(layers) == self.num_layers:
+            self.full_seconds = _smoothed(self.full_seconds, cost)
+        elif all(drafting):
+            self.draft_seconds = _smoothed(self.draft_seconds, cost)
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(seqs):
             if not waiting[j]:
@@ -549,7 +549,7 @@ class Engine:
         ids = np.zeros((R, T), dtype=np.int64)
         new = np.zeros((R, T), dtype=np.int64)
         update = np.zeros(R, dtype=bool)
-        began, setups = time.perf_counter(), self.backend.setups()
+        began, setup = time.perf_counter(), self.backend.setup_seconds()
         for s in ready:
             n = len(s.drafts)
             cache.rewind(s.row, s.base)  # the drafts' positions, written again at every layer
@@ -565,8 +565,7 @@ class Engine:
         for s in ready:
             cache.grow(s.row, len(s.drafts) + 1)
         seconds = time.perf_counter() - began
-        if self.backend.setups() == setups:
-            self.verify_seconds = _smoothed(self.verify_seconds, seconds)
+        self.verify_seconds = _smoothed(self.verify_seconds, seconds - (self.backend.setup_seconds() - setup))
         for r in dict.fromkeys(s.request for s in ready):
             r.stats.decode_seconds += seconds
             members = [s for s in ready if s.request is r]
@@ -579,9 +578,8 @@ class Engine:
         full = self.full_seconds
         draft_cost = (self.draft_seconds or full * len(self._layers(ready[0], 0, True)) / L) / full
         # a pass runs every layer over at least a step's tokens: a smaller ratio is the clock's noise
-        # (a busy machine), which would keep rows drafting that never keep a draft; a step's until a
-        # pass is measured (the first of each shape may capture a graph: tens of passes' time)
-        verify_cost = max((self.verify_seconds or full) / full, 1.0)
+        # (a busy machine), which would keep rows drafting that never keep a draft
+        verify_cost = max(self.verify_seconds / full, 1.0)
         judged = [s for s in ready if s.plan.drafting(s.step)]  # not a paused row's ride-along draft
         kept = dict.fromkeys(ready, 0)
         active = list(ready)

@@ -125,10 +125,11 @@ class Backend(ABC):
         artifact's ``draft_layers``) runs there; the verify pass runs the layers."""
         return run_layers(self, cache, start, count, hidden, mask, layers, updates)
 
-    def setups(self) -> int:
-        """One-time work done so far (the torch backend's CUDA graph captures): a call during which
-        this grew took longer than the same call will again, so the engine does not time it."""
-        return 0
+    def setup_seconds(self) -> float:
+        """Seconds spent so far on one-time work inside calls (the torch backend's CUDA graph
+        captures): the engine takes what a call spent on it out of what the call costs, since the
+        same call will not pay it again."""
+        return 0.0
 
     def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
         """One decode step: fp32 logits (step.rows, V)."""

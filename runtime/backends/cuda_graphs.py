@@ -42,6 +42,7 @@ gives the tokens the plain path gives.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -130,6 +131,7 @@ class CudaGraphCapture:
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
         self._alive.add(graph)
+        torch.cuda.synchronize(self.device)  # the warm-up runs' device time is the capture's, not the next call's
         return graph.replay
 
 
@@ -144,6 +146,7 @@ class GraphCache:
         self.capture, self.max_steps = capture, max_steps
         self.steps: OrderedDict[GraphKey, tuple[object, Callable[[], None]]] = OrderedDict()
         self.captures = 0  # how many captures so far, evicted steps captured again included
+        self.setup_seconds = 0.0  # the time they took, warm-up runs included
 
     def get(self, key: GraphKey, build: Callable[[GraphKey], object]):
         """(step, replay) for ``key``, built and captured on first use."""
@@ -153,9 +156,11 @@ class GraphCache:
             return found
         if len(self.steps) >= self.max_steps:
             self.steps.popitem(last=False)  # its graph and static tensors go with it
+        began = time.perf_counter()
         step = build(key)
         found = self.steps[key] = (step, self.capture(step.run))
         self.captures += 1
+        self.setup_seconds += time.perf_counter() - began
         return found
 
     def clear(self) -> None:

@@ -216,8 +216,8 @@ class TorchBackend(Backend):
                 layer.fuse_for_steps()  # the modules' weights become views: no memory added
         self.graphs = GraphCache(capture)
 
-    def setups(self) -> int:
-        return 0 if self.graphs is None else self.graphs.captures
+    def setup_seconds(self) -> float:
+        return 0.0 if self.graphs is None else self.graphs.setup_seconds
 
     @torch.inference_mode()
     def embed(self, input_ids, attention_mask):

@@ -156,21 +156,23 @@ class SlowCapture(EagerCapture):
         return fn
 
 
-def test_calls_that_capture_are_not_timed(artifact_dir, full):
+def test_what_captures_take_is_not_a_steps_cost(artifact_dir, full):
     """Lossless rows weigh drafting against a full-depth step's and a verify pass's measured times;
-    a call that captured a graph (the first of each shape) is not one of them, or a capture would
-    make drafting look like a loss for tens of passes (on an H100 every lossless row paused after
-    two passes). The captures' time is still the requests'."""
+    what a call spent capturing a graph (the first of each shape) is not part of them, or a capture
+    would make drafting look like a loss for tens of passes. The captures' time is still the
+    requests'."""
     t = runtime.load(artifact_dir, backend="torch", max_batch=4, check_hashes=False)
     try:
         t.backend.use_graphs(SlowCapture())
         result = t.generate(PROMPTS, NEW, speedup=2, lossless=True, ignore_eos=True)
         assert result.token_ids == full.token_ids
-        assert result.stats.verify_passes > 0 and t.backend.setups() >= 3
+        captures = t.backend.graphs.captures
+        assert result.stats.verify_passes > 0 and captures >= 3
         e = t.engine
         costs = [e.step_seconds, e.full_seconds, e.draft_seconds, e.verify_seconds]
-        assert e.full_seconds is not None and max(c for c in costs if c is not None) < 0.1, costs
-        assert result.stats.decode_seconds > 0.3 * t.backend.setups()
+        assert None not in costs and max(costs) < 0.1, costs
+        assert result.stats.decode_seconds > 0.3 * captures
+        assert t.backend.setup_seconds() >= 0.3 * captures
     finally:
         t.close()
 
