@@ -22,6 +22,9 @@ def test_lossless_rows_say_they_are_full_depths_tokens(artifact_dir, tmp_path, c
         assert rows[(batch, "lossless 2x")][7].strip() == "yes"  # full depth's tokens, every prompt
         assert rows[(batch, "lossless 2x")][5].strip().endswith("%")  # drafts kept
         assert rows[(batch, "plain 2x")][5].strip() == "-"
+        draft, verify = (float(c) for c in rows[(batch, "lossless 2x")][8:10])  # in full-depth steps
+        assert 0 < draft < 1.5 and verify >= 0.5
+        assert [c.strip() for c in rows[(batch, "plain 2x")][8:10]] == ["-", "-"]
 
 
 def test_the_default_prompts_are_the_e2e_development_split():

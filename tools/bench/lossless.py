@@ -10,7 +10,10 @@ is its decode seconds (the steps and verify passes after each prompt's first tok
 the tokens those gave per second, the median over the rounds; its ratio to full depth's comes
 with the lowest and highest of the same ratio within each round (rows of one round run back to
 back, so a slow drift of the machine cancels there). "same" says whether a row's tokens are full
-depth's, for every prompt: lossless rows must say yes.
+depth's, for every prompt: lossless rows must say yes. The last two columns are what the engine
+weighed a lossless row's drafting with (runtime.lossless): a step of drafts and a verify pass, in
+full-depth steps, as measured (smoothed) at the end of the row's last run; where no number of
+drafts beats full depth at the rows' acceptance, they pause at full depth.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     table = rows(speedups)
     seconds = {name: [] for name, _ in table}
-    tokens, drafted, accepted, verified, outputs = {}, {}, {}, {}, {}
+    tokens, drafted, accepted, verified, outputs, costs = {}, {}, {}, {}, {}, {}
     gen.generate(prompts[:1], 4)  # warm up
     for r in range(rounds):
         order = table if r % 2 == 0 else table[::-1]
@@ -63,6 +66,8 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
                 out += result.token_ids
             seconds[name].append(spent)
             tokens[name], drafted[name], accepted[name], verified[name], outputs[name] = made, d, a, v, out
+            if options.get("lossless"):
+                costs[name] = engine_costs(gen)
         log(f"batch {batch} round {r + 1}/{rounds}: " + ", ".join(
             f"{name} {tokens[name] / seconds[name][-1]:.1f} tok/s" for name, _ in table))
     full = statistics.median(seconds["full depth"]) / tokens["full depth"]
@@ -76,22 +81,33 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
                         "vs_full_rounds": (min(paired), max(paired)),
                         "acceptance": accepted[name] / drafted[name] if drafted[name] else None,
                         "tokens_per_verify": (accepted[name] + verified[name]) / verified[name] if verified[name] else None,
-                        "same": outputs[name] == outputs["full depth"], "tokens": tokens[name]})
+                        "same": outputs[name] == outputs["full depth"], "tokens": tokens[name],
+                        "costs": costs.get(name)})
     return results
+
+
+def engine_costs(gen) -> tuple[float | None, float | None] | None:
+    """What the engine weighed drafting with (runtime.lossless): a step of drafts' and a verify
+    pass's time in full-depth steps, as smoothed at the end of a row's last run."""
+    e = gen.engine
+    if not e.full_seconds:
+        return None
+    return tuple(None if x is None else x / e.full_seconds for x in (e.draft_seconds, e.verify_seconds))
 
 
 def render(results: list[dict], header: str) -> str:
     lines = [header, "",
              "| batch | row | decode ms/token | vs full depth (lowest-highest round) | drafts kept | tokens per verify pass "
-             "| same tokens as full depth |",
-             "|---|---|---|---|---|---|---|"]
+             "| same tokens as full depth | a draft step, in full steps | a verify pass, in full steps |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance'] * 100:.0f}%"
         tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
         lo, hi = r["vs_full_rounds"]
         vs = f"{r['vs_full']:.2f}x" + ("" if r["row"] == "full depth" or lo == hi else f" ({lo:.2f}x-{hi:.2f}x)")
+        draft, verify = r["costs"] or (None, None)
         lines.append(f"| {r['batch']} | {r['row']} | {r['ms_per_token']:.2f} | {vs} | {acc} | "
-                     f"{tpv} | {'yes' if r['same'] else 'no'} |")
+                     f"{tpv} | {'yes' if r['same'] else 'no'} | {_ratio(draft)} | {_ratio(verify)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,6 +133,10 @@ def parse(argv=None) -> argparse.Namespace:
     cli.add_fused(p)
     p.add_argument("--out", help="also write the table to this Markdown file")
     return p.parse_args(argv)
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main(argv=None) -> int:
