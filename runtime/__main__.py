@@ -159,6 +159,8 @@ def _run(args) -> int:
           + (f" ({note})" if kernel and note else ""), file=sys.stderr)
     if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
+    if getattr(gen.backend, "fused_note", None):  # the artifact's fused layer graphs could not run here
+        print(f"layers: the plain graphs, not the fused ones ({gen.backend.fused_note})", file=sys.stderr)
     if args.huge_pages:
         print(f"huge pages: {gen.backend.huge_page_bytes / 2**20:.0f} MiB of packed weights on 2 MiB pages "
               f"(--huge-pages; 0 where Linux's transparent huge pages or MADV_COLLAPSE are unavailable)",

@@ -9,6 +9,7 @@ bound to, and reads absolute positions: what a call shares across its layers is 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,24 @@ from .kvcache import MASK_VALUE
 FUSED_INPUTS = ("hidden_states", "attention_bias", "position_ids", "seqlens_k", "total_sequence_length",
                 "query_seqlens", "past_key", "past_value")
 FUSED_OUTPUTS = ("hidden_states_out", "present_key", "present_value")
+
+
+@functools.lru_cache(maxsize=None)
+def why_unsupported() -> str | None:
+    """Why the installed onnxruntime cannot run the fused layer graphs (None: it can). They give
+    GroupQueryAttention a ``query_seqlens`` input (the tokens a row runs in a call: 0 where the row
+    skips the layer), which older releases' operator lacks (1.30's takes 16 inputs, 1.32's 17): a
+    session of them fails there with "has input size 17 not in range [min=7, max=16]"."""
+    import onnxruntime
+    from onnxruntime.capi import onnxruntime_pybind11_state as capi
+
+    schemas = [s for s in capi.get_all_operator_schema()
+               if s.name == "GroupQueryAttention" and s.domain == "com.microsoft"]
+    if any(i.name == "query_seqlens" for s in schemas for i in s.inputs):
+        return None
+    return (f"onnxruntime {onnxruntime.__version__}'s GroupQueryAttention takes no query_seqlens input, "
+            f"which the fused layer graphs give it (0 for a row that skips the layer); upgrade "
+            f"onnxruntime (1.32 has it) to run them")
 
 
 @dataclass
@@ -72,4 +91,4 @@ def call_inputs(mask: np.ndarray, length: np.ndarray, tokens: int, width: int) -
     return CallInputs(bias, positions.astype(np.int64, copy=False), np.array(width, dtype=np.int32), length, T)
 
 
-__all__ = ["CallInputs", "FUSED_INPUTS", "FUSED_OUTPUTS", "call_inputs"]
+__all__ = ["why_unsupported", "CallInputs", "FUSED_INPUTS", "FUSED_OUTPUTS", "call_inputs"]

@@ -221,3 +221,49 @@ def test_the_iobinding_backend_takes_fused_false_and_refuses_fused_true(exported
         assert not gen.backend.fused
     with pytest.raises(InvalidArgumentError, match=r"fused=True: the IOBinding backend .* runs the plain layer graphs"):
         runtime.load(art, device="cpu", fused=True)
+
+
+OLD_ORT = ("onnxruntime 1.30.0's GroupQueryAttention takes no query_seqlens input, which the fused layer graphs give "
+           "it (0 for a row that skips the layer); upgrade onnxruntime (1.32 has it) to run them")
+
+
+def test_an_onnxruntime_whose_operator_is_older_gets_and_runs_the_plain_graphs(exported, tmp_path_factory,
+                                                                              monkeypatch):
+    """onnxruntime 1.30 (the GPU machines' here) refused every fused graph ('has input size 17 not in
+    range [min=7, max=16]'), and with it the export of every Llama-family model: the export writes
+    none there, saying why, and an artifact that has them runs its plain graphs, saying so."""
+    from runtime import gqa
+
+    variant, _, art = exported
+    with runtime.load(art, threads=1) as gen:
+        assert gen.backend.fused and gen.backend.fused_note is None  # this machine's onnxruntime runs them
+        want = gen.generate(PROMPTS, NEW, ignore_eos=True).token_ids
+    monkeypatch.setattr(gqa, "why_unsupported", lambda: OLD_ORT)
+    with pytest.warns(UserWarning, match="running the plain layer graphs, not the fused ones: onnxruntime 1.30.0"):
+        gen = runtime.load(art, threads=1)
+    with gen:
+        assert not gen.backend.fused and gen.backend.fused_note == OLD_ORT
+        assert gen.generate(PROMPTS, NEW, ignore_eos=True).token_ids == want
+    with pytest.raises(InvalidArgumentError, match="fused=True: onnxruntime 1.30.0's GroupQueryAttention takes no "
+                                                   "query_seqlens input"):
+        runtime.load(art, fused=True)
+    logged = []
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), variant, **GQA_SHAPES[variant])
+    out = tmp_path_factory.mktemp("art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False), log=logged.append)
+    assert f"fused layer graphs for ONNX Runtime: none, {OLD_ORT}" in logged
+    assert "fused" not in json.loads((out / "manifest.json").read_text())
+
+
+def test_the_operator_probe_reads_this_onnxruntime():
+    """The probe reads the operator's schema, not a version number: this machine's onnxruntime (1.32
+    or later, whose GroupQueryAttention takes query_seqlens) passes it."""
+    import onnxruntime
+
+    from runtime import gqa
+
+    version = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2])
+    if version >= (1, 32):
+        assert gqa.why_unsupported() is None
+    elif version <= (1, 30):
+        assert gqa.why_unsupported().startswith(f"onnxruntime {onnxruntime.__version__}'s GroupQueryAttention")
