@@ -91,4 +91,4 @@ def call_inputs(mask: np.ndarray, length: np.ndarray, tokens: int, width: int) -
     return CallInputs(bias, positions.astype(np.int64, copy=False), np.array(width, dtype=np.int32), length, T)
 
 
-__all__ = ["why_unsupported", "CallInputs", "FUSED_INPUTS", "FUSED_OUTPUTS", "call_inputs"]
+__all__ = ["CallInputs", "FUSED_INPUTS", "FUSED_OUTPUTS", "call_inputs", "why_unsupported"]
