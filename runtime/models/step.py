@@ -51,13 +51,19 @@ def step_inputs(mask: torch.Tensor, positions: torch.Tensor, like: torch.Tensor,
     W = mask.shape[1] - T
     device = mask.device
     at = torch.arange(B, device=device)[:, None].expand(B, T)  # (B, T)
-    cols = (positions[:, None] + torch.arange(T, device=device)) % W  # (B, T)
     past, new = mask[:, :W], mask[:, W:]  # (B, W), (B, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (t, t'): t' <= t
-    written = causal & (new[:, None, :] > 0)  # (B, T, T)
-    seen = torch.where(written, new[:, None, :], past.gather(1, cols)[:, None, :])  # (B, T, T)
-    valid = past[:, None, :].expand(B, T, W).clone()  # (B, T, W)
-    valid.scatter_(2, cols[:, None, :].expand(B, T, T), seen)
+    if T == 1:  # a decode step (every one a step launches counts on a GPU): its position is below W
+        cols = positions[:, None]  # (B, 1)
+        valid = past.clone()  # (B, W)
+        valid.scatter_(1, cols, new)
+        valid = valid[:, None, :]  # (B, 1, W)
+    else:
+        cols = (positions[:, None] + torch.arange(T, device=device)) % W  # (B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (t, t'): t' <= t
+        written = causal & (new[:, None, :] > 0)  # (B, T, T)
+        seen = torch.where(written, new[:, None, :], past.gather(1, cols)[:, None, :])  # (B, T, T)
+        valid = past[:, None, :].expand(B, T, W).clone()  # (B, T, W)
+        valid.scatter_(2, cols[:, None, :].expand(B, T, T), seen)
     zero = torch.zeros((), dtype=torch.float32, device=device)
     masked = torch.full((), MASK_VALUE, dtype=torch.float32, device=device)
     bias = torch.where(valid > 0, zero, masked)[:, None, :, None, :]  # (B, 1, T, 1, W)
