@@ -422,11 +422,12 @@ def _draft_sets(g, result, policy):
     return drafts, smallest, [s for s in drafts if s.layers != smallest]
 
 
-def test_a_trained_models_rows_draft_at_their_own_set_before_pausing(trained_gen):
+def test_a_trained_models_rows_draft_at_their_own_set_before_pausing(trained_gen, monkeypatch):
     """A row drafts first at its policy's smallest set; when that does not pay, a model fine-tuned
     under the policy drafts at the row's own decaying set (what it ran at that step in training),
     and only when that does not pay either does the row pause."""
     g = trained_gen
+    LayerClock(g.backend, monkeypatch)
     result = g.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
     assert result.token_ids == g.generate(PROMPTS[0], 48, ignore_eos=True).token_ids
     policy = g.policy_for(48, speedup=2)
@@ -436,7 +437,8 @@ def test_a_trained_models_rows_draft_at_their_own_set_before_pausing(trained_gen
     assert own and all(s.layers == policy.active_layers(s.step) for s in own)  # then each step's own
 
 
-def test_an_untuned_models_rows_pause_without_the_own_set_trial(gen):
+def test_an_untuned_models_rows_pause_without_the_own_set_trial(gen, monkeypatch):
+    LayerClock(gen.backend, monkeypatch)
     result = gen.generate(PROMPTS[0], 48, speedup=2, lossless=True, ignore_eos=True)
     drafts, smallest, own = _draft_sets(gen, result, gen.policy_for(48, speedup=2))
     assert drafts and not own  # its own set drafts no better than its smallest: it pauses instead
