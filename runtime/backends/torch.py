@@ -275,7 +275,29 @@ class TorchBackend(Backend):
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
-class StaticStep:
+class _StaticInputs:
+    """A static call's int64 inputs: one device buffer of ``sizes`` parts, staged on the host and
+    copied in one transfer per call (what a CUDA graph reads at fixed addresses)."""
+
+    def __init__(self, backend: TorchBackend, key: GraphKey, sizes: list[int]):
+        self.backend, self.key, self._sizes = backend, key, sizes
+        self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
+        self.host = np.zeros(sum(sizes), np.int64)
+
+    def _parts(self) -> list[torch.Tensor]:
+        """The device buffer's parts, flat."""
+        return list(torch.split(self.inputs, self._sizes))
+
+    def _staging(self) -> list[np.ndarray]:
+        """The host buffer's parts, flat and zeroed: padding rows and tokens stay 0."""
+        self.host[:] = 0
+        return np.split(self.host, np.cumsum(self._sizes[:-1]))
+
+    def _upload(self) -> None:
+        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+
+
+class StaticStep(_StaticInputs):
     """One decode step of fixed shape (cuda_graphs.GraphKey) reading and writing static tensors.
 
     It runs the KV cache's first ``batch`` rows (the decoding rows are packed at the front, so a
@@ -287,12 +309,9 @@ class StaticStep:
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
-        self.backend, self.key = backend, key
         B, W, n = key.batch, key.width, len(key.layers)
-        sizes = [B, B * (W + 1), B, n * B]
-        self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
-        self.host = np.zeros(sum(sizes), np.int64)  # staged here, then copied in one transfer
-        ids, mask, positions, updates = torch.split(self.inputs, sizes)
+        super().__init__(backend, key, [B, B * (W + 1), B, n * B])
+        ids, mask, positions, updates = self._parts()
         self.ids, self.mask = ids.view(B, 1), mask.view(B, W + 1)  # (B, 1), (B, W + 1)
         self.positions, self.updates = positions, updates.view(n, B)  # (B,), (n, B)
         self.logits: torch.Tensor | None = None  # (B, V) fp32, set by run
@@ -301,14 +320,13 @@ class StaticStep:
         """The step's inputs; ``positions`` (R,): where each row's new K/V go (the rows' lengths)."""
         B, W, R = self.key.batch, self.key.width, step.rows
         past = step.attention_mask.shape[1] - 1
-        self.host[:] = 0  # rows past R: pad ids, nothing valid, no updates
-        ids, mask, pos, upd = np.split(self.host, np.cumsum([B, B * (W + 1), B]))
+        ids, mask, pos, upd = self._staging()  # rows past R: pad ids, nothing valid, no updates
         ids[:R] = step.input_ids[:, 0]
         mask = mask.reshape(B, W + 1)
         mask[:R, :past], mask[:R, W] = step.attention_mask[:, :past], step.attention_mask[:, past]
         pos[:R] = positions
         upd.reshape(-1, B)[:, :R] = np.asarray(step.updates, dtype=np.int64)
-        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+        self._upload()
 
     def run(self) -> None:
         backend, W, B = self.backend, self.key.width, self.key.batch
@@ -324,7 +342,7 @@ class StaticStep:
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
 
-class StaticVerify:
+class StaticVerify(_StaticInputs):
     """One lossless verify pass of fixed shape (cuda_graphs.GraphKey with ``tokens``): T tokens for
     each of the KV cache's first ``batch`` rows at full depth, over a past of ``width`` positions.
 
@@ -337,12 +355,9 @@ class StaticVerify:
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
-        self.backend, self.key = backend, key
         B, W, T = key.batch, key.width, key.tokens
-        sizes = [B * T, B * (W + T), B, B * T]
-        self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
-        self.host = np.zeros(sum(sizes), np.int64)  # staged here, then copied in one transfer
-        ids, mask, positions, writes = torch.split(self.inputs, sizes)
+        super().__init__(backend, key, [B * T, B * (W + T), B, B * T])
+        ids, mask, positions, writes = self._parts()
         self.ids, self.mask = ids.view(B, T), mask.view(B, W + T)  # (B, T), (B, W + T)
         self.positions, self.writes = positions, writes.view(B, T)  # (B,), (B, T)
         self.logits: torch.Tensor | None = None  # (B, T, V) fp32, set by run
@@ -352,14 +367,13 @@ class StaticVerify:
         B, W, T = self.key.batch, self.key.width, self.key.tokens
         R, t = check.input_ids.shape
         past = check.attention_mask.shape[1] - t
-        self.host[:] = 0  # padding tokens and rows past R: nothing valid, nothing written
-        ids, mask, pos, writes = np.split(self.host, np.cumsum([B * T, B * (W + T), B]))
+        ids, mask, pos, writes = self._staging()  # padding tokens and rows past R: nothing valid or written
         ids.reshape(B, T)[:R, :t] = check.input_ids
         mask = mask.reshape(B, W + T)
         mask[:R, :past], mask[:R, W:W + t] = check.attention_mask[:, :past], check.attention_mask[:, past:]
         pos[:R] = positions
         writes.reshape(B, T)[:R, :t] = check.attention_mask[:, past:] * check.updates[:, None]
-        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+        self._upload()
 
     def run(self) -> None:
         backend, B, W = self.backend, self.key.batch, self.key.width
