@@ -179,6 +179,10 @@ class TorchBackend(Backend):
         self._nh, self._hd = kv_heads(hf_model.config), head_dim(hf_model.config)  # the K/V stored
         self.storage: ArrayStorage | None = None
         self.graphs = None
+        # verify passes' logits (B, T, V) fp32 by shape, one buffer for every width's graph: only one
+        # pass runs at a time and its logits are read before the next (a graph of its own each would
+        # hold 31 MB at batch 8, 20 tokens and a 49k vocabulary, for each width bucket)
+        self.pass_logits: dict[tuple[int, int], torch.Tensor] = {}
         capture = default_capture(device, cuda_graphs)  # None on the CPU unless asked
         if capture is not None:
             self.use_graphs(capture)
@@ -271,7 +275,7 @@ class TorchBackend(Backend):
     def close(self):
         if self.storage is not None:
             self.storage.close()
-        self.layers, self.graphs = [], None
+        self.layers, self.graphs, self.pass_logits = [], None, {}
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
@@ -351,7 +355,8 @@ class StaticVerify(_StaticInputs):
     along (not verified), a padding token and the bucket's extra rows write back what was there.
     Inputs, in one int64 buffer: ids (B, T), the mask (B, W + T) with the real past left-aligned
     and the new positions last, positions (B,) (each row's length: where its first new K/V go),
-    writes (B, T) (1 where a new position is written). ``logits`` (B, T, V) fp32 is the result.
+    writes (B, T) (1 where a new position is written). ``logits`` (B, T, V) fp32 is the result, in
+    a buffer the backend's passes of this batch and token bucket share (``pass_logits``).
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
@@ -360,7 +365,10 @@ class StaticVerify(_StaticInputs):
         ids, mask, positions, writes = self._parts()
         self.ids, self.mask = ids.view(B, T), mask.view(B, W + T)  # (B, T), (B, W + T)
         self.positions, self.writes = positions, writes.view(B, T)  # (B,), (B, T)
-        self.logits: torch.Tensor | None = None  # (B, T, V) fp32, set by run
+        if (B, T) not in backend.pass_logits:  # made here, before any capture: outside the graphs' pool
+            V = backend.hf_model.lm_head.out_features
+            backend.pass_logits[B, T] = torch.zeros(B, T, V, dtype=torch.float32, device=backend.device)
+        self.logits = backend.pass_logits[B, T]  # (B, T, V) fp32, written by run
 
     def load(self, check: VerifyPass, positions: np.ndarray) -> None:
         """The pass's inputs; ``positions`` (R,): the rows' lengths, where their first new K/V go."""
@@ -385,7 +393,7 @@ class StaticVerify(_StaticInputs):
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             hidden = backend.layers[index].step(hidden, shared, key, value, write)  # writes its K/V
-        self.logits = backend.model.head(hidden).float()  # (B, T, V)
+        self.logits.copy_(backend.model.head(hidden))  # (B, T, V), widened to fp32
 
 
 __all__ = ["StaticStep", "StaticVerify", "TorchBackend", "read_graph_weights", "load_hf_model"]

@@ -305,6 +305,9 @@ def static_verify_is_the_eager_pass(artifact, device):
         past_capacity = [lengths.max() + tokens_bucket(T) > capacity for lengths, T, capacity in both.passes]
         assert any(past_capacity), f"no pass rode a row along near the capacity: {both.passes}"
         assert any(T > 2 for _, T, _ in both.passes), "no pass verified more than one draft"
+        # the passes' graphs of one batch and token bucket share their logits, whatever their width
+        passes = [(key, step) for key, (step, _) in t.backend.graphs.steps.items() if key.tokens]
+        assert passes and all(step.logits is t.backend.pass_logits[key.batch, key.tokens] for key, step in passes)
     finally:
         t.close()
 
