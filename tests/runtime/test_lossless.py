@@ -241,10 +241,11 @@ class BothWays:
         return got
 
 
-def ride_along_at_the_capacity(gen, full):
+def ride_along_at_the_capacity(gen, full, monkeypatch):
     """A plain row decoding to the KV capacity (64) while a lossless row's verify passes run: it
-    rides along them, writes nothing, and both give their tokens. When the lossless row starts,
-    and so where its passes fall, is swept: how many tokens a row drafts follows the clock."""
+    rides along them, writes nothing, and both give their tokens. When the lossless row starts is
+    swept, so that some pass falls within its tokens of the capacity (costs as layer counts: the
+    same passes on every machine)."""
     verify, overflows = gen.backend.verify, []
 
     def recording(check, cache):  # whether a riding row's length + the pass's tokens pass the capacity
@@ -252,7 +253,8 @@ def ride_along_at_the_capacity(gen, full):
         overflows.append(int(riding.max(initial=0)) + check.input_ids.shape[1] > cache.capacity)
         return verify(check, cache)
 
-    gen.backend.verify = recording
+    monkeypatch.setattr(gen.backend, "verify", recording)
+    LayerClock(gen.backend, monkeypatch)
     want = None
     for at in [None, *range(52, 60)]:  # None: the plain row alone
         with gen.stepper() as stepper:
@@ -271,17 +273,17 @@ def ride_along_at_the_capacity(gen, full):
     assert any(overflows), "no verify pass ran with a riding row within its tokens of the capacity"
 
 
-def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, full):
+def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, full, monkeypatch):
     """A verify pass makes room for the rows it verifies only: a row riding along 2 positions
     short of the capacity failed with 'rows would hold 65 positions, past the KV capacity 64'."""
     g = runtime.load(artifact_dir, max_batch=4, max_length=64, check_hashes=False)
     try:
-        ride_along_at_the_capacity(g, full)
+        ride_along_at_the_capacity(g, full, monkeypatch)
     finally:
         g.close()
 
 
-def static_verify_is_the_eager_pass(artifact, device):
+def static_verify_is_the_eager_pass(artifact, device, monkeypatch):
     """Each verify pass, run as the static pass (a CUDA graph on a GPU, EagerCapture on the CPU)
     and eagerly on the same cache, gives the same logits and K/V: for rows with fewer drafts than
     others (padded tokens), for a plain row riding along near the KV capacity (its padded
@@ -301,7 +303,7 @@ def static_verify_is_the_eager_pass(artifact, device):
             while not stepper.done:
                 stepper.step()
         assert batch.result.token_ids == full.token_ids
-        ride_along_at_the_capacity(t, full)
+        ride_along_at_the_capacity(t, full, monkeypatch)
         past_capacity = [lengths.max() + tokens_bucket(T) > capacity for lengths, T, capacity in both.passes]
         assert any(past_capacity), f"no pass rode a row along near the capacity: {both.passes}"
         assert any(T > 2 for _, T, _ in both.passes), "no pass verified more than one draft"
@@ -313,14 +315,14 @@ def static_verify_is_the_eager_pass(artifact, device):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, device):
-    static_verify_is_the_eager_pass(artifact_dir, device)
+def test_torch_static_verify_pass_is_the_eager_pass(artifact_dir, device, monkeypatch):
+    static_verify_is_the_eager_pass(artifact_dir, device, monkeypatch)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_torch_static_verify_pass_llama_family(llama_artifact, device):
+def test_torch_static_verify_pass_llama_family(llama_artifact, device, monkeypatch):
     """Llama 3 and Qwen3 (grouped KV heads, RoPE, Qwen3's q/k norms) over T tokens."""
-    static_verify_is_the_eager_pass(llama_artifact, device)
+    static_verify_is_the_eager_pass(llama_artifact, device, monkeypatch)
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(),
