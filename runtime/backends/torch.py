@@ -287,6 +287,7 @@ class _StaticInputs:
         self.backend, self.key, self._sizes = backend, key, sizes
         self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
         self.host = np.zeros(sum(sizes), np.int64)
+        self.at = torch.arange(key.batch, device=backend.device)[:, None]  # (B, 1) each row's own cache row
 
     def _parts(self) -> list[torch.Tensor]:
         """The device buffer's parts, flat."""
@@ -336,7 +337,7 @@ class StaticStep(_StaticInputs):
         backend, W, B = self.backend, self.key.width, self.key.batch
         storage = backend.storage
         hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
-        shared = backend.model.step_inputs(self.mask, self.positions, hidden)  # once a step
+        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a step
         for k, index in enumerate(self.key.layers):
             keep = self.updates[k].bool()[:, None, None, None]  # (B, 1, 1, 1): rows that skip write back what was there
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
@@ -388,7 +389,7 @@ class StaticVerify(_StaticInputs):
         storage = backend.storage
         write = self.writes.bool()[:, :, None, None]  # (B, T, 1, 1)
         hidden = backend.model.embed(self.ids, self.mask)  # (B, T, D)
-        shared = backend.model.step_inputs(self.mask, self.positions, hidden)  # once a pass
+        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a pass
         for index in self.key.layers:
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)

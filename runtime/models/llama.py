@@ -211,10 +211,10 @@ class SkipLlama(SkipModel):
                          [CachedLlamaLayer(layer, config, inv_freq, scaling) for layer in hf_model.model.layers],
                          LlamaHead(hf_model.model, hf_model.lm_head))
 
-    def step_inputs(self, mask, positions, like) -> StepInputs:
+    def step_inputs(self, mask, at, positions, like) -> StepInputs:
         """What every layer of a step shares (runtime.models.step): the bias, and RoPE's tables as
         each layer's graph makes them (every layer holds the same frequencies)."""
-        return step_inputs(mask, positions, like, self.layers[0]._rope)
+        return step_inputs(mask, at, positions, like, self.layers[0]._rope)
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nkv, hd = kv_heads(self.config), head_dim(self.config)

@@ -228,10 +228,10 @@ class SkipOPT(SkipModel):
         """The graphs read their past from rows of a KV buffer (CachedOPTLayer)."""
         return CachedOPTLayer(self.layers[index])
 
-    def step_inputs(self, mask, positions, like) -> StepInputs:
+    def step_inputs(self, mask, at, positions, like) -> StepInputs:
         """What every layer of a step shares (runtime.models.step): the bias (the positions are
         the embedding's)."""
-        return step_inputs(mask, positions, like)
+        return step_inputs(mask, at, positions, like)
 
     def empty_past(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         nh = self.config.num_attention_heads

@@ -32,16 +32,18 @@ class StepInputs:
     """What every layer of one step shares."""
 
     bias: torch.Tensor  # (B, 1, T, 1, W) fp32: 0 where query t may read a cache position
-    at: torch.Tensor  # (B, T) int64: each row's own cache row
+    at: torch.Tensor  # (B, 1) int64: each row's own cache row
     cols: torch.Tensor  # (B, T) int64: the cache columns of the T new positions (from each row's length)
     cos: torch.Tensor | None = None  # (B, T, 1, hd) model dtype: RoPE (Llama family), as the graphs make it
     sin: torch.Tensor | None = None  # (B, T, 1, hd), its first half negated
 
 
-def step_inputs(mask: torch.Tensor, positions: torch.Tensor, like: torch.Tensor, rope=None) -> StepInputs:
+def step_inputs(mask: torch.Tensor, at: torch.Tensor, positions: torch.Tensor, like: torch.Tensor,
+                rope=None) -> StepInputs:
     """``mask`` (B, W + T): the rows' valid past left-aligned, then the T new positions (the graphs'
-    input); ``positions`` (B,): each row's length, where its first new K/V go; ``like`` (B, T, D);
-    ``rope``: a layer's ``_rope`` (Llama family).
+    input); ``at`` (B, 1): each row's cache row (a static tensor: made once, not in every step);
+    ``positions`` (B,): each row's length, where its first new K/V go; ``like`` (B, T, D); ``rope``:
+    a layer's ``_rope`` (Llama family).
 
     New position t of a row lives at column (length + t) mod W. A verify pass's rows that write
     nothing (riding along, or padding tokens) may wrap round to the start, since W bounds the
@@ -50,7 +52,6 @@ def step_inputs(mask: torch.Tensor, positions: torch.Tensor, like: torch.Tensor,
     B, T = like.shape[:2]
     W = mask.shape[1] - T
     device = mask.device
-    at = torch.arange(B, device=device)[:, None].expand(B, T)  # (B, T)
     past, new = mask[:, :W], mask[:, W:]  # (B, W), (B, T)
     if T == 1:  # a decode step (every one a step launches counts on a GPU): its position is below W
         cols = positions[:, None]  # (B, 1)
