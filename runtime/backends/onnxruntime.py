@@ -186,15 +186,16 @@ class OnnxRuntimeBackend(Backend):
         cpu_only = names_only(providers) == ["CPUExecutionProvider"]
         if fused and not cpu_only:
             raise ValueError(f"fused=True runs on the CPU provider alone, not {names_only(providers)}")
+        wants_fused = bool(manifest.fused) and fused is not False and cpu_only
         # an artifact exported where onnxruntime runs them, loaded where it cannot: the plain graphs
-        self.fused_note = gqa.why_unsupported() if manifest.fused and fused is not False and cpu_only else None
+        self.fused_note = gqa.why_unsupported() if wants_fused else None
         if fused and self.fused_note:
             raise InvalidArgumentError(f"fused=True: {self.fused_note}; or load with fused=None (the plain "
                                        f"layer graphs where the fused ones cannot run)")
         if self.fused_note:
             warnings.warn(f"{directory}: running the plain layer graphs, not the fused ones: {self.fused_note}",
                           stacklevel=_outside_runtime())
-        use_fused = bool(manifest.fused) and fused is not False and cpu_only and self.fused_note is None
+        use_fused = wants_fused and self.fused_note is None
         directory = Path(directory)
         # int4_kernel: the int4 products on this project's kernel (runtime/kernels) or ONNX Runtime's
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
