@@ -545,21 +545,25 @@ class Engine:
         position, each row until its first token that differs from its draft (that token is full
         depth's own, and kept); the rejected drafts' positions are dropped."""
         cache, L = self.cache, self.num_layers
-        R, T = len(seqs), 1 + max(len(s.drafts) for s in ready)
+        began, setup = time.perf_counter(), self.backend.setup_seconds()
+        for s in ready:
+            cache.rewind(s.row, s.base)  # the drafts' positions, written again at every layer
+        # A pass places T positions for every row it carries, riding rows too (the fused graphs'
+        # attention does, and fails past the buffer), so T stops where the longest riding row meets
+        # the capacity: the drafts past that are dropped unjudged (rare: a row's last few tokens).
+        riding = max((int(cache.length[s.row]) for s in seqs if s not in ready), default=0)
+        T = min(1 + max(len(s.drafts) for s in ready), cache.capacity - riding)
+        R = len(seqs)
         ids = np.zeros((R, T), dtype=np.int64)
         new = np.zeros((R, T), dtype=np.int64)
         update = np.zeros(R, dtype=bool)
-        began, setup = time.perf_counter(), self.backend.setup_seconds()
         for s in ready:
+            del s.drafts[T - 1:]
             n = len(s.drafts)
-            cache.rewind(s.row, s.base)  # the drafts' positions, written again at every layer
             ids[s.row, : n + 1] = [s.first, *(d for d, _ in s.drafts)]
             new[s.row, : n + 1] = 1
             update[s.row] = True
-        # the verified rows' T positions must fit; a row that rides along writes nothing, so one
-        # near the capacity does not stop the pass
-        longest = max(ready, key=lambda s: cache.length[s.row]).row
-        cache.reserve(longest, longest + 1, T)
+        cache.reserve(0, R, T)
         check = VerifyPass(ids, cache.mask(0, R, new), update, np.array([s.row for s in ready]), L)
         logits = self.backend.verify(check, cache)  # (len(ready), T, V)
         for s in ready:

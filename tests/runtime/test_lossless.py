@@ -243,16 +243,24 @@ class BothWays:
 
 def ride_along_at_the_capacity(gen, full, monkeypatch):
     """A plain row decoding to the KV capacity (64) while a lossless row's verify passes run: it
-    rides along them, writes nothing, and both give their tokens. When the lossless row starts is
-    swept, so that some pass falls within its tokens of the capacity (costs as layer counts: the
-    same passes on every machine)."""
-    verify, overflows = gen.backend.verify, []
+    rides along them, writes nothing, and both give their tokens. A pass places every row's new
+    positions, so its tokens stop at the capacity for the riding row (the drafts past it are
+    dropped). When the lossless row starts is swept, so that some pass's drafts reach past the
+    capacity for the riding row (costs as layer counts: the same passes on every machine)."""
+    verify, drafted, overflows = gen.backend.verify, [], []
+    engine_verify = gen.engine._verify
 
-    def recording(check, cache):  # whether a riding row's length + the pass's tokens pass the capacity
-        riding = cache.length[: check.rows][~check.updates]
-        overflows.append(int(riding.max(initial=0)) + check.input_ids.shape[1] > cache.capacity)
+    def counting(seqs, ready):  # the tokens the pass would have had for its drafts
+        drafted.append(1 + max(len(s.drafts) for s in ready))
+        return engine_verify(seqs, ready)
+
+    def recording(check, cache):  # whether a riding row's length + the pass's drafts pass the capacity
+        riding = int(cache.length[: check.rows][~check.updates].max(initial=0))
+        assert riding + check.input_ids.shape[1] <= cache.capacity
+        overflows.append(riding + drafted[-1] > cache.capacity)
         return verify(check, cache)
 
+    monkeypatch.setattr(gen.engine, "_verify", counting)
     monkeypatch.setattr(gen.backend, "verify", recording)
     LayerClock(gen.backend, monkeypatch)
     want = None
@@ -270,13 +278,107 @@ def ride_along_at_the_capacity(gen, full, monkeypatch):
         assert plain.result.token_ids == want
         if at is not None:
             assert lossless.result.token_ids == [full.token_ids[0][:8]]
-    assert any(overflows), "no verify pass ran with a riding row within its tokens of the capacity"
+    assert any(overflows), "no verify pass had drafts past the capacity for a riding row"
 
 
 def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, full, monkeypatch):
-    """A verify pass makes room for the rows it verifies only: a row riding along 2 positions
-    short of the capacity failed with 'rows would hold 65 positions, past the KV capacity 64'."""
+    """A verify pass beside a row riding along 2 positions short of the capacity failed with 'rows
+    would hold 65 positions, past the KV capacity 64' when it made room for every row, then (with
+    room for the verified rows only) failed the fused graphs' inputs."""
     g = runtime.load(artifact_dir, max_batch=4, max_length=64, check_hashes=False)
+    try:
+        ride_along_at_the_capacity(g, full, monkeypatch)
+    finally:
+        g.close()
+
+
+LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 2)  # 25 tokens: near a page's end
+
+
+def alone(g, prompts, max_new_tokens, **kwargs) -> list[list[int]]:
+    """A request's tokens with nothing else in the batch (through a stepper: ``g`` may be one's)."""
+    with g.stepper() as stepper:
+        handle = stepper.add(prompts, max_new_tokens, **kwargs)
+        while not stepper.done:
+            stepper.step()
+    assert handle.error is None, handle.error
+    return handle.result.token_ids
+
+
+def mixed_rows_across_a_page(g, monkeypatch):
+    """Plain rows of different lengths (25 and 6 prompt tokens) decode past the first page's end
+    (32) while lossless rows with short prompts join at each step of a sweep: their verify passes
+    carry the plain rows along, one of them longer than every verified row and within the pass's
+    tokens of the page's end. Every row gives what it gives alone (a pass reserved room for the
+    verified rows only, and the fused graphs' inputs, which place every row's new positions,
+    failed the whole batch with 'index 32 is out of bounds for axis 1 with size 32')."""
+    verify, passes = g.backend.verify, []
+
+    def recording(check, cache):  # (the longest riding row, the longest verified one, tokens)
+        lengths = cache.length[: check.rows]
+        passes.append((int(lengths[~check.updates].max(initial=0)), int(lengths[check.updates].max()),
+                       check.input_ids.shape[1]))
+        return verify(check, cache)
+
+    monkeypatch.setattr(g.backend, "verify", recording)
+    LayerClock(g.backend, monkeypatch)
+    plain_prompts, lossless_prompts = [LONG_PROMPT, PROMPTS[1]], [PROMPTS[2], PROMPTS[0]]
+    want_plain = alone(g, plain_prompts, 20, speedup=2, ignore_eos=True)
+    want_lossless = alone(g, lossless_prompts, 10, ignore_eos=True)  # full depth's
+    for at in range(12):
+        with g.stepper() as stepper:
+            plain = stepper.add(plain_prompts, 20, speedup=2, ignore_eos=True)
+            for _ in range(at):
+                stepper.step()
+            lossless = stepper.add(lossless_prompts, 10, speedup=2, lossless=True, ignore_eos=True)
+            while not stepper.done:
+                stepper.step()
+        assert (plain.error, lossless.error) == (None, None), f"joined at step {at}"
+        assert plain.result.token_ids == want_plain, f"joined at step {at}"
+        assert lossless.result.token_ids == want_lossless, f"joined at step {at}"
+    page = 32
+    crossing = [(r, v, T) for r, v, T in passes if r > v and r < page < r + T and v + T <= page]
+    assert crossing, f"no pass carried a longer row within its tokens of the page's end: {passes}"
+
+
+@pytest.fixture(scope="module")
+def fused_artifact(tmp_path_factory):
+    """A Llama 3 artifact with fused layer graphs (GroupQueryAttention's CPU kernel needs head_dim 16)."""
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("fused-ckpt"), "llama3", hidden_size=64)
+    out = tmp_path_factory.mktemp("fused-art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False), log=lambda *_: None)
+    return out
+
+
+@pytest.mark.parametrize("path", ["plain", "fused", "fused-llama-plain", "iobinding", "torch", "torch-static",
+                                  "tensorrt"])
+def test_mixed_rows_across_a_page_on_every_path(artifact_dir, fused_artifact, tmp_path, fake_gpu, monkeypatch,
+                                                 path):
+    if path == "tensorrt":
+        from tests.runtime.test_tensorrt_backend import build as build_engines
+        from tests.runtime.test_tensorrt_backend import load as load_engines
+
+        fake_gpu()
+        g = load_engines(artifact_dir, build_engines(artifact_dir, tmp_path), check_hashes=False)
+    else:
+        artifact = fused_artifact if path.startswith("fused") else artifact_dir
+        kwargs = {"plain": {}, "fused": {"fused": True}, "fused-llama-plain": {"fused": False},
+                  "iobinding": {"device": "cpu"}, "torch": {"backend": "torch"},
+                  "torch-static": {"backend": "torch"}}[path]
+        g = runtime.load(artifact, max_batch=4, check_hashes=False, **kwargs)
+    try:
+        if path == "torch-static":
+            g.backend.use_graphs(EagerCapture())
+        mixed_rows_across_a_page(g, monkeypatch)
+    finally:
+        g.close()
+
+
+def test_a_riding_row_at_the_capacity_on_the_fused_graphs(fused_artifact, monkeypatch):
+    """The fused graphs' inputs place a riding row's new positions too: near the capacity, inside it."""
+    with runtime.load(fused_artifact, max_batch=4, check_hashes=False) as reference:
+        full = reference.generate(PROMPTS, NEW, ignore_eos=True)
+    g = runtime.load(fused_artifact, max_batch=4, max_length=64, fused=True, check_hashes=False)
     try:
         ride_along_at_the_capacity(g, full, monkeypatch)
     finally:
