@@ -324,7 +324,7 @@ class Engine:
         if self.prefill is not None:
             self._guard([self.prefill.request], self._prefill_chunk)
         if self.cache.decoding:
-            self._guard(list(self.running), self._decode)
+            self._round()
         with self.lock:
             return self.busy
 
@@ -336,6 +336,32 @@ class Engine:
             with self.lock:
                 for r in requests:
                     self._end(r, exc)
+
+    def _round(self) -> None:
+        """A decode round. One that raises over the rows of several requests runs again for each
+        of them alone (the others held: they run nothing and keep their positions), and only the
+        requests whose own round raises too end, with their error: a failure of one row never
+        fails the rows beside it. Nothing a round did before its backend call needs undoing (the
+        lengths move on after it), and what follows it fails per request (``_contained``)."""
+        requests = list(dict.fromkeys(s.request for s in self.cache.owners[: self.cache.decoding]))
+        try:
+            return self._decode()
+        except BaseException as exc:  # noqa: BLE001 - delivered to the callers, who re-raise it
+            if len(requests) == 1:
+                with self.lock:
+                    return self._end(requests[0], exc)
+        for r in requests:
+            if any(0 <= s.row < self.cache.decoding for s in r.seqs):  # not ended by another's round
+                self._guard([r], self._decode, frozenset(requests) - {r})
+
+    def _contained(self, request: Request, fn, *args) -> None:
+        """fn(*args), the part of a round that concerns ``request`` alone: an exception ends that
+        request with it, and the round goes on with the others."""
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - delivered to the caller, who re-raises it
+            with self.lock:
+                self._end(request, exc)
 
     def _admit(self) -> None:
         """Seat the next waiting rows (of the first waiting request) in the free KV rows."""
@@ -430,26 +456,30 @@ class Engine:
                 s.logits = logits[j]
             self._emit(seqs)
 
-    def _decode(self) -> None:
+    def _decode(self, held: frozenset = frozenset()) -> None:
         """One token for every decoding row: embed, the union of the rows' active sets, head. A
         lossless row drafts its token instead; once a row's drafts are complete the round is their
-        verify pass (``_verify``)."""
+        verify pass (``_verify``). The rows of ``held`` requests sit this round out (``_round``)."""
         cache = self.cache
         R = cache.decoding
         seqs = cache.owners[:R]
+        out = [s.request in held for s in seqs]
         # Lossless rows draft until each has its k drafts (or no room for more), then one pass verifies
         # them all: a pass is a full-depth call over every decoding row, whichever it verifies, while
         # a draft step costs a row that rides along only its compute. So rows with their k drafts,
         # and paused rows, draft on while others still do; nobody skips layers for another's sake.
-        rooms = [self._draft_room(s) for s in seqs]
-        short = any(len(s.drafts) < min(s.plan.k, room) for s, room in zip(seqs, rooms)
-                    if s.plan is not None and s.plan.drafting(s.step))
-        if not short and any(s.drafts for s in seqs):
-            return self._verify(seqs, [s for s in seqs if s.drafts])
+        rooms = [0 if o else self._draft_room(s) for s, o in zip(seqs, out)]
+        short = any(len(s.drafts) < min(s.plan.k, room) for s, room, o in zip(seqs, rooms, out)
+                    if not o and s.plan is not None and s.plan.drafting(s.step))
+        ready = [s for s, o in zip(seqs, out) if s.drafts and not o]
+        if not short and ready:
+            return self._verify(seqs, ready)
         drafting = [short and len(s.drafts) < room for s, room in zip(seqs, rooms)]
         # a row whose drafts fill its room waits for the pass: it runs no layer, and the position
-        # this step gives it is dropped by the pass (which rewinds it to where its drafts began)
-        waiting = [bool(s.drafts) and not d for s, d in zip(seqs, drafting)]
+        # this step gives it is dropped by the pass (which rewinds it to where its drafts began);
+        # a held row runs none either, and its position is dropped after the step
+        waiting = [(bool(s.drafts) and not d) or o for s, d, o in zip(seqs, drafting, out)]
+        before = cache.length[:R].copy()
         steps = [s.step + len(s.drafts) for s in seqs]  # the generation step of each row's input
         sets = [() if w else self._layers(s, g, d) for s, g, d, w in zip(seqs, steps, drafting, waiting)]
         layers = sorted(set().union(*sets))
@@ -467,18 +497,22 @@ class Engine:
         step = DecodeStep(ids, cache.mask(0, R, new), layers, updates, draft)
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
+        for s, o, length in zip(seqs, out, before):
+            if o:
+                cache.rewind(s.row, int(length))
         seconds = time.perf_counter() - began
         cost = seconds - (self.backend.setup_seconds() - setup)  # what this step costs the next time
-        self.step_seconds = _smoothed(self.step_seconds, cost)
-        if len(layers) == self.num_layers:
-            self.full_seconds = _smoothed(self.full_seconds, cost)
-        elif all(drafting):
-            self.draft_seconds = _smoothed(self.draft_seconds, cost)
+        if not held:  # a round of some rows alone is not what a round costs
+            self.step_seconds = _smoothed(self.step_seconds, cost)
+            if len(layers) == self.num_layers:
+                self.full_seconds = _smoothed(self.full_seconds, cost)
+            elif all(drafting):
+                self.draft_seconds = _smoothed(self.draft_seconds, cost)
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(seqs):
             if not waiting[j]:
                 groups.setdefault((s.request, steps[j]), []).append(j)
-        for r in dict.fromkeys(s.request for s in seqs):
+        for r in dict.fromkeys(s.request for s, o in zip(seqs, out) if not o):
             r.stats.decode_seconds += seconds
         for (r, g), members in groups.items():
             budget = len(sets[members[0]]) if r.lossless else r.policy.budget(g)  # a draft's: its set's
@@ -487,10 +521,10 @@ class Engine:
                                            tuple(layers)))
         emit = []
         for j, s in enumerate(seqs):
-            if waiting[j]:
+            if waiting[j] or s.row < 0:  # (or its request ended at a draft of another of its rows)
                 continue
             if drafting[j]:
-                self._draft(s, logits[j])
+                self._contained(s.request, self._draft, s, logits[j])
             else:
                 s.logits = logits[j]
                 s.step += 1
@@ -593,7 +627,8 @@ class Engine:
                     s.logits, s.step = logits[j, i], s.step + 1
                     s.proposal = s.drafts[i] if i < len(s.drafts) else None
             self._emit(active)
-            active = [s for s in active if i < len(s.drafts) and s.reason is None and s.token == s.drafts[i][0]]
+            active = [s for s in active
+                      if i < len(s.drafts) and s.reason is None and s.row >= 0 and s.token == s.drafts[i][0]]
             for s in active:
                 kept[s] += 1
         for s in ready:
@@ -617,55 +652,60 @@ class Engine:
         for s in seqs:
             groups.setdefault((s.request, s.step), []).append(s)
         for (r, g), members in sorted(groups.items(), key=lambda item: item[0][1]):
-            last = g == r.max_new_tokens - 1
-            B = r.rows
-            if len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
-                logits = members[0].logits[None, :]  # (1, V): every backend's logits are fresh arrays
-            else:  # rows that have finished stream zeros
-                logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
-                for s in members:
-                    logits[s.index] = s.logits
-            event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B,
-                               None if r.logprobs is None else [None] * B)
-            for s in members:
-                b = s.index
-                detok, before = r.detok[b], s.text
-                scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
-                if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
-                    scores = s.matcher.mask(scores)  # only what keeps the text on its schema
-                if s.proposal is not None and r.sampling.do_sample:  # a draft judged (lossless)
-                    draft, q = s.proposal
-                    token = verify_draft(probabilities(scores[None, :], r.sampling)[0], draft, q, s.rng)
-                else:  # greedy: full depth's argmax, which the verify pass compares with the draft
-                    token = int(select(scores[None, :], r.sampling, s.rng)[0])
-                complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)
-                if r.logprobs is not None:
-                    event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
-                    r.token_logprobs[b].append(event.logprobs[b])
-                delta = detok.add(token)
-                if token in r.eos or last or complete:
-                    delta += detok.flush()
-                text = before + delta
-                hit = _first_stop(text, r.stops, len(before))
-                if hit is not None:  # the whole last token stays, so that text == decode(token_ids)
-                    text += detok.flush()
-                event.token_ids[b], event.texts[b] = token, text[len(before):]
-                s.text, s.token, s.logits = text, token, None
-                reason = ("eos" if token in r.eos else "stop" if hit is not None or complete
-                          else "length" if last else None)
-                if reason is not None:
-                    s.reason = event.finish_reasons[b] = reason
-                    if s.row >= 0:
-                        self.cache.release(s.row)
-            event.finished = [s.reason is not None for s in r.seqs]
-            r.stats.new_tokens = max(r.stats.new_tokens, g + 1)
-            if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
-                r.stats.decode_tokens += len(members)
-            r.events.put(event)
+            if r in self.running:  # (not ended by an error at an earlier step of this call)
+                self._contained(r, self._emit_step, r, g, members)
         for r in dict.fromkeys(s.request for s in seqs):
-            if r.done:
+            if r.done and r in self.running:
                 with self.lock:
                     self._end(r, _result(r))
+
+    def _emit_step(self, r: Request, g: int, members: list[Sequence]) -> None:
+        """Step ``g``'s tokens of ``members``, rows of ``r``: selected, detokenized, streamed."""
+        last = g == r.max_new_tokens - 1
+        B = r.rows
+        if len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
+            logits = members[0].logits[None, :]  # (1, V): every backend's logits are fresh arrays
+        else:  # rows that have finished stream zeros
+            logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
+            for s in members:
+                logits[s.index] = s.logits
+        event = TokenEvent(g, [None] * B, [""] * B, [False] * B, logits, [None] * B,
+                           None if r.logprobs is None else [None] * B)
+        for s in members:
+            b = s.index
+            detok, before = r.detok[b], s.text
+            scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
+            if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
+                scores = s.matcher.mask(scores)  # only what keeps the text on its schema
+            if s.proposal is not None and r.sampling.do_sample:  # a draft judged (lossless)
+                draft, q = s.proposal
+                token = verify_draft(probabilities(scores[None, :], r.sampling)[0], draft, q, s.rng)
+            else:  # greedy: full depth's argmax, which the verify pass compares with the draft
+                token = int(select(scores[None, :], r.sampling, s.rng)[0])
+            complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)
+            if r.logprobs is not None:
+                event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
+                r.token_logprobs[b].append(event.logprobs[b])
+            delta = detok.add(token)
+            if token in r.eos or last or complete:
+                delta += detok.flush()
+            text = before + delta
+            hit = _first_stop(text, r.stops, len(before))
+            if hit is not None:  # the whole last token stays, so that text == decode(token_ids)
+                text += detok.flush()
+            event.token_ids[b], event.texts[b] = token, text[len(before):]
+            s.text, s.token, s.logits = text, token, None
+            reason = ("eos" if token in r.eos else "stop" if hit is not None or complete
+                      else "length" if last else None)
+            if reason is not None:
+                s.reason = event.finish_reasons[b] = reason
+                if s.row >= 0:
+                    self.cache.release(s.row)
+        event.finished = [s.reason is not None for s in r.seqs]
+        r.stats.new_tokens = max(r.stats.new_tokens, g + 1)
+        if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
+            r.stats.decode_tokens += len(members)
+        r.events.put(event)
 
 
 def _smoothed(average: float | None, seconds: float) -> float:

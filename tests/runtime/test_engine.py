@@ -180,6 +180,44 @@ def test_a_failing_request_does_not_disturb_the_others(engine_gen):
         assert [e.token_ids[0] for e in good] == want[0]
 
 
+@pytest.mark.parametrize("victim", [{}, dict(speedup=2, lossless=True)], ids=["plain", "lossless"])
+def test_a_fault_in_one_rows_decode_fails_that_request_alone(engine_gen, monkeypatch, victim):
+    """A backend error in a decode step or verify pass that one request's rows run (here: from its
+    third token on) ends that request with the error; the plain and lossless requests it was
+    batched with give what they give alone (a failure used to fail every request of the batch)."""
+    goods = [(PROMPTS[0], 12, dict(speedup=2)), (PROMPTS[1], 12, dict(speedup=2, lossless=True))]
+    wants = [alone(engine_gen, p, n, o).token_ids for p, n, o in goods]
+    backend = engine_gen.engine.backend
+    decode, verify = backend.decode, backend.verify
+    faults = []
+
+    def poisoned(cache, rows):  # whether a row of ``rows`` that runs belongs to the poisoned request
+        hit = any(0 in cache.owners[j].request.input_ids and cache.owners[j].step >= 3 for j in rows)
+        faults.extend([hit] if hit else [])
+        return hit
+
+    def faulty_decode(step, cache):
+        if poisoned(cache, np.flatnonzero(step.updates.any(axis=0))):
+            raise RuntimeError("simulated device fault")
+        return decode(step, cache)
+
+    def faulty_verify(check, cache):
+        if poisoned(cache, np.flatnonzero(check.updates)):
+            raise RuntimeError("simulated device fault")
+        return verify(check, cache)
+
+    monkeypatch.setattr(backend, "decode", faulty_decode)
+    monkeypatch.setattr(backend, "verify", faulty_verify)
+    streams = [engine_gen.stream(p, n, ignore_eos=True, **o) for p, n, o in goods]
+    bad = engine_gen.stream(engine_gen.tokenizer.decode([0, 5, 6]), 12, ignore_eos=True, **victim)
+    got = []
+    with pytest.raises(RuntimeError, match="simulated device fault"):
+        got.extend(e.token_ids[0] for e in bad)
+    assert 3 <= len(got) < 12 and faults  # it ran until the fault
+    for stream, want in zip(streams, wants):
+        assert [e.token_ids[0] for e in stream] == want[0]
+
+
 def test_more_prompts_than_rows_run_as_rows_free_up(engine_gen):
     """One call of 10 prompts on 4 KV rows: every row equals its prompt alone, in prompt order."""
     prompts = [f"{PROMPTS[k % 3]} {k}" for k in range(10)]
