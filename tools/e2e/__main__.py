@@ -1,5 +1,5 @@
-"""``python -m tools.e2e init|distill|consensus|split``: initial model of the E2E demo, distilled or
-consensus targets for SkipDecode fine-tuning (and a by-MR data split)."""
+"""``python -m tools.e2e init|distill|consensus|split|rename``: initial model of the E2E demo, distilled
+or consensus targets for SkipDecode fine-tuning, a by-MR data split, and copies with invented venue names."""
 
 from __future__ import annotations
 
@@ -146,6 +146,47 @@ def consensus(args) -> int:
     return 0
 
 
+def rename(args) -> int:
+    """Copies of pairs whose venue names (``name``, ``near``) are invented ones the data never
+    contains, the same in the MR and in its descriptions (tools/e2e/names.py).
+
+    Each MR gets --copies renamed copies, each with names of its own (seeded by the MR and the copy),
+    and keeps its original pairs with --keep-original. A description in which an old name is left
+    (a spelling the slot rules do not know) is dropped: it would teach, or score, the old name.
+    """
+    import random
+
+    from tools.e2e.names import mapping_for, rename_text
+    from tools.evaluate.slots import is_mr_list, parse_mr, slot_errors
+
+    groups = group_by_prompt(read_pairs(args.data, args.prompt_column, args.target_column))
+    if not is_mr_list(list(groups)):
+        raise DataError(f"{args.data}: rename replaces the name[...] and near[...] of E2E meaning "
+                        f"representations, but its {args.prompt_column!r} column is not all of that form")
+    out, dropped = [], 0
+    for mr, texts in groups.items():
+        if args.keep_original:
+            out.extend(Example(mr, t) for t in texts)
+        slots = parse_mr(mr)
+        for copy in range(args.copies):
+            mapping = mapping_for(slots, random.Random(f"{args.seed}/{copy}/{mr}"), args.pool)
+            new_mr = mr
+            for slot in ("name", "near"):
+                if slot in slots:
+                    new_mr = new_mr.replace(f"{slot}[{slots[slot]}]", f"{slot}[{mapping[slots[slot]]}]")
+            for text in texts:
+                new = rename_text(text, mapping)
+                errors = slot_errors(new_mr, new)
+                if any(s in ("name", "near") for s, _ in errors.missing) or any(s == "venue" for s, _ in errors.wrong):
+                    dropped += 1
+                else:
+                    out.append(Example(new_mr, new))
+    write_csv(args.out, out, args.prompt_column, args.target_column)
+    print(f"{len(out)} pairs over {len(group_by_prompt(out))} MRs ({dropped} renamed descriptions dropped: an "
+          f"old name left in them) -> {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = cli.parser("python -m tools.e2e", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -180,12 +221,23 @@ def main(argv=None) -> int:
     c.add_argument("--candidates", nargs="+", metavar="CSV",
                    help="pairs CSVs of more candidate descriptions (e.g. `distill`'s outputs of several models)")
     c.add_argument("--out", required=True, help="CSV to write")
-    for q in (s, i, d, c):
+    r = sub.add_parser("rename", formatter_class=cli.HelpFormatter,
+                       help="copies of pairs with invented venue names, the same in the MR and its "
+                            "descriptions (training data, or a renamed development split)",
+                       description=inspect.cleandoc(rename.__doc__).split("\n\n")[0])
+    r.add_argument("--data", required=True, help="CSV or JSONL of pairs, gzipped or not")
+    r.add_argument("--out", required=True, help="CSV to write")
+    r.add_argument("--pool", choices=("train", "dev"), default="train",
+                   help="the invented names' pool: train for fine-tuning data, dev for a development split "
+                        "(no word in common: a dev split's names stay unseen)")
+    r.add_argument("--copies", type=int, default=1, help="renamed copies of each MR")
+    r.add_argument("--keep-original", action="store_true", help="also write the original pairs")
+    for q in (s, i, d, c, r):
         q.add_argument("--prompt-column", default="mr", help="the MRs' column")
         q.add_argument("--target-column", default="ref", help="the descriptions' column")
         q.add_argument("--seed", type=int, default=0, help="the split's draw; init's weights")
     args = p.parse_args(argv)
-    commands = {"split": split, "init": init, "distill": distill, "consensus": consensus}
+    commands = {"split": split, "init": init, "distill": distill, "consensus": consensus, "rename": rename}
     return cli.run(lambda: commands[args.command](args))
 
 
