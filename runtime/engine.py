@@ -209,6 +209,7 @@ class Engine:
         # storage can copy rows); None: off
         self.prefix_cache: PrefixCache | None = None
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
+        self.prefill_rows: int | None = None  # the most rows of a request seated and prefilled together
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
         # lossless rows' costs, smoothed: a full-depth decode step, a step of drafts only, a verify
@@ -368,7 +369,7 @@ class Engine:
         if not self.waiting or not self.cache.free:
             return
         r = self.waiting[0]
-        k = min(r.rows - r.admitted, self.cache.free)
+        k = min(r.rows - r.admitted, self.cache.free, self.prefill_rows or self.cache.free)
         seqs = r.seqs[r.admitted: r.admitted + k]
         r.admitted += k
         if r.admitted == r.rows:

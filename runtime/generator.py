@@ -89,7 +89,8 @@ class Generator:
 
     def __init__(self, directory, manifest: Manifest, backend: Backend, tokenizer, max_batch: int | None = None,
                  max_length: int | None = None, max_queue: int | None = None,
-                 prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, prefix_cache_mb: float = 0):
+                 prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, prefix_cache_mb: float = 0,
+                 batch_invariant: bool | None = None):
         self.directory = Path(directory)
         self.manifest = manifest
         self.backend = backend
@@ -111,10 +112,17 @@ class Generator:
             raise InvalidArgumentError(f"prefill_chunk must be 'auto', None or an int >= 1, got {prefill_chunk!r}")
         if isinstance(prefix_cache_mb, bool) or not isinstance(prefix_cache_mb, (int, float)) or prefix_cache_mb < 0:
             raise InvalidArgumentError(f"prefix_cache_mb must be a number >= 0 (0: no prompt reuse), got {prefix_cache_mb!r}")
+        if batch_invariant not in (None, True, False):
+            raise InvalidArgumentError(f"batch_invariant must be None (on for int8/int4 weights), True or False, "
+                                       f"got {batch_invariant!r}")
         backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
                              max_queue, prefill_chunk)
+        # int8/int4 layers quantize their activations, where the padding other prompts bring to a
+        # prefill shifts a rounding and then the text: each row's prompt runs alone instead
+        self.batch_invariant = manifest.quantized if batch_invariant is None else batch_invariant
+        self.engine.prefill_rows = 1 if self.batch_invariant else None
         if prefix_cache_mb and type(self.engine.cache.storage).read is KVStorage.read:
             warnings.warn(f"prefix_cache_mb={prefix_cache_mb:g}: the {type(backend).__name__}'s KV storage cannot copy a "
                           f"row's K/V out, so prompts are not reused on it", stacklevel=3)
@@ -405,7 +413,7 @@ def _own_policy(default: dict, fields: dict, given: dict) -> dict:
 def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = True, max_batch: int | None = None,
          max_length: int | None = None, max_queue: int | None = None,
          prefill_chunk: int | str | None = DEFAULT_PREFILL_CHUNK, prefix_cache_mb: float = 0,
-         **backend_options) -> Generator:
+         batch_invariant: bool | None = None, **backend_options) -> Generator:
     """Load an artifact directory written by ``python -m export build``.
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
@@ -426,6 +434,11 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     prefix_cache_mb: MiB of prompt prefixes' K/V kept for reuse (runtime.prefix_cache): a one-prompt
         request whose prompt starts with whole pages another's already ran takes their K/V and runs
         only the rest (exact). 0, the default here (the server's is 256), keeps none.
+    batch_invariant: True runs each prompt's prefill alone, never padded beside another prompt of
+        its call, so that a row's greedy text is the one it gets alone (docs/design.md, "Batch
+        invariance"; a call of several prompts then reaches its first tokens ~17% later); None, the
+        default, is True for int8/int4 weights (whose activation rounding turns the padding's float
+        noise into other tokens) and False for float ones.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
         busy-wait, for a device whose cores no other process uses; "auto" (the command lines'
@@ -442,7 +455,7 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     tokenizer = load_tokenizer(Path(directory) / manifest.tokenizer_dir, manifest.model.pad_token_id)
     return Generator(directory, manifest, create_backend(backend, directory, manifest, **backend_options),
                      tokenizer, max_batch=max_batch, max_length=max_length, max_queue=max_queue,
-                     prefill_chunk=prefill_chunk, prefix_cache_mb=prefix_cache_mb)
+                     prefill_chunk=prefill_chunk, prefix_cache_mb=prefix_cache_mb, batch_invariant=batch_invariant)
 
 
 def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> GenerationResult:

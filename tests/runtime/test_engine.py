@@ -522,3 +522,25 @@ def test_auto_chunks_come_from_a_fixed_plus_per_token_fit_robust_to_a_slow_chunk
     # a long prompt, or the rest of one: chunks that take the budget, (budget - fixed) / per_token
     assert costs.tokens(500, budget, first=True) in (19, 20) and costs.tokens(30, budget, first=False) in (19, 20)
     assert costs.tokens(500, 0.5, first=True) in (9, 10)  # fixed alone over the budget: budget / per_token
+
+
+def test_batch_invariant_prefills_each_prompt_alone(artifact_dir, monkeypatch):
+    """batch_invariant=True: no prefill call carries two rows (no prompt is padded beside another),
+    and the tokens are each prompt's alone."""
+    gen = runtime.load(artifact_dir, max_batch=4, batch_invariant=True, check_hashes=False)
+    try:
+        embed, rows = gen.backend.embed, []
+
+        def recording(ids, mask):
+            if ids.shape[1] > 1:  # a prefill chunk
+                rows.append(ids.shape[0])
+            return embed(ids, mask)
+
+        monkeypatch.setattr(gen.backend, "embed", recording)
+        result = gen.generate(PROMPTS, 6, ignore_eos=True)
+        assert rows and set(rows) == {1}
+        assert result.token_ids == [gen.generate(p, 6, ignore_eos=True).token_ids[0] for p in PROMPTS]
+    finally:
+        gen.close()
+    with pytest.raises(runtime.errors.InvalidArgumentError, match="batch_invariant must be"):
+        runtime.load(artifact_dir, batch_invariant="yes", check_hashes=False)
