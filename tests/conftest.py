@@ -51,6 +51,17 @@ def _torch_threads_restored_per_module():
     torch.set_num_threads(before)
 
 
+def first_logits(gen, prompts, **kwargs):
+    """(B, V): each prompt's first token's logits from ``gen.stream``, whose events carry the rows
+    at one step each (an int8/int4 artifact prefills its rows one at a time: batch_invariant)."""
+    import numpy as np
+
+    rows = {}
+    for event in gen.stream(prompts, 1, **kwargs):
+        rows.update({b: event.logits[b] for b, t in enumerate(event.token_ids) if t is not None})
+    return np.stack([rows[b] for b in range(len(prompts))])
+
+
 def tiny_config(variant: str, **overrides) -> OPTConfig:
     fields = dict(vocab_size=512, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
                   ffn_dim=64, max_position_embeddings=64, pad_token_id=1, bos_token_id=2,

@@ -14,7 +14,7 @@ from export.verify import verify
 from runtime.errors import UnsupportedModelError
 from runtime.models import skip_model
 from runtime.policy import SkipPolicy
-from tests.conftest import PROMPTS
+from tests.conftest import PROMPTS, first_logits
 from tests.families import VARIANTS, save_tiny_checkpoint, tiny_model
 from tests.runtime.test_generate import padded, policy_calls, spying
 from tests.runtime.test_tensorrt_backend import fake_gpu  # noqa: F401  (a fixture)
@@ -133,7 +133,7 @@ def test_weight_only_quantization_decodes_close_to_float(tmp_path_factory, weigh
     _, _, hf_logits = _hf_generate(model, tok, new=1)
     gen = runtime.load(art, threads=1)
     try:
-        first = next(iter(gen.stream(PROMPTS, 1))).logits
+        first = first_logits(gen, PROMPTS)
     finally:
         gen.close()
     ref = hf_logits[0].numpy()

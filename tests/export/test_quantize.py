@@ -19,7 +19,7 @@ from runtime.errors import ArtifactError, InvalidArgumentError
 from runtime.manifest import MANIFEST_NAME, load_manifest
 from runtime.models.opt import SkipOPT
 from runtime.models.base import graph_module
-from tests.conftest import PROMPTS, save_tiny_checkpoint
+from tests.conftest import PROMPTS, first_logits, save_tiny_checkpoint
 
 quiet = dict(log=lambda *_: None)
 BLOCK = 16  # divides the tiny model's hidden 32, ffn 64 and embedding width 32
@@ -115,8 +115,8 @@ def test_ort_runtime_generates_from_a_quantized_artifact_close_to_float(int4_dir
     float_dir = tmp_path / "fp32"
     _build(ckpt, float_dir)
     with runtime.load(int4_dir, threads=1) as gen, runtime.load(float_dir, threads=1) as ref:
-        got = next(iter(gen.stream(PROMPTS, 1, ignore_eos=True))).logits  # (B, vocab) of the prompt pass
-        want = next(iter(ref.stream(PROMPTS, 1, ignore_eos=True))).logits
+        got = first_logits(gen, PROMPTS, ignore_eos=True)  # (B, vocab) of the prompt pass
+        want = first_logits(ref, PROMPTS, ignore_eos=True)
         skipped = gen.generate(PROMPTS, 8, speedup=2, ignore_eos=True)
     assert [len(t) for t in skipped.token_ids] == [8, 8, 8]
     assert skipped.stats.theoretical_speedup > 1.5

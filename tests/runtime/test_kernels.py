@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import runtime
+from tests.conftest import first_logits as first_logits_of
 from runtime import kernels
 from runtime.errors import InvalidArgumentError
 
@@ -243,14 +244,9 @@ PROMPTS = ["hello world", "the quick brown fox jumps", "a", "one two three four 
 
 
 def first_logits(artifact, **options):
-    """(B, V): each prompt's first token's logits (an event per step carries the rows at it: an
-    int4 artifact prefills its rows one at a time, batch_invariant)."""
     gen = runtime.load(artifact, threads=2, **options)
     try:
-        rows = {}
-        for event in gen.stream(PROMPTS, 1):
-            rows.update({b: event.logits[b] for b, t in enumerate(event.token_ids) if t is not None})
-        return np.stack([rows[b] for b in range(len(PROMPTS))])
+        return first_logits_of(gen, PROMPTS)  # (B, V)
     finally:
         gen.close()
 

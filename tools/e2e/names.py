@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 
-from tools.evaluate.slots import VENUES, _venue_pattern
+from tools.evaluate.slots import VENUES, venue_pattern
 
 # (adjectives, nouns, syllables) per pool: disjoint from each other and from the E2E venue names' words
 POOLS = {
@@ -50,7 +50,7 @@ def invent(rng: random.Random, pool: str) -> str:
 def venue_regex(name: str) -> re.Pattern:
     """A venue name as the slot rules find it in text (an optional leading "The", an apostrophe-s),
     case-insensitive, on the original text."""
-    return re.compile(_venue_pattern(name), re.IGNORECASE)
+    return re.compile(venue_pattern(name), re.IGNORECASE)
 
 
 def rename_text(text: str, mapping: dict[str, str]) -> str:

@@ -199,7 +199,7 @@ def is_mr_list(prompts: list[str]) -> bool:
 VENUE_ALIASES = {"Crowne Plaza Hotel": r"crowne?\s+plaza(?:\s+hotel)?"}
 
 
-def _venue_pattern(name: str) -> str:
+def venue_pattern(name: str) -> str:
     if name in VENUE_ALIASES:
         return rf"(?<!\w)(?:the\s+)?{VENUE_ALIASES[name]}(?!\w)"
     words = name.lower().split()
@@ -211,11 +211,11 @@ def _venue_pattern(name: str) -> str:
     return rf"(?<!\w){body}(?:'s|s')?(?!\w)"
 
 
-_VENUE_RES = {v: re.compile(_venue_pattern(v)) for v in sorted(VENUES, key=len, reverse=True)}
+_VENUE_RES = {v: re.compile(venue_pattern(v)) for v in sorted(VENUES, key=len, reverse=True)}
 
 
 def _venue_re(name: str) -> re.Pattern:
-    return _VENUE_RES.get(name) or re.compile(_venue_pattern(name))
+    return _VENUE_RES.get(name) or re.compile(venue_pattern(name))
 
 
 def _slots(mr: str | dict[str, str]) -> dict[str, str]:
