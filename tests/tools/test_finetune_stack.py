@@ -1,0 +1,55 @@
+"""``python -m tools.finetune.stack``: adapters trained one after the other, stacked into one whose
+merge equals their merges in turn."""
+
+import json
+
+import pytest
+import torch
+
+from export import adapter
+from tests.families import tiny_model
+from tools.finetune.stack import main
+
+peft = pytest.importorskip("peft")
+
+
+def _adapter(model, directory, rank, alpha, seed):
+    """A random LoRA adapter of ``model`` saved in peft's format (B non-zero: it changes the model)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    wrapped = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=["q_proj", "down_proj"]))
+    for name, p in wrapped.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    wrapped.save_pretrained(directory)
+    return wrapped.unload()
+
+
+def test_stacked_adapters_merge_as_the_adapters_in_turn(tmp_path, capsys):
+    base = tiny_model("llama3")
+    first, second = tmp_path / "a1", tmp_path / "a2"
+    _adapter(tiny_model("llama3"), first, rank=4, alpha=8, seed=1)
+    _adapter(tiny_model("llama3"), second, rank=2, alpha=16, seed=2)  # another scale: folded into its B
+    in_turn = tiny_model("llama3")
+    adapter.apply(in_turn, first)
+    adapter.apply(in_turn, second)
+    assert main(["--adapters", str(first), str(second), "--out", str(tmp_path / "s"), "--dtype", "float32"]) == 0
+    assert "2 adapters stacked into one of rank 6" in capsys.readouterr().out
+    config = json.loads((tmp_path / "s" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (6, 12)
+    stacked = tiny_model("llama3")
+    adapter.apply(stacked, tmp_path / "s")
+    for (name, want), got in zip(in_turn.state_dict().items(), stacked.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), stacked.state_dict().values()))
+
+
+def test_adapters_of_other_modules_do_not_stack(tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+
+    _adapter(tiny_model("llama3"), tmp_path / "a1", rank=2, alpha=4, seed=1)
+    get_peft_model(tiny_model("llama3"), LoraConfig(r=2, target_modules=["v_proj"])).save_pretrained(tmp_path / "a2")
+    assert main(["--adapters", str(tmp_path / "a1"), str(tmp_path / "a2"), "--out", str(tmp_path / "s")]) == 2
+    assert "only adapters of the same modules stack" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
