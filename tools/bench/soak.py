@@ -76,7 +76,7 @@ def body(kind: Kind, prompt: str, prefix: str, max_tokens: int, seed: int) -> di
     return {"prompt": (prefix + prompt) if kind.prefix else prompt, "max_tokens": max_tokens, **extra}
 
 
-def send(client, kind: Kind, request: dict) -> Outcome:
+def send(client, model: str, kind: Kind, request: dict) -> Outcome:
     import openai
 
     fields = dict(request)
@@ -84,14 +84,14 @@ def send(client, kind: Kind, request: dict) -> Outcome:
     known = {k: fields.pop(k) for k in ("temperature", "seed") if k in fields}  # the rest: extra_body
     try:
         if kind.abandon:
-            stream = client.completions.create(model="model", prompt=prompt, max_tokens=max_tokens, stream=True,
+            stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
                                                extra_body=fields, **known)
             for i, _ in enumerate(stream):
                 if i == 1:
                     break
             stream.close()
             return Outcome(kind, "abandoned")
-        done = client.completions.create(model="model", prompt=prompt, max_tokens=max_tokens,
+        done = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
                                          extra_body=fields or None, **known)
         return Outcome(kind, "ok", done.choices[0].text)
     except openai.APIStatusError as exc:
@@ -117,12 +117,13 @@ def start(args) -> tuple[subprocess.Popen, str]:
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}), f"http://127.0.0.1:{port}"
 
 
-def sigterm(proc: subprocess.Popen, client, prompts: list[str], streams: int, max_tokens: int) -> tuple[int, int, float]:
+def sigterm(proc: subprocess.Popen, client, model: str, prompts: list[str], streams: int,
+            max_tokens: int) -> tuple[int, int, float]:
     """SIGTERM while ``streams`` streams run: (streams that ended with a finish reason, exit code, seconds)."""
     finished = []
 
     def one(prompt):
-        stream = client.completions.create(model="model", prompt=prompt, max_tokens=max_tokens, stream=True,
+        stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
                                            extra_body={"ignore_eos": True})
         reason = None
         for chunk in stream:
@@ -174,9 +175,10 @@ def main(argv=None) -> int:
     try:
         wait_healthy(url, proc, timeout=300)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+        model = client.models.list().data[0].id  # the id the server serves
         references = {}
         for kind, prompt in itertools.product([k for k in mix if k.greedy], prompts):
-            alone = send(client, kind, body(kind, prompt, prefix, args.max_tokens, 0))
+            alone = send(client, model, kind, body(kind, prompt, prefix, args.max_tokens, 0))
             if alone.status != "ok":
                 raise RuntimeError(f"{kind.name} alone failed: {alone.status} {alone.detail}")
             references[kind.name, prompt] = alone.text
@@ -190,7 +192,7 @@ def main(argv=None) -> int:
 
             def run(item):
                 kind, prompt, seed = item
-                outcome = send(client, kind, body(kind, prompt, prefix, args.max_tokens, seed))
+                outcome = send(client, model, kind, body(kind, prompt, prefix, args.max_tokens, seed))
                 outcome.key = (kind.name, prompt)
                 return outcome
 
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
             for o in others[:3]:
                 print(f"  {o.kind.name}: {o.status} {o.detail}", file=sys.stderr)
             failed = failed or bool(others) or any(o.status != "4xx" for o in bad)
-        finished, code, seconds = sigterm(proc, client, prompts, args.sigterm_streams, args.max_tokens)
+        finished, code, seconds = sigterm(proc, client, model, prompts, args.sigterm_streams, args.max_tokens)
         print(f"\nSIGTERM with {args.sigterm_streams} streams running: {finished} finished, the server exited "
               f"{code} in {seconds:.1f} s")
         failed = failed or finished != args.sigterm_streams or code != 0
