@@ -210,6 +210,9 @@ class Engine:
         self.prefix_cache: PrefixCache | None = None
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
         self.prefill_rows: int | None = None  # the most rows of a request seated and prefilled together
+        # prompts run in chunks ending at multiples of this many positions, alone as under load (a
+        # row's calls then depend on its prompt alone: batch invariance); None: as prefill_chunk says
+        self.fixed_chunk: int | None = None
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
         # lossless rows' costs, smoothed: a full-depth decode step, a step of drafts only, a verify
@@ -421,8 +424,10 @@ class Engine:
         start, k = seqs[0].row, len(seqs)
         total = p.input_ids.shape[1]
         chunk = total - p.done
-        auto = self.prefill_chunk == AUTO
-        if cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
+        auto = self.prefill_chunk == AUTO and not self.fixed_chunk
+        if self.fixed_chunk:  # up to the next multiple: where a reused prefix's pages end too
+            chunk = min(chunk, self.fixed_chunk - p.done % self.fixed_chunk)
+        elif cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
             if not auto:
                 chunk = min(chunk, self.prefill_chunk)
             elif self.step_seconds:  # about AUTO_STALL decode steps' time

@@ -119,10 +119,12 @@ class Generator:
         self.max_batch, self.max_length = max_batch, max_length
         self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
                              max_queue, prefill_chunk)
-        # int8/int4 layers quantize their activations, where the padding other prompts bring to a
-        # prefill shifts a rounding and then the text: each row's prompt runs alone instead
+        # int8/int4 layers quantize their activations, where float noise shifts a rounding and then
+        # the text: each row's prompt runs alone (no other prompt's padding), in chunks that end at
+        # its own pages alone as under load (no chunk sized by the load), where reused prefixes end
         self.batch_invariant = manifest.quantized if batch_invariant is None else batch_invariant
         self.engine.prefill_rows = 1 if self.batch_invariant else None
+        self.engine.fixed_chunk = manifest.page_size if self.batch_invariant else None
         if prefix_cache_mb and type(self.engine.cache.storage).read is KVStorage.read:
             warnings.warn(f"prefix_cache_mb={prefix_cache_mb:g}: the {type(backend).__name__}'s KV storage cannot copy a "
                           f"row's K/V out, so prompts are not reused on it", stacklevel=3)
@@ -435,10 +437,11 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         request whose prompt starts with whole pages another's already ran takes their K/V and runs
         only the rest (exact). 0, the default here (the server's is 256), keeps none.
     batch_invariant: True runs each prompt's prefill alone, never padded beside another prompt of
-        its call, so that a row's greedy text is the one it gets alone (docs/design.md, "Batch
-        invariance"; a call of several prompts then reaches its first tokens ~17% later); None, the
-        default, is True for int8/int4 weights (whose activation rounding turns the padding's float
-        noise into other tokens) and False for float ones.
+        its call, in chunks of one page (``page_size`` positions) whether or not other rows decode,
+        so that a row's greedy text is the one it gets alone (docs/design.md, "Batch invariance";
+        a call of several prompts reaches its first tokens ~17% later; ``prefill_chunk`` is then
+        unused); None, the default, is True for int8/int4 weights (whose activation rounding turns
+        float noise into other tokens) and False for float ones.
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
         busy-wait, for a device whose cores no other process uses; "auto" (the command lines'

@@ -524,22 +524,46 @@ def test_auto_chunks_come_from_a_fixed_plus_per_token_fit_robust_to_a_slow_chunk
     assert costs.tokens(500, 0.5, first=True) in (9, 10)  # fixed alone over the budget: budget / per_token
 
 
-def test_batch_invariant_prefills_each_prompt_alone(artifact_dir, monkeypatch):
+def stepped(gen, prompts, max_new_tokens, **kwargs) -> list[list[int]]:
+    """A request's tokens with nothing else in the batch, through a stepper (``gen`` may be one's)."""
+    with gen.stepper() as stepper:
+        handle = stepper.add(prompts, max_new_tokens, **kwargs)
+        while not stepper.done:
+            stepper.step()
+    assert handle.error is None, handle.error
+    return handle.result.token_ids
+
+
+def test_batch_invariant_prefills_each_prompt_alone_in_its_own_pages(artifact_dir, monkeypatch):
     """batch_invariant=True: no prefill call carries two rows (no prompt is padded beside another),
-    and the tokens are each prompt's alone."""
+    and a prompt runs in the same chunks, ending at its page ends, alone and joining running rows
+    (a chunk sized by the load moved int4 roundings: 1 of 6 short prompts changed on the real model);
+    the tokens are each prompt's alone."""
     gen = runtime.load(artifact_dir, max_batch=4, batch_invariant=True, check_hashes=False)
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 3)  # 37 tokens: two pages
     try:
-        embed, rows = gen.backend.embed, []
+        embed, calls = gen.backend.embed, []
 
         def recording(ids, mask):
-            if ids.shape[1] > 1:  # a prefill chunk
-                rows.append(ids.shape[0])
+            if ids.shape[1] > 1:  # a prefill chunk: (rows, tokens)
+                calls.append(ids.shape)
             return embed(ids, mask)
 
         monkeypatch.setattr(gen.backend, "embed", recording)
-        result = gen.generate(PROMPTS, 6, ignore_eos=True)
-        assert rows and set(rows) == {1}
-        assert result.token_ids == [gen.generate(p, 6, ignore_eos=True).token_ids[0] for p in PROMPTS]
+        alone = {p: stepped(gen, p, 6, ignore_eos=True)[0] for p in [*PROMPTS, long]}  # (a stepper: below)
+        assert calls[-2:] == [(1, 32), (1, 5)]  # the long prompt, alone: its pages
+        calls.clear()
+        assert stepped(gen, PROMPTS, 6, ignore_eos=True) == [alone[p] for p in PROMPTS]
+        assert calls and {rows for rows, _ in calls} == {1}
+        calls.clear()
+        with gen.stepper() as stepper:  # joining a running row: the same chunks
+            running = stepper.add(PROMPTS[0], 12, ignore_eos=True)
+            stepper.step()
+            joining = stepper.add(long, 6, ignore_eos=True)
+            while not stepper.done:
+                stepper.step()
+        assert calls[1:] == [(1, 32), (1, 5)]
+        assert running.result.token_ids[0][:6] == alone[PROMPTS[0]] and joining.result.token_ids[0] == alone[long]
     finally:
         gen.close()
     with pytest.raises(runtime.errors.InvalidArgumentError, match="batch_invariant must be"):

@@ -21,6 +21,7 @@ from runtime.errors import InvalidArgumentError
 from runtime.sampling import verify_draft
 from tests.conftest import PROMPTS
 from tests.families import save_tiny_checkpoint
+from tests.runtime.test_engine import stepped
 from tests.runtime.test_tensorrt_backend import fake_gpu  # noqa: F401  (a fixture)
 
 NEW = 24
@@ -295,16 +296,6 @@ def test_a_plain_row_at_the_capacity_rides_along_a_verify_pass(artifact_dir, ful
 LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 2)  # 25 tokens: near a page's end
 
 
-def alone(g, prompts, max_new_tokens, **kwargs) -> list[list[int]]:
-    """A request's tokens with nothing else in the batch (through a stepper: ``g`` may be one's)."""
-    with g.stepper() as stepper:
-        handle = stepper.add(prompts, max_new_tokens, **kwargs)
-        while not stepper.done:
-            stepper.step()
-    assert handle.error is None, handle.error
-    return handle.result.token_ids
-
-
 def mixed_rows_across_a_page(g, monkeypatch):
     """Plain rows of different lengths (25 and 6 prompt tokens) decode past the first page's end
     (32) while lossless rows with short prompts join at each step of a sweep: their verify passes
@@ -323,8 +314,8 @@ def mixed_rows_across_a_page(g, monkeypatch):
     monkeypatch.setattr(g.backend, "verify", recording)
     LayerClock(g.backend, monkeypatch)
     plain_prompts, lossless_prompts = [LONG_PROMPT, PROMPTS[1]], [PROMPTS[2], PROMPTS[0]]
-    want_plain = alone(g, plain_prompts, 20, speedup=2, ignore_eos=True)
-    want_lossless = alone(g, lossless_prompts, 10, ignore_eos=True)  # full depth's
+    want_plain = stepped(g, plain_prompts, 20, speedup=2, ignore_eos=True)
+    want_lossless = stepped(g, lossless_prompts, 10, ignore_eos=True)  # full depth's
     for at in range(12):
         with g.stepper() as stepper:
             plain = stepper.add(plain_prompts, 20, speedup=2, ignore_eos=True)

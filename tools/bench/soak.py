@@ -16,6 +16,7 @@ differences are reported, not failed on: int8/int4 artifacts are not batch-invar
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import random
@@ -209,6 +210,10 @@ def main(argv=None) -> int:
             print(f"| {round_} | {len(outcomes)} | {count('ok')} | {sum(o.status == '4xx' for o in bad)} of {len(bad)} | "
                   f"{count('5xx')} | {len(others) - count('5xx')} | {same} of {len(greedy)} | {count('abandoned')} | "
                   f"{rss_mb(proc.pid):.0f} |", flush=True)
+            differ = collections.Counter(o.kind.name for o in greedy if o.text != references[o.key])
+            if differ:
+                print(f"  greedy answers unlike their reference, by kind: "
+                      f"{', '.join(f'{k} {n}' for k, n in differ.most_common())}", file=sys.stderr)
             for o in others[:3]:
                 print(f"  {o.kind.name}: {o.status} {o.detail}", file=sys.stderr)
             failed = failed or bool(others) or any(o.status != "4xx" for o in bad)
