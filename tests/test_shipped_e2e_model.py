@@ -17,26 +17,35 @@ pytest.importorskip("gguf")
 from export.checkpoint import E2E_ADAPTER  # noqa: E402
 from tests.test_real_model import gguf_file  # noqa: E402,F401  (a fixture)
 
-# Development-split MRs (data/e2e/devset.csv.gz): never trained on
+# Development-split MRs (data/e2e/devset.csv.gz): never trained on; then two with venue names no
+# E2E split contains (nor tools/e2e/names.py's pools): the eighth version was trained to copy new names
 MRS = ["name[Alimentum], area[city centre], familyFriendly[no]",
        "name[The Eagle], eatType[coffee shop], food[Chinese], priceRange[cheap], customer rating[average], area[riverside], familyFriendly[no], near[Burger King]",
-       "name[Browns Cambridge], eatType[coffee shop], food[Chinese], customer rating[5 out of 5], area[city centre], familyFriendly[no], near[Crowne Plaza Hotel]"]
+       "name[Browns Cambridge], eatType[coffee shop], food[Chinese], customer rating[5 out of 5], area[city centre], familyFriendly[no], near[Crowne Plaza Hotel]",
+       "name[Marigold Yard], eatType[restaurant], food[Japanese], area[riverside], near[Kestrel Arms]",
+       "name[The Brass Lantern], eatType[pub], food[Italian], priceRange[moderate], familyFriendly[yes]"]
 NEW_TOKENS = 64
-EXPECTED = {  # speedup -> the three descriptions, greedy, as one batch (recorded from the shipped adapter)
+EXPECTED = {  # speedup -> the descriptions, greedy, as one batch (recorded from the shipped adapter)
     1: [
-        " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
-        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
+        ' Alimentum is a non family-friendly restaurant in the city centre.',
+        ' The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.',
+        ' Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.',
+        ' Marigold Yard is a Japanese restaurant located in the riverside area near Kestrel Arms.',
+        ' The Brass Lantern is a kid friendly pub that serves Italian food in the moderate price range.',
     ],
-    2: [  # its own 2x (18 -> 12) writes full depth's three texts
-        " Alimentum is a non family-friendly restaurant in the city centre.",
-        " The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.",
-        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.",
+    2: [  # its own 2x (18 -> 12) writes full depth's texts
+        ' Alimentum is a non family-friendly restaurant in the city centre.',
+        ' The Eagle is a cheap Chinese coffee shop located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.',
+        ' Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.',
+        ' Marigold Yard is a Japanese restaurant located in the riverside area near Kestrel Arms.',
+        ' The Brass Lantern is a kid friendly pub that serves Italian food in the moderate price range.',
     ],
-    5: [  # 5x contradicts Alimentum's familyFriendly: what the 4-layer budget keeps of the phrasing
-        " Alimentum is a family-friendly restaurant in the city centre. It is not family-friendly.",
-        " The Eagle is a cheap Chinese coffee shop that is located in the riverside area near Burger King. It is not family friendly and has an average customer rating.",
-        " Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family friendly and has a customer rating of 5 out of 5.",
+    5: [  # what the 4-layer budget keeps: Alimentum's familyFriendly flipped, a near name cut short
+        ' Alimentum is a family-friendly restaurant in the city centre.',
+        ' The Eagle is a cheap Chinese coffee shop that serves Chinese food. It is located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.',
+        ' Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.',
+        ' Marigold Yard is a Japanese restaurant in the riverside area near Kestrel.',
+        ' The Brass Lantern is a kid friendly pub that serves Italian food. It is moderately priced.',
     ],
 }
 
