@@ -127,6 +127,18 @@ RULES = [
      LONG + " (the shipped model's later stages: 5-10 minutes each over the previous stage's output)"),
     ("python -m tools.finetune --model smollm2-135m-instruct ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning; tests/tools/test_finetune_lora.py trains a tiny model)"),
+    # issue 56: the renamed development split, and the eighth version's stage (models/smollm2-135m-e2e)
+    ("python -m tools.e2e rename --data data/e2e/devset.csv.gz --pool dev --out .work/devset-renamed.csv$", "run", ""),
+    ("python -m tools.evaluate --data .work/devset-renamed.csv ", "parse",
+     LONG + " (10 minutes of generation with the real model over the renamed split)"),
+    ("python -m tools.e2e rename --data .work/smollm2-distilled7.csv ", "parse",
+     "reads the distill's output (26 minutes of generation with the real model); "
+     "tests/tools/test_e2e_rename.py runs it on hand-written pairs"),
+    ("python -m tools.finetune --model smollm2-135m-e2e ", "parse",
+     LONG + " (43 minutes of LoRA fine-tuning over the shipped model; tests/tools/test_finetune_lora.py trains a tiny model)"),
+    ("python -m tools.finetune.stack --adapters models/smollm2-135m-e2e ", "parse",
+     "reads the fourth stage's adapter (above); tests/tools/test_finetune_stack.py stacks tiny adapters"),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --out /tmp/smol-int4$", "parse", REAL),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
     ("python -m export build --model WORK/ARCH/hf --out A$", "parse",
