@@ -341,6 +341,7 @@ def fused_artifact(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True)  # one OPT variant: the paths are the sweep
 @pytest.mark.parametrize("path", ["plain", "fused", "fused-llama-plain", "iobinding", "torch", "torch-static",
                                   "tensorrt"])
 def test_mixed_rows_across_a_page_on_every_path(artifact_dir, fused_artifact, tmp_path, fake_gpu, monkeypatch,
