@@ -63,6 +63,7 @@ def _parser():
                     help="rows decoded together (default: the number of prompts, at most 8); more "
                          "prompts than rows run as rows free up")
     cli.add_prefill_chunk(be, DEFAULT_PREFILL_CHUNK)
+    cli.add_batch_invariant(be)
     be.add_argument("--engine-dir", help="TensorRT engines (tensorrt backend; default: DIR/engines)")
     be.add_argument("--no-check-hashes", action="store_true",
                     help="skip the sha256 of files changed since they were last verified (sizes are still checked)")
@@ -135,7 +136,8 @@ def _run(args) -> int:
     # None: the prompts' number; 0 or less goes to load, which refuses it as the API does
     max_batch = min(len(args.prompts), DEFAULT_MAX_BATCH) if args.max_batch is None else args.max_batch
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
-               max_batch=max_batch, prefill_chunk=args.prefill_chunk, **cli.backend_options(args))
+               max_batch=max_batch, prefill_chunk=args.prefill_chunk, batch_invariant=args.batch_invariant,
+               **cli.backend_options(args))
     try:
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         config = GenerationConfig(args.max_new_tokens, policy=policy, decay=args.decay,

@@ -127,6 +127,19 @@ def add_prefill_chunk(group, default) -> None:
                             "'auto' (chunks of about one decode step) or 'none' (whole)")
 
 
+def add_batch_invariant(group) -> None:
+    """--batch-invariant / --no-batch-invariant, the same in ``python -m runtime`` and ``python -m
+    runtime serve`` (``runtime.load(batch_invariant=...)``; neither: on for int8/int4 weights)."""
+    invariant = group.add_mutually_exclusive_group()
+    invariant.add_argument("--batch-invariant", dest="batch_invariant", action="store_const", const=True,
+                           default=None, help="prefill each prompt alone, in chunks of its own pages, so that "
+                                              "a greedy answer is the one it gets alone (default: on for "
+                                              "int8/int4 weights, off for float ones)")
+    invariant.add_argument("--no-batch-invariant", dest="batch_invariant", action="store_const", const=False,
+                           help="prefill prompts together and in load-sized chunks: earlier first tokens for "
+                                "several prompts, answers that may depend on the batch under int8/int4")
+
+
 def add_spin(group) -> None:
     """--spin / --no-spin, the same in ``python -m runtime`` and ``python -m runtime serve``: a
     command line's process is its own, so it may make ONNX Runtime's process-wide spinning pool

@@ -50,7 +50,8 @@ def _serve(args, load) -> int:
         try:
             gen = load(args.directory, backend=args.backend, max_batch=args.max_batch, max_queue=args.max_queue,
                        max_length=args.max_length, prefill_chunk=args.prefill_chunk,
-                       prefix_cache_mb=args.prefix_cache_mb, **cli.backend_options(args))
+                       prefix_cache_mb=args.prefix_cache_mb, batch_invariant=args.batch_invariant,
+                       **cli.backend_options(args))
         except ValueError as exc:  # an argument check of load's that is not a SkipDecodeError
             raise SkipDecodeError(str(exc)) from None
         try:

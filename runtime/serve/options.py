@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
                      help="rows decoded together: KV rows (default 8, or the backend's limit if lower); "
                           "a step costs the rows that run, not the rows it could hold")
     cli.add_prefill_chunk(eng, DEFAULT_PREFILL_CHUNK)
+    cli.add_batch_invariant(eng)
     eng.add_argument("--max-queue", type=int,
                      help="requests allowed to wait for a row; past it the server answers 503 with "
                           "Retry-After (default: unbounded)")

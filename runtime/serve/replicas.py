@@ -146,7 +146,7 @@ def settings_from_args(args, gpus: bool) -> ReplicaSettings:
     max_batch = args.max_batch or 8
     load_kwargs = dict(backend=args.backend, max_batch=args.max_batch, max_queue=args.max_queue,
                        max_length=args.max_length, prefill_chunk=args.prefill_chunk,
-                       prefix_cache_mb=args.prefix_cache_mb,
+                       prefix_cache_mb=args.prefix_cache_mb, batch_invariant=args.batch_invariant,
                        **backend_options(argparse.Namespace(**{**vars(args), "threads": threads})))
     config = ServeConfig.from_args(args)
     config_kwargs = {k: getattr(config, k) for k in ("model_name", "speedup", "shutdown_timeout", "api_key",

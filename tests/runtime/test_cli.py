@@ -132,3 +132,21 @@ def test_huge_pages_reach_the_backend_and_change_no_token(artifact_dir, capsys, 
     assert huge.out == plain.out
     assert "huge pages: " not in plain.err
     assert "\nhuge pages: 123 MiB of packed weights on 2 MiB pages (--huge-pages;" in huge.err, huge.err
+
+
+@pytest.mark.parametrize("flag, want", [([], None), (["--batch-invariant"], True), (["--no-batch-invariant"], False)])
+def test_batch_invariant_reaches_load(artifact_dir, capsys, monkeypatch, flag, want):
+    """--batch-invariant / --no-batch-invariant reach runtime.load (neither: its default, on for
+    int8/int4 weights), and change no token of a float model's one prompt."""
+    import runtime.__main__ as cli_main
+
+    seen, real = [], cli_main.load
+
+    def load(*args, **kwargs):
+        seen.append(kwargs["batch_invariant"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli_main, "load", load)
+    argv = [str(artifact_dir), "Hello, my name is", "--max-new-tokens", "6", "--ignore-eos", "--no-check-hashes"]
+    assert main(argv + flag) == 0
+    assert seen == [want] and "Hello, my name is" in capsys.readouterr().out
