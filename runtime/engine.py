@@ -209,10 +209,9 @@ class Engine:
         # storage can copy rows); None: off
         self.prefix_cache: PrefixCache | None = None
         self.max_queue, self.prefill_chunk = max_queue, prefill_chunk
-        self.prefill_rows: int | None = None  # the most rows of a request seated and prefilled together
-        # prompts run in chunks ending at multiples of this many positions, alone as under load (a
-        # row's calls then depend on its prompt alone: batch invariance); None: as prefill_chunk says
-        self.fixed_chunk: int | None = None
+        # each row seated and prefilled alone, in chunks ending at its page ends alone as under load:
+        # a row's calls then depend on its prompt alone (the Generator's batch_invariant)
+        self.batch_invariant = False
         self.chunk_costs = ChunkCosts()  # what a prefill chunk costs, fixed + per token, as measured
         self.step_seconds: float | None = None  # a decode step's time, smoothed
         # lossless rows' costs, smoothed: a full-depth decode step, a step of drafts only, a verify
@@ -372,7 +371,7 @@ class Engine:
         if not self.waiting or not self.cache.free:
             return
         r = self.waiting[0]
-        k = min(r.rows - r.admitted, self.cache.free, self.prefill_rows or self.cache.free)
+        k = 1 if self.batch_invariant else min(r.rows - r.admitted, self.cache.free)
         seqs = r.seqs[r.admitted: r.admitted + k]
         r.admitted += k
         if r.admitted == r.rows:
@@ -424,9 +423,9 @@ class Engine:
         start, k = seqs[0].row, len(seqs)
         total = p.input_ids.shape[1]
         chunk = total - p.done
-        auto = self.prefill_chunk == AUTO and not self.fixed_chunk
-        if self.fixed_chunk:  # up to the next multiple: where a reused prefix's pages end too
-            chunk = min(chunk, self.fixed_chunk - p.done % self.fixed_chunk)
+        auto = self.prefill_chunk == AUTO and not self.batch_invariant
+        if self.batch_invariant:  # to the page's end: where a reused prefix's pages end too
+            chunk = min(chunk, cache.page - p.done % cache.page)
         elif cache.decoding and self.prefill_chunk:  # rows are waiting for their next token
             if not auto:
                 chunk = min(chunk, self.prefill_chunk)

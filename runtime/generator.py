@@ -122,9 +122,8 @@ class Generator:
         # int8/int4 layers quantize their activations, where float noise shifts a rounding and then
         # the text: each row's prompt runs alone (no other prompt's padding), in chunks that end at
         # its own pages alone as under load (no chunk sized by the load), where reused prefixes end
-        self.batch_invariant = manifest.quantized if batch_invariant is None else batch_invariant
-        self.engine.prefill_rows = 1 if self.batch_invariant else None
-        self.engine.fixed_chunk = manifest.page_size if self.batch_invariant else None
+        self.batch_invariant = self.engine.batch_invariant = (manifest.quantized if batch_invariant is None
+                                                               else batch_invariant)
         if prefix_cache_mb and type(self.engine.cache.storage).read is KVStorage.read:
             warnings.warn(f"prefix_cache_mb={prefix_cache_mb:g}: the {type(backend).__name__}'s KV storage cannot copy a "
                           f"row's K/V out, so prompts are not reused on it", stacklevel=3)

@@ -234,10 +234,12 @@ async def fault_run(url: str, prompts: list[str], clients: int, duration: float,
     return Fault(state["pid"], state["in_flight"], outcomes, errors)
 
 
-def start_server(args, replicas: int) -> tuple[subprocess.Popen, str]:
+def start_server(args, replicas: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """``python -m runtime serve`` of ``args.artifact`` on a free port (``extra``: more of its options)."""
     port = free_port()
     cmd = [sys.executable, "-m", "runtime", "serve", args.artifact, "--port", str(port), "--max-batch",
-           str(args.max_batch), "--threads", str(args.threads), "--no-access-log", "--log-level", "warning"]
+           str(args.max_batch), "--threads", str(args.threads), "--no-access-log", "--log-level", "warning",
+           *extra]
     if replicas:
         cmd += ["--replicas", str(replicas)]
     print("server:", " ".join(cmd[1:]), flush=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import os
 import random
 import signal
 import subprocess
@@ -28,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .server_load import free_port, load_prompts, stop_server, wait_healthy
+from .server_load import load_prompts, start_server, stop_server, wait_healthy
 
 API_KEY = "soak-key"
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "rating": {"type": "integer"}},
@@ -112,15 +111,6 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start(args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "runtime", "serve", args.artifact, "--port", str(port), "--max-batch",
-           str(args.max_batch), "--threads", str(args.threads), "--api-key", API_KEY, "--no-access-log",
-           "--log-level", "warning"]
-    print("server:", " ".join(cmd[1:]), flush=True)
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}), f"http://127.0.0.1:{port}"
-
-
 def sigterm(proc: subprocess.Popen, client, model: str, prompts: list[str], streams: int,
             max_tokens: int) -> tuple[int, int, float]:
     """SIGTERM while ``streams`` streams run: (streams that ended with a finish reason, exit code, seconds)."""
@@ -174,7 +164,7 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.prompts, args.prompt_column)[: args.distinct]
     prefix = " ".join(itertools.islice(itertools.cycle(PREFIX_WORDS), args.prefix_words)) + "\n"
     mix = kinds(importlib.util.find_spec("llguidance") is not None)
-    proc, url = start(args)
+    proc, url = start_server(args, 0, extra=("--api-key", API_KEY))
     failed = False
     try:
         wait_healthy(url, proc, timeout=300)
