@@ -163,7 +163,7 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     layers_ok = _layers_follow(skipped.stats.steps, policy)
     report.add(f"skip policy {policy.max_layers}->{policy.min_layers} layers",
                (same or dtype == "float16" or not exact) and layers_ok,
-               f"run speedup {skipped.stats.theoretical_speedup:.2f}x, layers per step "
+               f"{skipped.stats.layer_reduction:.2f}x fewer layers, layers per step "
                f"{_compact(skipped.stats.layers_per_step)}; "
                + ("identical tokens to the PyTorch reference" if same else
                   f"tokens differ from the PyTorch reference ({_agreement(ours, expected)})")

@@ -164,6 +164,7 @@ class Request:
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
     stats: GenerationStats | None = None
+    created: float = field(default_factory=time.perf_counter)  # the stats' wall clock starts here
 
     def __post_init__(self) -> None:
         B, T0 = self.input_ids.shape
@@ -708,6 +709,8 @@ class Engine:
                     self.cache.release(s.row)
         event.finished = [s.reason is not None for s in r.seqs]
         r.stats.new_tokens = max(r.stats.new_tokens, g + 1)
+        if g == 0 and not r.stats.first_token_seconds:
+            r.stats.first_token_seconds = time.perf_counter() - r.created
         if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
             r.stats.decode_tokens += len(members)
         r.events.put(event)
@@ -720,6 +723,7 @@ def _smoothed(average: float | None, seconds: float) -> float:
 def _result(r: Request, unfinished: str | None = None) -> GenerationResult:
     """The request's result: each row's text and tokens so far, and why it ended (``unfinished``
     for a row still running: "cancelled")."""
+    r.stats.seconds = time.perf_counter() - r.created
     return GenerationResult([s.text for s in r.seqs], [d.tokens for d in r.detok], r.stats, r.policy,
                             [s.reason or unfinished for s in r.seqs], r.token_logprobs)
 

@@ -177,7 +177,7 @@ class SkipPolicy:
         prompt = ", prompt at step 0's layers" if self.prefill == "policy" else ""
         return (f"SkipPolicy(L={self.num_layers}, layers {self.max_layers}->{self.min_layers} over "
                 f"{self.horizon} steps{shape}, warm-up {self.warmup_layers}{prompt}, "
-                f"horizon speedup {self.theoretical_speedup():.2f}x)")
+                f"{self.theoretical_speedup():.2f}x fewer layers over the horizon)")
 
 
 def speedup_policies(default: SkipPolicy, table) -> dict:

@@ -47,6 +47,10 @@ class GenerationStats:
     accepted_tokens: int = 0
     verify_passes: int = 0
     verified_rows: int = 0  # rows over those passes: a pass verifies each of its rows' drafts
+    # wall clock from the call (or the server's admission of it) to its first token and to its end,
+    # waiting for a row and other requests' work included: what the user waits
+    first_token_seconds: float = 0.0
+    seconds: float = 0.0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -65,11 +69,18 @@ class GenerationStats:
         return [len(s.layers) for s in self.steps]
 
     @property
-    def theoretical_speedup(self) -> float:
-        """L / mean(policy budget) over the decode steps run (1.0 when none ran)."""
+    def layer_reduction(self) -> float:
+        """L / mean(policy budget) over the decode steps run (1.0 when none ran): how many times
+        fewer layers the policy gave each token, a count, not a measured speed (the time of a step
+        also holds the embedding, the head and the framework's overhead)."""
         if not self.steps:
             return 1.0
         return self.num_layers * len(self.steps) / sum(s.budget for s in self.steps)
+
+    @property
+    def theoretical_speedup(self) -> float:
+        """The former name of ``layer_reduction`` (the speedup if time were proportional to layers)."""
+        return self.layer_reduction
 
     @property
     def achieved_layer_ratio(self) -> float:
@@ -83,14 +94,22 @@ class GenerationStats:
         """Tokens the decode steps produced (each step's rows) per second of them."""
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Decode time / the tokens after the first (the prompt pass gives that one): the wall time a
+        row waits for each of its tokens, as llama.cpp's ``predicted_per_token_ms``."""
+        return self.decode_seconds * 1e3 / (self.new_tokens - 1) if self.new_tokens > 1 else 0.0
+
     def to_dict(self) -> dict:
         return {"num_layers": self.num_layers, "batch_size": self.batch_size,
                 "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
                 "prefill_seconds": round(self.prefill_seconds, 6), "cached_tokens": self.cached_tokens,
                 "decode_seconds": round(self.decode_seconds, 6),
+                "decode_ms_per_token": round(self.decode_ms_per_token, 3),
                 "decode_tokens_per_second": round(self.decode_tokens_per_second, 2),
+                "first_token_seconds": round(self.first_token_seconds, 6), "seconds": round(self.seconds, 6),
                 "layers_per_step": self.layers_per_step,
-                "theoretical_speedup": round(self.theoretical_speedup, 4),
+                "layer_reduction": round(self.layer_reduction, 4),
                 "achieved_layer_ratio": round(self.achieved_layer_ratio, 4), **(self.lossless_dict() or {})}
 
     def lossless_dict(self) -> dict | None:

@@ -31,7 +31,7 @@ from .chat import ChatTemplate
 from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
 from .protocol import (CHAT, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
                        error_body, openai_finish_reason, parse_chat, parse_completion, policy_error_param,
-                       skipdecode_info, usage)
+                       skipdecode_info, timings, usage)
 
 log = logging.getLogger("runtime.serve")
 
@@ -311,6 +311,7 @@ class CompletionServer:
                 self._finished(req, stream.result)
             if req.include_usage and stream.result is not None:
                 yield chunk({**completion.envelope([], chunk=True), "usage": usage(prompt_tokens, stream.result),
+                             "timings": timings(prompt_tokens, stream.result),
                              "skipdecode": skipdecode_info(stream.result)})
         except EngineClosedError as exc:
             yield chunk(error_body(str(exc), "server_error", code="shutting_down"))

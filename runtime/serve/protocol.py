@@ -459,9 +459,24 @@ def skipdecode_info(result: GenerationResult) -> dict:
     stats = result.stats
     return {"policy": result.policy.to_dict(), "num_layers": stats.num_layers,
             "layers_per_token": stats.layers_per_step,
-            "theoretical_speedup": round(stats.theoretical_speedup, 4),
+            "layer_reduction": round(stats.layer_reduction, 4),
             "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4),
             **({} if not stats.verify_passes else {"lossless": stats.lossless_dict()})}
+
+
+def timings(prompt_tokens: int, result: GenerationResult) -> dict:
+    """What this request waited, in llama.cpp server's ``timings`` fields (milliseconds): the prompt
+    pass (``prompt_n`` tokens run, ``cache_n`` reused), the decode (``predicted_n`` tokens of its
+    longest choice; ``predicted_per_token_ms`` is a choice's wait per token after the first), and
+    the wall clock from admission to the first token and to the last, other requests' work included."""
+    s = result.stats
+    ran = prompt_tokens - s.cached_tokens
+    return {"prompt_n": ran, "cache_n": s.cached_tokens, "prompt_ms": round(s.prefill_seconds * 1e3, 3),
+            "prompt_per_second": round(ran / s.prefill_seconds, 2) if s.prefill_seconds else 0.0,
+            "predicted_n": s.new_tokens, "predicted_ms": round(s.decode_seconds * 1e3, 3),
+            "predicted_per_token_ms": round(s.decode_ms_per_token, 3),
+            "predicted_per_second": round(1e3 / s.decode_ms_per_token, 2) if s.decode_ms_per_token else 0.0,
+            "first_token_ms": round(s.first_token_seconds * 1e3, 3), "total_ms": round(s.seconds * 1e3, 3)}
 
 
 def token_text(tokenizer, token_id: int) -> str:
@@ -518,4 +533,4 @@ def completion_response(completion: Completion, result: GenerationResult, req: C
         text = text if reason == "length" else cut_stop(text, req.stop)
         choices.append(fmt.choice(i, echoes[i] + text, openai_finish_reason(reason), logprobs))
     return {**completion.envelope(choices), "usage": usage(prompt_tokens, result),
-            "skipdecode": skipdecode_info(result)}
+            "timings": timings(prompt_tokens, result), "skipdecode": skipdecode_info(result)}

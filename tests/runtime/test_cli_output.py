@@ -21,7 +21,26 @@ def test_stream_prints_the_text_once_and_the_figures_on_stderr(artifact_dir, cap
                  "--no-check-hashes"]) == 0
     out, err = capsys.readouterr()
     assert out == expected + "\n"
-    assert "policy: SkipPolicy(" in err and "horizon speedup" in err and "run speedup" in err
+    assert "policy: SkipPolicy(" in err and "x fewer layers over the horizon)" in err and "x fewer than full depth" in err
+    assert "run speedup" not in err  # a layer count is never printed as a speed (only --compare measures one)
+
+
+def test_compare_prints_a_wall_clock_run_speedup(artifact_dir, capsys):
+    assert main([str(artifact_dir), "Hello, my name is", "--speedup", "2", "--compare", "--max-new-tokens", "8",
+                 "--ignore-eos", "--no-check-hashes"]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("run speedup "))
+    ratio = float(line.split()[2].rstrip("x"))
+    assert ratio > 0 and "ms/token" in line and "end to end" in line and line.endswith("(--compare)")
+    assert "8 -> 8 tokens" in line
+
+
+def test_the_figures_are_what_the_call_waited(artifact_dir, capsys):
+    stats = _json_text(artifact_dir, capsys, "--max-new-tokens", "6", "--ignore-eos", "--speedup", "2")["stats"]
+    assert 0 < stats["first_token_seconds"] <= stats["seconds"]
+    assert stats["prefill_seconds"] + stats["decode_seconds"] <= stats["seconds"]
+    assert stats["decode_ms_per_token"] == pytest.approx(stats["decode_seconds"] * 1e3 / 5, rel=1e-3)
+    assert stats["layer_reduction"] > 1 and "theoretical_speedup" not in stats
 
 
 def test_plain_output_is_one_line_per_prompt(artifact_dir, capsys):

@@ -187,9 +187,9 @@ def test_stats_report_budgets_and_speedup(generator):
     stats, policy = result.stats, result.policy
     assert stats.new_tokens == 16 and len(stats.steps) == 15
     assert stats.layers_per_step == [policy.budget(g) for g in range(15)]
-    assert stats.theoretical_speedup == pytest.approx(policy.theoretical_speedup(15))
-    assert stats.achieved_layer_ratio == pytest.approx(stats.theoretical_speedup)
-    assert 1.7 < stats.theoretical_speedup < 2.3
+    assert stats.layer_reduction == pytest.approx(policy.theoretical_speedup(15))
+    assert stats.achieved_layer_ratio == pytest.approx(stats.layer_reduction)
+    assert 1.7 < stats.layer_reduction < 2.3
     assert stats.steps[0].theoretical_ratio == generator.num_layers / policy.max_layers
     assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
     assert stats.to_dict()["layers_per_step"] == stats.layers_per_step

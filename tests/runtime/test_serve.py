@@ -97,8 +97,13 @@ def test_responses_equal_generate(server, generator, sampling):
                                  "total_tokens": prompt_tokens + len(expected.token_ids[0]),
                                  "prompt_tokens_details": {"cached_tokens": 0}}  # the shared generator keeps none
         assert body["skipdecode"]["layers_per_token"] == expected.stats.layers_per_step
-        assert body["skipdecode"]["theoretical_speedup"] == pytest.approx(expected.stats.theoretical_speedup, abs=1e-3)
+        assert body["skipdecode"]["layer_reduction"] == pytest.approx(expected.stats.layer_reduction, abs=1e-3)
         assert body["skipdecode"]["policy"] == expected.policy.to_dict()
+        assert "theoretical_speedup" not in body["skipdecode"]  # a layer count, not a speed
+        t = body["timings"]  # llama.cpp server's fields: what this request waited
+        assert t["prompt_n"] == prompt_tokens and t["predicted_n"] == len(expected.token_ids[0])
+        assert 0 < t["first_token_ms"] <= t["total_ms"] and t["prompt_ms"] + t["predicted_ms"] <= t["total_ms"]
+        assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / (t["predicted_n"] - 1), rel=1e-2)
         assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
 
         chunks = complete_streaming(server, prompt=prompt, max_tokens=10, speedup=2,
@@ -107,7 +112,7 @@ def test_responses_equal_generate(server, generator, sampling):
         assert texts == {0: expected.texts[0]} and reasons == {0: ch["finish_reason"]}
         assert len({c["id"] for c in chunks}) == 1
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body["usage"]
-        assert chunks[-1]["skipdecode"] == body["skipdecode"]
+        assert chunks[-1]["skipdecode"] == body["skipdecode"] and set(chunks[-1]["timings"]) == set(t)
 
 
 def test_prompt_list_is_one_batch(server, generator):
