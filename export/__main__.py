@@ -73,13 +73,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="matmulnbits: ONNX Runtime's MatMulNBits, which no TensorRT parses (default); "
                         "qdq: int4 as opset 21 blocked DequantizeLinear + MatMul, for TensorRT 10+ "
                         "(build says which versions read it)")
-    q.add_argument("--draft-head", choices=("int8", "int4"),
+    q.add_argument("--draft-head", choices=("auto", "none", "int8", "int4"), default="auto",
                    help="also a copy of the float head at these weights, which lossless rows' drafts read "
-                        "(ONNX Runtime; the verify pass keeps reading the float head, so tokens do not change)")
-    q.add_argument("--draft-layers", choices=("int8", "int4"),
+                        "(ONNX Runtime; the verify pass keeps reading the float head, so tokens do not change); "
+                        "default auto: int8 where the fused float32 layers are written, else none")
+    q.add_argument("--draft-layers", choices=("auto", "none", "int8", "int4"), default="auto",
                    help="also a copy of each fused layer graph at these weights, which lossless rows' drafts run "
                         "(ONNX Runtime's CPU provider; verify passes keep running the float layers, so tokens "
-                        "do not change)")
+                        "do not change); default auto: int8 where the fused float32 layers are written, else none")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
@@ -147,8 +148,10 @@ def _build(args) -> int:
         random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
         page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
         block_size=args.block_size, weights_format=args.quant_format,
-        check=not args.no_check, fused=not args.no_fused, draft_head=args.draft_head or "none",
-        draft_layers=args.draft_layers or "none", policy=policy,
+        check=not args.no_check, fused=not args.no_fused, policy=policy,
+        # TensorRT engines run neither copy: auto writes none for them
+        **{k: "none" if args.engine == "trt" and v == "auto" else v
+           for k, v in (("draft_head", args.draft_head), ("draft_layers", args.draft_layers))},
         progress=cli.progress(args.quiet)))
     if args.engine == "trt":
         from engines.__main__ import main as engines_main

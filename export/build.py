@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -54,8 +54,11 @@ class BuildOptions:
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
-    draft_head: str = "none"  # "int8"/"int4": also a quantized copy of the float head for lossless drafts
-    draft_layers: str = "none"  # "int8"/"int4": also quantized copies of the fused layers for lossless drafts
+    # lossless rows' drafts: "int8"/"int4" also writes a quantized copy of the float head / of the fused
+    # layers, which draft steps run on ONNX Runtime's CPU provider; "auto": int8 where they can run
+    # (``auto_drafts``), "none": no copies
+    draft_head: str = "auto"
+    draft_layers: str = "auto"
 
 
 def _token_id(value, fallback=None) -> int:
@@ -124,6 +127,25 @@ def _prepare_out(out: Path) -> None:
             f"{MANIFEST_NAME}); refusing to replace it. Pass a new directory or remove it")
 
 
+def auto_drafts(config: ExportConfig, model_config, width: int) -> str:
+    """What ``draft_head``/``draft_layers`` "auto" writes: "int8" where lossless drafts can run the
+    copies, float32 layers and head whose fused graphs this export writes (ONNX Runtime's CPU
+    provider runs them: docs/benchmarks.md, "Draft layers": 2.09x against 1.67x without on the
+    fine-tuned SmolLM2), else "none" (quantized weights draft with themselves; float16 and the
+    models without fused graphs run their drafts through the float graphs)."""
+    quant = config.quant
+    if config.dtype != "float32" or quant.weights != "float" or quant.for_graph("head") != "float":
+        return "none"
+    if config.fused_reason(model_config) is not None or width % quant.block_size:
+        return "none"
+    c = model_config
+    try:  # the products' shapes, as --draft-layers checks them
+        quant.check_sizes(c.hidden_size, c.intermediate_size, None, attention=c.num_attention_heads * head_dim(c))
+    except InvalidArgumentError:
+        return "none"
+    return "int8"
+
+
 def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written."""
     out = Path(options.out)
@@ -134,7 +156,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
                         block_size=options.block_size, format=options.weights_format)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
                           page_size=options.page_size, quant=quant, fused=options.fused,
-                          draft_head=options.draft_head, draft_layers=options.draft_layers)
+                          **{k: ("none" if v == "auto" else v) for k, v in
+                             (("draft_head", options.draft_head), ("draft_layers", options.draft_layers))})
     if quant.quantized:  # before any work: whether the TensorRT meant to run it can read it
         log(tensorrt_readers(quant, str(out)))
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
@@ -161,6 +184,12 @@ def build(options: BuildOptions, log=print) -> Manifest:
         log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
             f"(block {quant.block_size}, {quant.format})")
     width = getattr(hf_model.config, "word_embed_proj_dim", hf_model.config.hidden_size)  # the head's K
+    if "auto" in (options.draft_head, options.draft_layers):
+        auto = auto_drafts(config, hf_model.config, width)
+        config = replace(config, **{k: auto for k in ("draft_head", "draft_layers") if getattr(options, k) == "auto"})
+        if auto != "none":
+            log(f"lossless drafts: int8 copies of the head and the fused layers (--draft-head/--draft-layers "
+                f"none to leave them out)")
     if config.draft_head != "none" and width % quant.block_size:
         raise InvalidArgumentError(f"--draft-head: block_size {quant.block_size} does not divide the head's "
                                    f"input width {width}; pass --block-size with a power of two that divides it")

@@ -11,7 +11,7 @@ import runtime
 from export.__main__ import main as export_main
 from export.build import BuildOptions, build
 from export.verify import verify
-from runtime.manifest import DRAFT_LAYERS, load_manifest
+from runtime.manifest import DRAFT_HEAD, DRAFT_LAYERS, load_manifest
 from tests.conftest import PROMPTS
 from tests.families import save_tiny_checkpoint
 
@@ -27,9 +27,25 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def artifact(ckpt, tmp_path_factory):
     out = tmp_path_factory.mktemp("draft-layers-art") / "model"
-    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, draft_layers="int8", block_size=BLOCK),
-          log=lambda *_: None)
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, draft_layers="int8", draft_head="none",
+                       block_size=BLOCK), log=lambda *_: None)
     return out
+
+
+def test_a_default_build_writes_int8_drafts_where_they_run(ckpt, tmp_path):
+    """What `--lossless` needs to pay comes with a plain `export build` (docs/benchmarks.md, "Draft
+    layers"); builds whose drafts cannot run them, or run their own quantized layers, get none."""
+    lines = []
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "default"), progress=False), log=lines.append)
+    m = load_manifest(tmp_path / "default")
+    assert m.weights == {DRAFT_HEAD: "int8", DRAFT_LAYERS: "int8"} and not m.quantized
+    assert len(m.draft_layers) == m.model.num_layers and m.draft_head is not None
+    assert any("--draft-head/--draft-layers none to leave them out" in line for line in lines)
+    for name, options in {"int8": dict(weights="int8"), "no-fused": dict(fused=False),
+                          "none": dict(draft_head="none", draft_layers="none")}.items():
+        build(BuildOptions(model=str(ckpt), out=str(tmp_path / name), progress=False, **options), log=lambda *_: None)
+        m = load_manifest(tmp_path / name)
+        assert m.draft_head is None and not m.draft_layers and DRAFT_HEAD not in m.weights, name
 
 
 def test_manifest_lists_a_draft_per_fused_layer_and_their_checks(artifact):
