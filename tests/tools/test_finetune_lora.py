@@ -72,3 +72,88 @@ def test_lora_on_opt_and_a_subset_of_the_training_pairs(tiny_dir, tmp_path):
 def test_a_negative_rank_is_refused(tiny_dir, tmp_path):
     with pytest.raises(TrainError, match="--lora-rank -1: a rank is a positive number"):
         train(_config(tiny_dir, tmp_path, lora_rank=-1))
+
+
+def _one_batch(directory):
+    """The training pairs of tests.tools.test_finetune as one padded batch."""
+    from transformers import AutoTokenizer
+
+    from tests.tools.test_finetune import PAIRS
+    from tools.finetune.data import batches, encode
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    items = [encode(tok, ex) for ex in PAIRS]
+    (batch,) = batches(items, len(items), tok.eos_token_id, shuffle=False, rng=None)
+    return batch
+
+
+def _kl_to_full_depth(model_dir, base_dir, speedup: float) -> float:
+    """Mean KL(base at full depth || model_dir under the speedup's policy) over the training pairs'
+    target tokens."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from runtime.models import skip_model
+    from tools.finetune.skip import PolicySampler, layer_mask, skip_forward
+
+    batch = _one_batch(base_dir)
+    keep = batch.labels != -100
+    out = []
+    for directory, s in ((base_dir, 1.0), (model_dir, speedup)):
+        skip = skip_model(AutoModelForCausalLM.from_pretrained(directory)).eval()
+        policy = PolicySampler(skip.num_layers, (s,), horizon=6).policies()[0]
+        mask = layer_mask([policy] * len(keep), batch.prompt_lens, batch.input_ids.shape[1])
+        with torch.no_grad():
+            out.append(F.log_softmax(skip_forward(skip, batch.input_ids, batch.attention_mask, mask)[keep], -1))
+    return float(F.kl_div(out[1], out[0], log_target=True, reduction="batchmean"))
+
+
+def test_distilling_brings_the_skipping_policy_to_full_depths_predictions(tmp_path):
+    tiny = save_tiny_checkpoint(tmp_path / "llama", "llama3")
+    out = train(_config(tiny, tmp_path, epochs=10, speedups=(1.0, 2.0), horizon=6, lora_rank=4, lr=1e-2,
+                        distill=1.0, val=None))
+    assert json.loads((out / "skipdecode.json").read_text())["trained_from"][-1]["distill"] == 1.0
+    before, after = _kl_to_full_depth(tiny, tiny, 2.0), _kl_to_full_depth(out, tiny, 2.0)
+    assert after < 0.5 * before, (before, after)  # 2x now predicts what full depth does
+    assert _kl_to_full_depth(out, tiny, 1.0) < 0.25 * before  # and full depth stays the model it was
+
+
+def test_the_teacher_is_the_starting_model_with_its_adapters_off(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from runtime.models import skip_model
+    from tools.finetune import lora
+    from tools.finetune.train import teacher_logits
+
+    tiny = save_tiny_checkpoint(tmp_path / "llama", "llama3")
+    batch = _one_batch(tiny)
+    expected = AutoModelForCausalLM.from_pretrained(tiny)(batch.input_ids, attention_mask=batch.attention_mask).logits
+    model = lora.inject(AutoModelForCausalLM.from_pretrained(tiny), 4, 8.0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)  # adapters that change the model
+    skip = skip_model(model).train()
+    got = teacher_logits(model, skip, batch)
+    torch.testing.assert_close(got, expected[batch.labels != -100], atol=1e-4, rtol=1e-4)
+    assert skip.training and all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    changed = skip_forward_full(skip, batch)
+    assert not torch.allclose(changed, got, atol=1e-2)  # outside the block the adapters are on again
+
+
+def skip_forward_full(skip, batch):
+    from tools.finetune.skip import skip_forward
+
+    B, T = batch.input_ids.shape
+    with torch.no_grad():
+        logits = skip_forward(skip.eval(), batch.input_ids, batch.attention_mask,
+                              torch.ones((B, T, skip.num_layers), dtype=torch.bool))
+    return logits[batch.labels != -100]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(distill=0.5), "--distill needs --lora-rank: the teacher is the starting model"),
+    (dict(distill=1.5, lora_rank=2), r"--distill 1.5: the KL term's share of the loss lies in \[0, 1\]"),
+])
+def test_distill_refuses_what_it_cannot_do(tiny_dir, tmp_path, kw, message):
+    with pytest.raises(TrainError, match=message):
+        train(_config(tiny_dir, tmp_path, **kw))

@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help="LoRA adapters of rank R on every decoder linear layer instead of full "
                         "fine-tuning (needs peft); the output holds the merged model and adapter/")
+    p.add_argument("--distill", type=float, default=0.0, metavar="W",
+                   help="with --lora-rank: W of the loss is the KL divergence from the starting model's own "
+                        "full-depth predictions at each target token (self-distillation: the policies learn "
+                        "what full depth would say, full depth stays close to the model it was), 1 - W the "
+                        "cross-entropy on the targets (default 0: cross-entropy alone)")
     p.add_argument("--lora-alpha", type=float, help="LoRA's alpha: the adapters are scaled by alpha / R (default: 2 R)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
         prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
+        lora_alpha=args.lora_alpha, distill=args.distill,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -8,6 +8,7 @@ gradients for the frozen matrices, no AdamW state for them), and the result ship
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -64,6 +65,22 @@ def load(model: nn.Module, directory: Path) -> None:
     result = _peft().set_peft_model_state_dict(model, state)
     if result.unexpected_keys:
         raise ValueError(f"{directory}: adapter tensors that fit no module: {result.unexpected_keys[:3]}")
+
+
+@contextlib.contextmanager
+def disabled(model: nn.Module):
+    """``model`` as it was before its adapters, inside the block (peft's ``disable_adapter`` for a
+    model whose adapters were injected, not wrapped)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)  # (makes the adapters trainable again, as they were)
 
 
 def merge(model: nn.Module) -> nn.Module:

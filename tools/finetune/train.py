@@ -58,6 +58,8 @@ class TrainConfig:
     # its MR (tools.evaluate.slots): 28% of the references drop or invent a slot, and teach it
     lora_rank: int = 0  # 0: full fine-tuning; R > 0: LoRA adapters of rank R on every decoder linear layer
     lora_alpha: float | None = None  # LoRA's scale numerator (scale = alpha / rank); None: 2 * rank
+    distill: float = 0.0  # LoRA: the loss's share of KL(the starting model at full depth || the row's
+    # policy) over the target tokens; the rest is cross-entropy on the targets (0: it alone, 1: no targets)
     lr: float = 5e-4
     min_lr_ratio: float = 0.1  # cosine decays to lr * this
     warmup_ratio: float = 0.05  # fraction of steps with linear lr warm-up
@@ -137,13 +139,38 @@ def faithful_pairs(pairs: list, source: str) -> list:
     return [ex for ex in pairs if not slot_errors(ex.prompt, ex.target).errors]
 
 
-def masked_loss(model: SkipModel, batch, policies) -> tuple[torch.Tensor, int]:
-    """Mean cross-entropy over the target tokens of ``batch``, each row under its policy."""
+def masked_loss(model: SkipModel, batch, policies, teacher: torch.Tensor | None = None,
+                distill: float = 0.0) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the target tokens of ``batch``, each row under its policy; with
+    ``teacher`` (the target tokens' logits, ``teacher_logits``), ``distill`` of it is the KL from
+    the teacher's distributions instead."""
     mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1]).to(batch.input_ids.device)
     logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
-    n = int((batch.labels != -100).sum())
+    targets = batch.labels != -100  # (B, T)
+    n = int(targets.sum())
     loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
+    if teacher is not None and distill:
+        student = F.log_softmax(logits[targets].float(), dim=-1)  # (n, V)
+        kl = F.kl_div(student, F.log_softmax(teacher.float(), dim=-1), log_target=True, reduction="batchmean")
+        loss = (1 - distill) * loss + distill * kl
     return loss, n
+
+
+@torch.no_grad()
+def teacher_logits(model: torch.nn.Module, skip: SkipModel, batch) -> torch.Tensor:
+    """(n, V): the target tokens' logits of the model the run started from, at full depth: its
+    adapters off, no dropout. Distilling towards them teaches the skipping policies what full
+    depth predicts, while full depth itself keeps close to the model it was."""
+    was_training = skip.training
+    skip.eval()
+    try:
+        with lora.disabled(model):
+            B, T = batch.input_ids.shape
+            full = torch.ones((B, T, skip.num_layers), dtype=torch.bool, device=batch.input_ids.device)
+            logits = skip_forward(skip, batch.input_ids, batch.attention_mask, full)  # (B, T, V)
+    finally:
+        skip.train(was_training)
+    return logits[batch.labels != -100]
 
 
 @torch.no_grad()
@@ -204,6 +231,11 @@ def train(cfg: TrainConfig) -> Path:
         state = torch.load(found[-1] / STATE_FILE, weights_only=False)
     if cfg.lora_rank < 0:
         raise TrainError(f"--lora-rank {cfg.lora_rank}: a rank is a positive number of dimensions (0: full fine-tuning)")
+    if not 0.0 <= cfg.distill <= 1.0:
+        raise TrainError(f"--distill {cfg.distill:g}: the KL term's share of the loss lies in [0, 1]")
+    if cfg.distill and not cfg.lora_rank:
+        raise TrainError("--distill needs --lora-rank: the teacher is the starting model, which the run "
+                         "reads with its adapters off (full fine-tuning keeps no copy of it); add --lora-rank 16")
     lora_alpha = cfg.lora_alpha if cfg.lora_alpha is not None else 2.0 * cfg.lora_rank
     # a LoRA checkpoint holds the adapters alone: its weights are the base model's plus them
     model, tokenizer, meta = _load(cfg.model if cfg.lora_rank else start_dir)
@@ -266,7 +298,7 @@ def train(cfg: TrainConfig) -> Path:
                     "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
                     "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss,
                     "max_steps": cfg.max_steps, "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
-                    "lora_rank": cfg.lora_rank}],
+                    "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {})}],
                 **cfg.extra}
 
     # the adapters' base as export resolves it from anywhere: an alias or hub id as given, a path absolute
@@ -307,7 +339,8 @@ def train(cfg: TrainConfig) -> Path:
             rng = random.Random(cfg.seed * 1000003 + step)
             torch.manual_seed(cfg.seed * 1000003 + step)  # dropout
             batch = batch.to(device)
-            loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng))
+            teacher = teacher_logits(model, skip, batch) if cfg.distill else None
+            loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng), teacher, cfg.distill)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
