@@ -40,7 +40,9 @@ def source_hashes(artifact: Manifest, spec: GraphSpec) -> dict[str, str]:
 
 def settings_key(settings: dict, tensorrt_version: str, device: DeviceInfo) -> str:
     """A digest of everything that makes a plan: a plan with another key must be rebuilt."""
-    blob = json.dumps({"settings": settings, "tensorrt": tensorrt_version, "device": device.to_dict()},
+    # the device's memory total is left out: it moves with JetPack's carve-outs (DeviceInfo.differs)
+    blob = json.dumps({"settings": settings, "tensorrt": tensorrt_version,
+                       "device": {k: v for k, v in device.to_dict().items() if k != "memory_mib"}},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -135,7 +137,7 @@ def reusable_timing_cache(previous: EngineManifest | None, tensorrt_version: str
                           device: DeviceInfo) -> bool:
     """A timing cache is only worth loading when the same TensorRT version on the same GPU wrote it."""
     return previous is not None and previous.tensorrt_version == tensorrt_version \
-        and previous.device == device
+        and previous.device.differs(device) is None
 
 
 def validate(em: EngineManifest, artifact: Manifest, tensorrt_version: str, device: DeviceInfo,
@@ -147,10 +149,11 @@ def validate(em: EngineManifest, artifact: Manifest, tensorrt_version: str, devi
             f"the engines in {engine_dir} were built with TensorRT {em.tensorrt_version}, but this "
             f"is TensorRT {tensorrt_version}: a TensorRT plan loads only in the version that built "
             f"it; {hint}")
-    if em.device != device:
+    why = em.device.differs(device)
+    if why:
         raise EngineMismatchError(
             f"the engines in {engine_dir} were built for {em.device.describe()}, but this GPU is "
-            f"{device.describe()}: a TensorRT plan is tuned for one GPU model; {hint} on this device")
+            f"{device.describe()} ({why}): a TensorRT plan is tuned for one GPU; {hint} on this device")
     if em.artifact.get("dtype") != artifact.dtype:
         raise EngineMismatchError(
             f"the engines in {engine_dir} were built from a {em.artifact.get('dtype')} export, but "

@@ -1,6 +1,8 @@
 """engines.json: load-time validation (exact messages), resume decisions, reading errors."""
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,12 +54,66 @@ def test_other_gpu(built):
     _, _, engine_dir, artifact_dir = built
     assert message(built, device=H100) == (
         f"the engines in {engine_dir} were built for Orin (compute capability 8.7), but this GPU is "
-        f"NVIDIA H100 80GB HBM3 (compute capability 9.0): a TensorRT plan is tuned for one GPU model; "
-        f"rebuild with `python -m engines build {artifact_dir}` on this device")
+        f"NVIDIA H100 80GB HBM3 (compute capability 9.0) (another GPU model): a TensorRT plan is tuned for one "
+        f"GPU; rebuild with `python -m engines build {artifact_dir}` on this device")
 
 
 def test_same_gpu_name_other_compute_capability(built):
     assert "but this GPU is Orin (compute capability 8.6)" in message(built, device=DeviceInfo("Orin", "8.6"))
+
+
+AGX = DeviceInfo("Orin", "8.7", "NVIDIA Jetson AGX Orin Developer Kit", 16, 62_841)
+NANO = DeviceInfo("Orin", "8.7", "NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super", 8, 7_620)
+
+
+@pytest.fixture
+def built_on_agx(artifact_dir, tmp_path):
+    build_engines(artifact_dir, EngineBuildConfig(max_batch=4, max_seq=32, max_prompt=16), engine_dir=tmp_path,
+                  progress=False, log=lambda *_: None, toolchain=FakeToolchain("10.3.0", AGX))
+    return read_engine_manifest(tmp_path), load_manifest(artifact_dir), tmp_path, artifact_dir
+
+
+def test_an_engine_of_another_orin_module_is_refused(built_on_agx):
+    """Every Orin reports "Orin" and 8.7: the module, its SMs and its memory tell them apart."""
+    _, _, engine_dir, artifact_dir = built_on_agx
+    assert message(built_on_agx, device=NANO) == (
+        f"the engines in {engine_dir} were built for Orin (compute capability 8.7, NVIDIA Jetson AGX Orin "
+        f"Developer Kit, 16 SMs, 61.4 GiB), but this GPU is Orin (compute capability 8.7, NVIDIA Jetson Orin "
+        f"Nano Engineering Reference Developer Kit Super, 8 SMs, 7.4 GiB) (another module): a TensorRT plan "
+        f"is tuned for one GPU; rebuild with `python -m engines build {artifact_dir}` on this device")
+    unnamed = dict(module=None)  # a board whose device tree names no module
+    assert "(16 SMs against 8)" in message(built_on_agx, device=replace(NANO, **unnamed))
+    orin_nx_8gb = replace(AGX, multiprocessors=16, memory_mib=7_620, **unnamed)
+    assert "(another memory size)" in message(built_on_agx, device=orin_nx_8gb)
+
+
+def test_the_same_module_after_its_memory_carve_outs_moved_is_accepted(built_on_agx):
+    check(built_on_agx, device=replace(AGX, memory_mib=62_000))  # another JetPack release
+
+
+def test_an_engine_manifest_without_the_module_is_judged_on_name_and_capability(built):
+    check(built, device=AGX)  # written before modules were recorded: not refused for lacking them
+    em = built[0]
+    assert "module" not in em.device.to_dict() and EngineManifest.from_dict(em.to_dict()).device == ORIN
+
+
+def test_the_current_device_names_its_module(monkeypatch, tmp_path):
+    import torch
+
+    from engines import device as device_module
+
+    model = tmp_path / "model"  # as /proc/device-tree/model holds it: NUL-terminated
+    model.write_bytes(b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\x00")
+    assert device_module.board_model(model) == NANO.module
+    assert device_module.board_model(tmp_path / "absent") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 7))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Orin")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(multi_processor_count=8, total_memory=7_620 << 20))
+    monkeypatch.setattr(device_module, "board_model", lambda: NANO.module)
+    assert device_module.current_device() == NANO
 
 
 def test_changed_source_graph(built):
