@@ -138,6 +138,9 @@ RULES = [
      LONG + " (43 minutes of LoRA fine-tuning over the shipped model; tests/tools/test_finetune_lora.py trains a tiny model)"),
     ("python -m tools.finetune.stack --adapters models/smollm2-135m-e2e ", "parse",
      "reads the fourth stage's adapter (above); tests/tools/test_finetune_stack.py stacks tiny adapters"),
+    # issue 57: self-distillation data, and the command line shapes the README names
+    ("python -m tools.finetune.selfchat --model ART --out CSV$", "parse",
+     PLACEHOLDER + "; tests/tools/test_finetune_selfchat.py runs it on a tiny chat model"),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out /tmp/smol-int4$", "parse", REAL),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
