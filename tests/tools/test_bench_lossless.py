@@ -25,6 +25,8 @@ def test_lossless_rows_say_they_are_full_depths_tokens(artifact_dir, tmp_path, c
         draft, verify = (float(c) for c in rows[(batch, "lossless 2x")][8:10])  # in full-depth steps
         assert draft > 0 and verify > 0  # measured: their presence is asserted, not their size (load moves it)
         assert [c.strip() for c in rows[(batch, "plain 2x")][8:10]] == ["-", "-"]
+        assert rows[(batch, "full depth")][11].strip() == "1.00x"  # whole calls, prompt in to last token out
+        assert float(rows[(batch, "lossless 2x")][10]) > 0 and rows[(batch, "lossless 2x")][11].strip().endswith("x")
 
 
 def test_the_default_prompts_are_the_e2e_development_split():

@@ -13,7 +13,10 @@ back, so a slow drift of the machine cancels there). "same" says whether a row's
 depth's, for every prompt: lossless rows must say yes. The last two columns are what the engine
 weighed a lossless row's drafting with (runtime.lossless): a step of drafts and a verify pass, in
 full-depth steps, as measured (smoothed) at the end of the row's last run; where no number of
-drafts beats full depth at the rows' acceptance, they pause at full depth.
+drafts beats full depth at the rows' acceptance, they pause at full depth. The whole call columns
+are what a user waits: a ``generate`` call's wall time, prompt in to last token out (the median
+round's, per call), and full depth's over it (the same tokens for lossless rows; a plain policy's
+text may end sooner or later).
 """
 
 from __future__ import annotations
@@ -51,20 +54,22 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     table = rows(speedups)
     seconds = {name: [] for name, _ in table}
+    calls = {name: [] for name, _ in table}  # each round's whole calls, prompt in to last token out
     tokens, drafted, accepted, verified, outputs, costs = {}, {}, {}, {}, {}, {}
     gen.generate(prompts[:1], 4)  # warm up
     for r in range(rounds):
         order = table if r % 2 == 0 else table[::-1]
         for name, options in order:
-            spent = made = d = a = v = 0
+            spent = made = d = a = v = wall = 0
             out = []
             for group in groups:
                 result = gen.generate(group, new_tokens, **options)
                 s = result.stats
-                spent, made = spent + s.decode_seconds, made + s.decode_tokens
+                spent, made, wall = spent + s.decode_seconds, made + s.decode_tokens, wall + s.seconds
                 d, a, v = d + s.drafted_tokens, a + s.accepted_tokens, v + s.verified_rows
                 out += result.token_ids
             seconds[name].append(spent)
+            calls[name].append(wall)
             tokens[name], drafted[name], accepted[name], verified[name], outputs[name] = made, d, a, v, out
             if options.get("lossless"):
                 costs[name] = engine_costs(gen)
@@ -82,7 +87,8 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
                         "acceptance": accepted[name] / drafted[name] if drafted[name] else None,
                         "tokens_per_verify": (accepted[name] + verified[name]) / verified[name] if verified[name] else None,
                         "same": outputs[name] == outputs["full depth"], "tokens": tokens[name],
-                        "costs": costs.get(name)})
+                        "costs": costs.get(name), "call_ms": statistics.median(calls[name]) / len(groups) * 1e3,
+                        "call_vs_full": statistics.median(calls["full depth"]) / statistics.median(calls[name])})
     return results
 
 
@@ -98,8 +104,9 @@ def engine_costs(gen) -> tuple[float | None, float | None] | None:
 def render(results: list[dict], header: str) -> str:
     lines = [header, "",
              "| batch | row | decode ms/token | vs full depth (lowest-highest round) | drafts kept | tokens per verify pass "
-             "| same tokens as full depth | a draft step, in full steps | a verify pass, in full steps |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| same tokens as full depth | a draft step, in full steps | a verify pass, in full steps "
+             "| whole call ms | whole call vs full depth |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance'] * 100:.0f}%"
         tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
@@ -107,7 +114,8 @@ def render(results: list[dict], header: str) -> str:
         vs = f"{r['vs_full']:.2f}x" + ("" if r["row"] == "full depth" or lo == hi else f" ({lo:.2f}x-{hi:.2f}x)")
         draft, verify = r["costs"] or (None, None)
         lines.append(f"| {r['batch']} | {r['row']} | {r['ms_per_token']:.2f} | {vs} | {acc} | "
-                     f"{tpv} | {'yes' if r['same'] else 'no'} | {_ratio(draft)} | {_ratio(verify)} |")
+                     f"{tpv} | {'yes' if r['same'] else 'no'} | {_ratio(draft)} | {_ratio(verify)} | "
+                     f"{r['call_ms']:.1f} | {r['call_vs_full']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
