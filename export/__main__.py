@@ -96,12 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--speedup", type=float, default=2.0, help="skip policy to check (default: 2)")
     v.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
-    from .plan import DEVICE_RESERVE_BYTES, GiB, Workload
+    from .plan import Workload
     w = Workload()
     pl = sub.add_parser("plan", help="memory of weights, KV cache and runtime; which devices it fits",
                         description="Memory plan from an artifact's manifest or an OPT alias: weights at "
                                     "fp16/int8/int4, the KV cache, activations and the runtime's "
-                                    "measured overhead, against 8/16/32/64 GB Jetsons.")
+                                    "measured overhead and the TensorRT path's, against the Jetson modules "
+                                    "from Orin Nano 4GB to AGX Thor (the memory Linux sees less an OS reserve).")
     pl.add_argument("models", nargs="*", help=f"artifact directories or aliases ({', '.join(ALIASES)}); "
                                               f"default: every alias")
     pl.add_argument("--weights", help="comma-separated formats among fp32,fp16,int8,int4 (default: "
@@ -119,8 +120,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"int8/int4 quantization block (default: the artifact's, else {w.block_size})")
     pl.add_argument("--symmetric", action="store_true",
                     help="int8/int4 without zero points (default: an artifact's own, else with)")
-    pl.add_argument("--reserve", default=str(DEVICE_RESERVE_BYTES / GiB),
-                    help="GiB each device keeps for the OS and CUDA (default %(default)s)")
+    pl.add_argument("--reserve", default="auto",
+                    help="GiB each device keeps for the OS, the same for every device (default auto: "
+                         "1 GiB + 5%% of the memory Linux sees on each)")
     pl.add_argument("--measure", action="store_true",
                     help="also load + generate each artifact directory on ONNX Runtime (CPU) in a child "
                          "process and compare its peak RSS with the plan")

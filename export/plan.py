@@ -1,5 +1,7 @@
 """Memory plan of an OPT model on a device: weights at fp32/fp16/int8/int4, the KV cache,
-activations and the runtime's own overhead; which OPT sizes fit 8, 16, 32 and 64 GB Jetsons.
+activations and the runtime's own overhead; which fit each Jetson module (DEVICES: Orin Nano 4GB to
+AGX Thor), as the memory Linux sees less an OS reserve that scales with it and the TensorRT path's own
+overhead (a CUDA context, torch, TensorRT), each figure with its source.
 
 ``python -m export plan [opt-1.3b | ARTIFACT_DIR ...] [--tokens 1024 --batch 8 --prompt 1024]``
 
@@ -52,13 +54,75 @@ FLOAT_BYTES = {"fp32": 4, "fp16": 2, "float32": 4, "float16": 2}
 # RSS (three runs), of which its weights, KV cache and activations are 3.4 MB: 81 MiB remain.
 # A floor, not a per-byte factor; rerun the command when the runtime's imports change.
 RUNTIME_OVERHEAD_BYTES = 81 * 1024**2
-# A Jetson's memory is shared by the OS, the carveouts and every process's CUDA context. Public
-# tegrastats readings of an idle 8 GB Orin show ~0.4 GB taken by carveouts before Linux sees it,
-# and public Orin Nano memory planners put the OS plus the CUDA/TensorRT runtime at 1.5-2 GB before
-# a model loads; we reserve the top of that range. Headless (no desktop) devices have more; measure
-# yours with tegrastats and pass --reserve.
-DEVICE_RESERVE_BYTES = 2 * GiB
-DEVICES = (("Orin Nano 8GB", 8), ("Orin NX 16GB", 16), ("AGX Orin 32GB", 32), ("AGX Orin 64GB", 64))
+MiB = 1024**2
+
+
+# -- the devices ----------------------------------------------------------------------------------
+# A Jetson's CPU and GPU share one memory. What a model may use is what Linux sees (MemTotal: the
+# module's DRAM less the carveouts taken before the kernel boots), less what the OS keeps, less what
+# the TensorRT path itself costs before any weight loads. Nothing here was measured on a Jetson (none
+# is available to this project); each figure names where it comes from.
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    visible_mib: int  # MemTotal in MiB, as tegrastats prints it ("RAM used/totalMB")
+    source: str  # where visible_mib comes from
+
+    @property
+    def visible_bytes(self) -> int:
+        return self.visible_mib * MiB
+
+    def reserve_bytes(self, reserve: int | None = None) -> int:
+        """What the OS keeps: ``reserve`` (--reserve) if given, else os_reserve_bytes' rule."""
+        return os_reserve_bytes(self.visible_bytes) if reserve is None else reserve
+
+    def usable_bytes(self, reserve: int | None = None) -> int:
+        return self.visible_bytes - self.reserve_bytes(reserve)
+
+
+_TEGRASTATS = "tegrastats' RAM total in public captures (exact-string search for 'RAM n/{}MB' in GitHub code)"
+# The totals tegrastats prints: 62841 MB is the 61.4 GiB issue 60 quotes for the AGX Orin 64GB, 7620 MB
+# the Orin Nano 8GB's 7,620 MB. Two modules have no capture found: their figure is an estimate, marked so.
+DEVICES = (
+    Device("Orin Nano 4GB", 3524, "unverified: estimated as 4096 MiB less the 572 MiB the Orin Nano 8GB "
+                                  "loses to carveouts (8192 - 7620); no capture found"),
+    Device("Orin Nano 8GB", 7620, _TEGRASTATS.format(7620)),
+    Device("Orin NX 8GB", 7620, "unverified: taken as the Orin Nano 8GB's (same 8 GB LPDDR5); no capture found"),
+    Device("Orin NX 16GB", 15656, _TEGRASTATS.format(15656)),
+    Device("AGX Orin 32GB", 30536, _TEGRASTATS.format(30536)),
+    Device("AGX Orin 64GB", 62841, _TEGRASTATS.format(62841)),
+    Device("AGX Thor", 125772, _TEGRASTATS.format(125772) + "; 128 GB LPDDR5X module"),
+)
+
+# The OS reserve scales with the module: a fixed part for the OS itself (Ubuntu's services and, on a
+# developer kit, the desktop; a public report puts a Jetson Nano's OS with its desktop at ~1.5 GB and at
+# ~0.3-0.5 GB over ssh alone: microsoft/onnxruntime#4259) plus 5% of what Linux sees, for what grows
+# with the memory: the kernel's free-page watermarks, page cache and slab, and headroom before the OOM
+# killer (CUDA allocations on a Jetson are not swapped). The 1 GiB and the 5% are this project's choice,
+# not a measurement: on a headless board pass a smaller --reserve, which replaces the rule for every device.
+OS_RESERVE_FIXED_BYTES = GiB
+OS_RESERVE_FRACTION = 20  # 1/20 = 5% of MemTotal
+
+
+def os_reserve_bytes(visible_bytes: int) -> int:
+    """The OS reserve of a module whose Linux sees ``visible_bytes``: 1 GiB + 5% of it."""
+    return OS_RESERVE_FIXED_BYTES + visible_bytes // OS_RESERVE_FRACTION
+
+
+# The TensorRT path's own overhead, on top of RUNTIME_OVERHEAD_BYTES (that process's Python, numpy and
+# tokenizer): cited, not measured here (no Jetson). A CUDA context: 300-400 MB (issue 60; ~300 MB with
+# CUDA's lazy module loading, pytorch/pytorch#107667); we take 384 MiB. `import torch` (the backend uses
+# PyTorch's CUDA allocator): 502 MB resident for a CUDA build on x86 (stefan-jansen/machine-learning-for-
+# trading#1029; NVIDIA's Jetson wheel unverified). TensorRT: 341 MiB, what trtexec logged on a Jetson for
+# cuBLAS/cuBLASLt's initialization (CPU +159 MiB, GPU +182 MiB: NVIDIA/TensorRT#2217, TensorRT 8.x);
+# libnvinfer's own footprint on JetPack 6/7 is unverified. Rerun the plan with a measured figure when a
+# board is at hand (docs/jetson.md, "Measure on your board").
+CUDA_CONTEXT_BYTES = 384 * MiB
+TORCH_IMPORT_BYTES = 502 * MiB
+TENSORRT_INIT_BYTES = (159 + 182) * MiB
+TENSORRT_PATH_BYTES = CUDA_CONTEXT_BYTES + TORCH_IMPORT_BYTES + TENSORRT_INIT_BYTES
 
 
 class PlanError(SkipDecodeError, ValueError):
@@ -170,8 +234,14 @@ class Plan:
     def total_bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes + self.activation_bytes + self.overhead_bytes
 
-    def fits(self, device_gib: int, reserve: int = DEVICE_RESERVE_BYTES) -> bool:
-        return self.total_bytes <= device_gib * GiB - reserve
+    @property
+    def device_bytes(self) -> int:
+        """On a Jetson: the total plus the TensorRT path's own overhead (CUDA context, torch, TensorRT)."""
+        return self.total_bytes + TENSORRT_PATH_BYTES
+
+    def fits(self, device: Device, reserve: int | None = None) -> bool:
+        """Whether it fits what ``device``'s Linux sees less its OS reserve (``reserve``: --reserve)."""
+        return self.device_bytes <= device.usable_bytes(reserve)
 
 
 # -- architectures --------------------------------------------------------------------------------
@@ -318,20 +388,22 @@ def gib(n: int) -> str:
     return f"{n / GiB:.2f}"
 
 
-def fit_table(plans: list[Plan], reserve: int = DEVICE_RESERVE_BYTES) -> str:
-    """Markdown: one row per model and weight format, GiB per term, and whether it fits each device."""
+def fit_table(plans: list[Plan], reserve: int | None = None) -> str:
+    """Markdown: one row per model and weight format, GiB per term, and whether it fits each device
+    (its MemTotal less the OS reserve: os_reserve_bytes, or ``reserve`` for every device)."""
     head = ["model", "weights", "weights GiB", "KV GiB", "activations GiB", "overhead GiB", "total GiB",
-            *(f"{name} ({size - reserve / GiB:g} GiB usable)" for name, size in DEVICES)]
+            "with TensorRT path GiB",
+            *(f"{d.name} ({d.usable_bytes(reserve) / GiB:.1f} GiB usable)" for d in DEVICES)]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for p in plans:
         cells = [Path(p.arch.name).name, p.weights, gib(p.weight_bytes), gib(p.kv_bytes),
-                 gib(p.activation_bytes), gib(p.overhead_bytes), gib(p.total_bytes),
-                 *("yes" if p.fits(size, reserve) else "no" for _, size in DEVICES)]
+                 gib(p.activation_bytes), gib(p.overhead_bytes), gib(p.total_bytes), gib(p.device_bytes),
+                 *("yes" if p.fits(d, reserve) else "no" for d in DEVICES)]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
-def describe(workload: Workload, reserve: int, engine_defaults: bool = False) -> str:
+def describe(workload: Workload, reserve: int | None, engine_defaults: bool = False) -> str:
     quant = ("symmetric" if workload.symmetric else "asymmetric, with zero points")
     shape = (f"KV cache for {workload.tokens} tokens x batch {workload.batch} (rounded up to pages of "
              f"{workload.page_size}), prefill of a {workload.prompt}-token prompt over that cache")
@@ -339,9 +411,13 @@ def describe(workload: Workload, reserve: int, engine_defaults: bool = False) ->
         shape += (f": what `python -m engines build` builds by default (--max-batch {ENGINE_DEFAULTS.max_batch} "
                   f"--max-seq {ENGINE_DEFAULTS.max_seq}, --max-prompt = --max-seq; pass --batch/--tokens/--prompt "
                   f"to plan another)")
+    kept = ("1 GiB + 5% of the memory Linux sees (--reserve to set one size)" if reserve is None
+            else f"{reserve / GiB:g} GiB (--reserve)")
     return (f"{shape}; int8/int4: blocks of {workload.block_size}, {quant}, scales and "
             f"embeddings/layer norms/biases in the float dtype (fp16 for an alias); "
-            f"devices keep {reserve / GiB:g} GiB for the OS and CUDA (see export/plan.py)")
+            f"devices: the memory Linux sees, less {kept} for the OS; "
+            f"the TensorRT path adds {TENSORRT_PATH_BYTES / GiB:.2f} GiB (CUDA context, torch, TensorRT: "
+            f"cited, not measured; see export/plan.py)")
 
 
 def ratio(a: int, b: int) -> str:
@@ -370,13 +446,17 @@ def check_formats(text: str) -> list[str]:
     return formats
 
 
-def parse_gib(text: str) -> int:
+def parse_gib(text: str) -> int | None:
+    """--reserve: a size in GiB, or "auto" (None: each device's own reserve, os_reserve_bytes)."""
+    if str(text).strip().lower() == "auto":
+        return None
     try:
         value = float(str(text).lower().removesuffix("gib").removesuffix("gb"))
     except ValueError:
         value = math.nan
     if not value >= 0:
-        raise PlanError(f"--reserve {text!r} is not a size in GiB; pass e.g. --reserve 2 or 1.5GiB")
+        raise PlanError(f"--reserve {text!r} is not a size in GiB; pass e.g. --reserve 2 or 1.5GiB (default: auto, "
+                        f"1 GiB + 5% of each device's memory)")
     return int(value * GiB)
 
 

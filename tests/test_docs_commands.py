@@ -136,6 +136,8 @@ RULES = [
      "tests/tools/test_e2e_rename.py runs it on hand-written pairs"),
     ("python -m tools.finetune --model smollm2-135m-e2e ", "parse",
      LONG + " (43 minutes of LoRA fine-tuning over the shipped model; tests/tools/test_finetune_lora.py trains a tiny model)"),
+    ("python -m tools.finetune --model .work/eighth ", "parse",
+     LONG + " (the fifth stage tried: 45 minutes of LoRA fine-tuning over the eighth version's adapter)"),
     ("python -m tools.finetune.stack --adapters models/smollm2-135m-e2e ", "parse",
      "reads the fourth stage's adapter (above); tests/tools/test_finetune_stack.py stacks tiny adapters"),
     # issue 57: self-distillation data, and the command line shapes the README names

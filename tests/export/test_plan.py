@@ -105,9 +105,39 @@ def test_an_artifacts_own_weight_format():
     assert p.weights == "int4 (fp32)" and p.kv_bytes == pm.kv_cache_bytes(arch, p.workload, 4)
 
 
-def test_fits_uses_the_reserve():
+def test_devices_are_what_linux_sees_per_module():
+    """MemTotal in MiB as tegrastats prints it, per module; the two without a capture are marked."""
+    assert [(d.name, d.visible_mib) for d in pm.DEVICES] == [
+        ("Orin Nano 4GB", 3524), ("Orin Nano 8GB", 7620), ("Orin NX 8GB", 7620), ("Orin NX 16GB", 15656),
+        ("AGX Orin 32GB", 30536), ("AGX Orin 64GB", 62841), ("AGX Thor", 125772)]
+    assert [d.name for d in pm.DEVICES if d.source.startswith("unverified")] == ["Orin Nano 4GB", "Orin NX 8GB"]
+    assert round(pm.DEVICES[5].visible_bytes / pm.GiB, 1) == 61.4  # issue 60's AGX Orin 64GB
+
+
+def test_os_reserve_scales_with_the_module():
+    """1 GiB + 5% of MemTotal; --reserve replaces it for every device."""
+    nano, agx64, thor = pm.DEVICES[1], pm.DEVICES[5], pm.DEVICES[6]
+    assert pm.os_reserve_bytes(nano.visible_bytes) == pm.GiB + 7620 * pm.MiB // 20 == 1_473_249_280
+    assert nano.usable_bytes() == 7_990_149_120 - 1_473_249_280 == 6_516_899_840
+    assert agx64.reserve_bytes() == 4_368_420_044 and agx64.usable_bytes() == 61_525_144_372
+    assert thor.reserve_bytes() == 7_667_816_857 and thor.usable_bytes() == 124_213_683_815
+    assert nano.usable_bytes(reserve=2 * pm.GiB) == 7_990_149_120 - 2 * pm.GiB
+    assert pm.parse_gib("auto") is None and pm.parse_gib("1.5GiB") == 3 * pm.GiB // 2
+
+
+def test_tensorrt_path_overhead_is_its_own_term():
+    """CUDA context 384 MiB + import torch 502 MiB + TensorRT's cuBLAS initialization 341 MiB (cited)."""
+    assert pm.TENSORRT_PATH_BYTES == (384 + 502 + 159 + 182) * pm.MiB == 1_286_602_752
     p = pm.plan(pm.arch_from_alias("opt-1.3b"), "fp16", pm.Workload(tokens=1024, batch=1))
-    assert p.fits(8) and not p.fits(8, reserve=8 * pm.GiB - p.total_bytes + 1)
+    assert p.device_bytes == p.total_bytes + pm.TENSORRT_PATH_BYTES
+
+
+def test_fits_uses_the_reserve():
+    nano = pm.DEVICES[1]
+    p = pm.plan(pm.arch_from_alias("opt-1.3b"), "fp16", pm.Workload(tokens=1024, batch=1))
+    assert p.fits(nano) and not p.fits(pm.DEVICES[0])  # 4.45 GiB on the device: the 4 GB Nano keeps 2.27
+    edge = nano.visible_bytes - p.device_bytes  # the largest reserve that still fits
+    assert p.fits(nano, reserve=edge) and not p.fits(nano, reserve=edge + 1)
 
 
 def test_cli_fit_table_lists_every_alias_and_device(capsys):
@@ -116,10 +146,23 @@ def test_cli_fit_table_lists_every_alias_and_device(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| opt-")]
     assert [r.split(" | ")[0][2:] for r in rows] == [a for a in OPT_ARCHS for _ in range(3)]
     assert [r.split(" | ")[1] for r in rows[:3]] == ["fp16", "int8", "int4"]
-    assert "Orin Nano 8GB (6 GiB usable)" in out and "AGX Orin 64GB (62 GiB usable)" in out
-    assert "KV cache for 512 tokens x batch 2" in out
+    header = next(line for line in out.splitlines() if line.startswith("| model |"))
+    assert header.endswith("| total GiB | with TensorRT path GiB | Orin Nano 4GB (2.3 GiB usable) | Orin Nano 8GB "
+                           "(6.1 GiB usable) | Orin NX 8GB (6.1 GiB usable) | Orin NX 16GB (13.5 GiB usable) | "
+                           "AGX Orin 32GB (27.3 GiB usable) | AGX Orin 64GB (57.3 GiB usable) | AGX Thor (115.7 GiB "
+                           "usable) |")
+    assert "KV cache for 512 tokens x batch 2" in out and "the TensorRT path adds 1.20 GiB" in out
     big = next(r for r in rows if r.startswith("| opt-66b | fp16"))
-    assert big.endswith("| no | no | no | no |")
+    assert big.endswith("| no | no | no | no | no | no | no |")
+    small = next(r for r in rows if r.startswith("| opt-125m | int4"))
+    assert small.endswith("| yes | yes | yes | yes | yes | yes | yes |")
+
+
+def test_cli_reserve_overrides_the_rule(capsys):
+    assert main(["plan", "opt-125m", "--weights", "fp16", "--reserve", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Orin Nano 8GB (5.4 GiB usable)" in out and "AGX Thor (120.8 GiB usable)" in out
+    assert "less 2 GiB (--reserve) for the OS" in out
 
 
 @pytest.mark.parametrize("argv, message", [
