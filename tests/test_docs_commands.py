@@ -143,6 +143,12 @@ RULES = [
     # issue 57: self-distillation data, and the command line shapes the README names
     ("python -m tools.finetune.selfchat --model ART --out CSV$", "parse",
      PLACEHOLDER + "; tests/tools/test_finetune_selfchat.py runs it on a tiny chat model"),
+    ("python -m tools.finetune.selfchat --model artifacts/smollm2-135m-instruct ", "parse",
+     LONG + " (8 minutes of generation with the real model; tests/tools/test_finetune_selfchat.py runs it on a tiny one)"),
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct --draft-head none "
+     "--draft-layers none$", "parse", REAL),
+    ("python -m tools.evaluate.perplexity --model MODEL ", "parse",
+     "MODEL stands for the models the section names; " + LONG),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out /tmp/smol-int4$", "parse", REAL),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
