@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --lora-rank: W of the loss is the KL divergence from the starting model's own "
                         "full-depth predictions at each target token (self-distillation: the policies learn "
                         "what full depth would say, full depth stays close to the model it was), 1 - W the "
-                        "cross-entropy on the targets (default 0: cross-entropy alone)")
+                        "cross-entropy on the targets (0: cross-entropy alone)")
     p.add_argument("--lora-alpha", type=float, help="LoRA's alpha: the adapters are scaled by alpha / R (default: 2 R)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
