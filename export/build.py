@@ -127,21 +127,34 @@ def _prepare_out(out: Path) -> None:
             f"{MANIFEST_NAME}); refusing to replace it. Pass a new directory or remove it")
 
 
-def auto_drafts(config: ExportConfig, model_config, width: int) -> str:
+def draft_refusals(config: ExportConfig, model_config, width: int) -> dict[str, str]:
+    """Why this export cannot write each draft copy ({"draft_head": ..., "draft_layers": ...}; one
+    it can write is absent), in the words that refuse ``--draft-head``/``--draft-layers``."""
+    quant, refusals = config.quant, {}
+    if width % quant.block_size:
+        refusals["draft_head"] = (f"--draft-head: block_size {quant.block_size} does not divide the head's input "
+                                  f"width {width}; pass --block-size with a power of two that divides it")
+    why_not = config.fused_reason(model_config)
+    if why_not:
+        refusals["draft_layers"] = (f"--draft-layers quantizes the fused layer graphs, and this export writes "
+                                    f"none ({why_not}); drop --draft-layers")
+    else:
+        c = model_config
+        try:  # the layers' products, as --weights checks them
+            quant.check_sizes(c.hidden_size, c.intermediate_size, None, attention=c.num_attention_heads * head_dim(c))
+        except InvalidArgumentError as exc:
+            refusals["draft_layers"] = f"--draft-layers: {exc}"
+    return refusals
+
+
+def auto_drafts(config: ExportConfig, refusals: dict[str, str]) -> str:
     """What ``draft_head``/``draft_layers`` "auto" writes: "int8" where lossless drafts can run the
     copies, float32 layers and head whose fused graphs this export writes (ONNX Runtime's CPU
     provider runs them: docs/benchmarks.md, "Draft layers": 2.09x against 1.67x without on the
     fine-tuned SmolLM2), else "none" (quantized weights draft with themselves; float16 and the
     models without fused graphs run their drafts through the float graphs)."""
     quant = config.quant
-    if config.dtype != "float32" or quant.weights != "float" or quant.for_graph("head") != "float":
-        return "none"
-    if config.fused_reason(model_config) is not None or width % quant.block_size:
-        return "none"
-    c = model_config
-    try:  # the products' shapes, as --draft-layers checks them
-        quant.check_sizes(c.hidden_size, c.intermediate_size, None, attention=c.num_attention_heads * head_dim(c))
-    except InvalidArgumentError:
+    if config.dtype != "float32" or quant.weights != "float" or quant.for_graph("head") != "float" or refusals:
         return "none"
     return "int8"
 
@@ -184,25 +197,16 @@ def build(options: BuildOptions, log=print) -> Manifest:
         log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
             f"(block {quant.block_size}, {quant.format})")
     width = getattr(hf_model.config, "word_embed_proj_dim", hf_model.config.hidden_size)  # the head's K
+    refusals = draft_refusals(config, hf_model.config, width)
     if "auto" in (options.draft_head, options.draft_layers):
-        auto = auto_drafts(config, hf_model.config, width)
+        auto = auto_drafts(config, refusals)
         config = replace(config, **{k: auto for k in ("draft_head", "draft_layers") if getattr(options, k) == "auto"})
         if auto != "none":
             log(f"lossless drafts: int8 copies of the head and the fused layers (--draft-head/--draft-layers "
                 f"none to leave them out)")
-    if config.draft_head != "none" and width % quant.block_size:
-        raise InvalidArgumentError(f"--draft-head: block_size {quant.block_size} does not divide the head's "
-                                   f"input width {width}; pass --block-size with a power of two that divides it")
-    if config.draft_layers != "none":
-        why_not = config.fused_reason(hf_model.config)
-        if why_not:
-            raise InvalidArgumentError(f"--draft-layers quantizes the fused layer graphs, and this export "
-                                       f"writes none ({why_not}); drop --draft-layers")
-        c = hf_model.config
-        try:  # the layers' products, as --weights checks them
-            quant.check_sizes(c.hidden_size, c.intermediate_size, None, attention=c.num_attention_heads * head_dim(c))
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"--draft-layers: {exc}") from None
+    for name in ("draft_head", "draft_layers"):  # asked for, and not possible here
+        if getattr(config, name) != "none" and name in refusals:
+            raise InvalidArgumentError(refusals[name])
     trained = checkpoint.skipdecode_training(source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
