@@ -13,7 +13,16 @@ def first_line(exc: BaseException) -> str:
 
 
 class SkipDecodeError(Exception):
-    """Base class of every error this toolkit raises on purpose."""
+    """Base class of every error this toolkit raises on purpose.
+
+    ``param``: the argument the error is about, where one is ("json_schema", "min_layers",
+    "max_new_tokens", "prompt"), so that a caller (the server) maps errors to its own fields by this
+    name, never by the message's words.
+    """
+
+    def __init__(self, *args, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
 
 
 class PolicyError(SkipDecodeError, ValueError):

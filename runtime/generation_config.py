@@ -54,24 +54,25 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         self.sampling()  # sampling's types and ranges, checked where the config is made
         if not isinstance(self.lossless, bool):
-            raise InvalidArgumentError(f"lossless must be True or False, got {self.lossless!r}")
+            raise InvalidArgumentError(f"lossless must be True or False, got {self.lossless!r}", param="lossless")
         if self.lossless and self.prefill == "policy":
             raise InvalidArgumentError(
                 "lossless=True verifies every token at full depth, which reads every layer's K/V of the "
                 "prompt: prefill='policy' leaves the layers outside step 0's set without it; leave out "
-                "prefill (lossless prompts run at full depth)")
+                "prefill (lossless prompts run at full depth)", param="lossless")
 
     @classmethod
     def build(cls, config: "GenerationConfig | None" = None, **overrides) -> "GenerationConfig":
         """``config`` (default: the defaults) with ``overrides`` applied: the keyword arguments of
         ``generate``. An unknown name is an InvalidArgumentError that lists the known ones."""
         if config is not None and not isinstance(config, GenerationConfig):
-            raise InvalidArgumentError(f"config must be a GenerationConfig, got {type(config).__name__}")
+            raise InvalidArgumentError(f"config must be a GenerationConfig, got {type(config).__name__}",
+                                       param="config")
         unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
             raise InvalidArgumentError(
                 f"unknown generation argument(s) {', '.join(map(repr, unknown))}; the arguments are "
-                f"GenerationConfig's fields: {', '.join(FIELDS)}")
+                f"GenerationConfig's fields: {', '.join(FIELDS)}", param=unknown[0])
         if config is not None and not overrides:
             return config
         return dataclasses.replace(config or cls(), **overrides)

@@ -172,7 +172,7 @@ class Generator:
         if c.logprobs is not None and (isinstance(c.logprobs, bool) or not isinstance(c.logprobs, int)
                                        or not 0 <= c.logprobs <= vocab):
             raise InvalidArgumentError(f"logprobs must be None or an int in [0, {vocab}] (the vocabulary), "
-                                       f"got {c.logprobs!r}")
+                                       f"got {c.logprobs!r}", param="logprobs")
         chosen = self.policy_for(max_new_tokens, c.policy, c.speedup, decay=c.decay, exponent=c.exponent,
                                  prefill=c.prefill)
         if c.lossless and chosen.prefill != "full":  # the artifact's default: verify passes read every layer
@@ -350,11 +350,12 @@ def _token_id_rows(prompts, vocab_size: int) -> list[list[int]] | None:
     for i, p in enumerate(prompts):
         row = [int(t) for t in p if isinstance(t, (int, np.integer)) and not isinstance(t, bool)]
         if not row or len(row) != len(p):
-            raise InvalidArgumentError(f"token-id prompt {i} must be a non-empty list of ints, got {list(p)!r}")
+            raise InvalidArgumentError(f"token-id prompt {i} must be a non-empty list of ints, got {list(p)!r}",
+                param="prompts")
         outside = [t for t in row if not 0 <= t < vocab_size]
         if outside:
             raise InvalidArgumentError(f"token-id prompt {i} holds {outside[0]}, outside the vocabulary "
-                                       f"[0, {vocab_size - 1}] of this model")
+                                       f"[0, {vocab_size - 1}] of this model", param="prompts")
         rows.append(row)
     return rows
 
@@ -375,14 +376,15 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
     default = manifest.policy
     horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
     if policy is not None and speedup is not None:
-        raise PolicyError("pass either policy= or speedup=, not both")
+        raise PolicyError("pass either policy= or speedup=, not both", param="speedup")
     given = {k: v for k, v in (("decay", decay), ("exponent", exponent), ("prefill", prefill))
              if v is not None}
     shape = {k: default[k] for k in ("decay", "exponent", "prefill") if k in default} | given
     if shape.get("decay", "linear") == "linear" and "exponent" not in given:
         shape.pop("exponent", None)  # a power decay's exponent means nothing to a linear one
     if policy is not None and not isinstance(policy, (dict, SkipPolicy)):
-        raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}")
+        raise PolicyError(f"policy must be a SkipPolicy or a dict of its fields, got {type(policy).__name__}",
+                          param="policy")
     if not isinstance(policy, SkipPolicy):
         # the manifest's warm-up (the one a model was trained with) unless the call sets one
         fields = ({"speedup": speedup} if speedup is not None else policy if policy is not None
@@ -391,9 +393,9 @@ def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: fl
         return SkipPolicy.from_fields(L, {**shape, "warmup_layers": default.get("warmup_layers"), **fields}, horizon)
     if given and any(getattr(policy, k) != v for k, v in given.items()):
         raise PolicyError(f"{', '.join(given)} conflict with the SkipPolicy passed: set them on the "
-                          f"policy itself (dataclasses.replace)")
+                          f"policy itself (dataclasses.replace)", param=next(iter(given)))
     if policy.num_layers != L:
-        raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}")
+        raise PolicyError(f"policy is for {policy.num_layers} layers but the model has {L}", param="num_layers")
     return policy
 
 
@@ -488,7 +490,8 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         if load_keys:
             raise InvalidArgumentError(
                 f"{sorted(load_keys)} apply only when model is a directory; pass them to runtime.load "
-                f"instead (generation arguments are GenerationConfig's fields: {', '.join(FIELDS)})")
+                f"instead (generation arguments are GenerationConfig's fields: {', '.join(FIELDS)})",
+                param=sorted(load_keys)[0])
         return model.generate(prompts, max_new_tokens, **kwargs)
     load_kwargs = {k: kwargs.pop(k) for k in load_keys}
     load_kwargs.setdefault("max_batch", 1 if isinstance(prompts, str) else

@@ -40,25 +40,27 @@ class SkipPolicy:
         for name in ("num_layers", "max_layers", "min_layers", "warmup_layers", "horizon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise PolicyError(f"{name} must be an int, got {value!r}")
+                raise PolicyError(f"{name} must be an int, got {value!r}", param=name)
         if L < 1:
-            raise PolicyError(f"num_layers must be >= 1, got {L}")
+            raise PolicyError(f"num_layers must be >= 1, got {L}", param="num_layers")
         if w < 0:
-            raise PolicyError(f"warmup_layers must be >= 0, got {w}")
+            raise PolicyError(f"warmup_layers must be >= 0, got {w}", param="warmup_layers")
         if lo < 1:
-            raise PolicyError(f"min_layers must be >= 1, got {lo}")
+            raise PolicyError(f"min_layers must be >= 1, got {lo}", param="min_layers")
         if w > lo:
             raise PolicyError(
                 f"warmup_layers ({w}) must be <= min_layers ({lo}): the budget counts the warm-up "
-                f"layers; lower warmup_layers or raise min_layers")
+                f"layers; lower warmup_layers or raise min_layers", param="warmup_layers")
         if lo > hi:
             raise PolicyError(
-                f"min_layers ({lo}) must be <= max_layers ({hi}): the budget only decays")
+                f"min_layers ({lo}) must be <= max_layers ({hi}): the budget only decays",
+                param="min_layers")
         if hi > L:
             raise PolicyError(
-                f"max_layers ({hi}) must be <= num_layers ({L}): the model has {L} decoder layers")
+                f"max_layers ({hi}) must be <= num_layers ({L}): the model has {L} decoder layers",
+                param="max_layers")
         if h < 1:
-            raise PolicyError(f"horizon must be >= 1, got {h}")
+            raise PolicyError(f"horizon must be >= 1, got {h}", param="horizon")
         _check_shape(self.decay, self.exponent, self.prefill)
 
     # -- construction -------------------------------------------------------------------------
@@ -71,26 +73,27 @@ class SkipPolicy:
         ``fields``: SkipPolicy's fields with ``max_layers`` and ``min_layers`` together, or
         ``speedup`` instead of them (``for_speedup``); a field given as None takes its default,
         and ``horizon`` absent or None is the ``horizon`` argument. Every error is a PolicyError
-        whose message starts with the field it is about."""
+        whose message starts with the field it is about, and whose ``param`` names it."""
         fields = {k: v for k, v in dict(fields).items() if v is not None}
         layers = fields.pop("num_layers", num_layers)  # to_dict's dicts carry it
         if layers != num_layers:
-            raise PolicyError(f"policy is for {layers} layers but the model has {num_layers}")
+            raise PolicyError(f"policy is for {layers} layers but the model has {num_layers}",
+                              param="num_layers")
         unknown = sorted(set(fields) - {*POLICY_FIELDS, "speedup"})
         if unknown:
             raise PolicyError(f"{unknown[0]} is not a policy field; a policy has {', '.join(POLICY_FIELDS)}, "
-                              f"or speedup instead of max_layers and min_layers")
+                              f"or speedup instead of max_layers and min_layers", param=unknown[0])
         horizon = fields.pop("horizon", horizon)
         if "speedup" in fields:
             both = [k for k in ("max_layers", "min_layers") if k in fields]
             if both:
                 raise PolicyError(f"{both[0]} and speedup exclude each other: pass speedup, or "
-                                  f"max_layers and min_layers")
+                                  f"max_layers and min_layers", param=both[0])
             return cls.for_speedup(num_layers, fields.pop("speedup"), horizon, **fields)
         for name, other in (("max_layers", "min_layers"), ("min_layers", "max_layers")):
             if name not in fields:
                 raise PolicyError(f"{name} is required{' with ' + other if other in fields else ''}: "
-                                  f"max_layers and min_layers go together")
+                                  f"max_layers and min_layers go together", param=name)
         return cls(num_layers, horizon=horizon, **fields)
 
     @classmethod
@@ -111,16 +114,16 @@ class SkipPolicy:
         """
         _check_shape(decay, exponent, prefill)
         if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
-            raise PolicyError(f"speedup must be a finite number, got {speedup!r}")
+            raise PolicyError(f"speedup must be a finite number, got {speedup!r}", param="speedup")
         if horizon < 1:
-            raise PolicyError(f"horizon must be >= 1, got {horizon}")
+            raise PolicyError(f"horizon must be >= 1, got {horizon}", param="horizon")
         lo_bound = max(warmup_layers, 1)
         ceiling = num_layers / lo_bound
         if speedup < 1 or speedup > ceiling + 1e-9:
             raise PolicyError(
                 f"speedup {speedup:g} is out of range for {num_layers} layers with "
                 f"{warmup_layers} warm-up layer(s): it must lie in [1, {ceiling:g}] "
-                f"(num_layers / max(warmup_layers, 1))")
+                f"(num_layers / max(warmup_layers, 1))", param="speedup")
         hi, lo = _closest(num_layers, float(speedup), horizon, lo_bound, decay, exponent)
         return cls(num_layers, hi, lo, warmup_layers=warmup_layers, horizon=horizon, decay=decay,
                    exponent=exponent, prefill=prefill)
@@ -148,7 +151,7 @@ class SkipPolicy:
     def mean_budget(self, steps: int | None = None) -> float:
         steps = self.horizon if steps is None else steps
         if steps < 1:
-            raise PolicyError(f"steps must be >= 1, got {steps}")
+            raise PolicyError(f"steps must be >= 1, got {steps}", param="steps")
         return sum(self.budget(g) for g in range(steps)) / steps
 
     def theoretical_speedup(self, steps: int | None = None) -> float:
@@ -191,7 +194,8 @@ def speedup_policies(default: SkipPolicy, table) -> dict:
     (within 0.05: a "2x" must be 2x). Returns the table with string keys; a PolicyError names the
     entry."""
     if not isinstance(table, dict):
-        raise PolicyError(f"speedup_policies must map speedups to policies, got {type(table).__name__}")
+        raise PolicyError(f"speedup_policies must map speedups to policies, got {type(table).__name__}",
+                          param="speedup_policies")
     out = {}
     for key, budgets in table.items():
         try:
@@ -199,13 +203,15 @@ def speedup_policies(default: SkipPolicy, table) -> dict:
         except (TypeError, ValueError):
             target = float("nan")
         if not math.isfinite(target) or target < 1:
-            raise PolicyError(f"speedup_policies: {key!r} is not a speedup >= 1")
+            raise PolicyError(f"speedup_policies: {key!r} is not a speedup >= 1", param="speedup_policies")
         if not isinstance(budgets, dict) or set(budgets) != {"max_layers", "min_layers"}:
-            raise PolicyError(f"speedup_policies[{key!r}] must hold max_layers and min_layers, got {budgets!r}")
+            raise PolicyError(f"speedup_policies[{key!r}] must hold max_layers and min_layers, got {budgets!r}",
+                              param="speedup_policies")
         policy = replace(default, **budgets)  # SkipPolicy's own checks
         if abs(policy.theoretical_speedup() - target) > 0.05:
             raise PolicyError(f"speedup_policies[{key!r}]: {budgets['max_layers']}->{budgets['min_layers']} is a "
-                              f"{policy.theoretical_speedup():.2f}x policy over {policy.horizon} steps, not {target:g}x")
+                              f"{policy.theoretical_speedup():.2f}x policy over {policy.horizon} steps, not {target:g}x",
+                              param="speedup_policies")
         out[f"{target:g}"] = {"max_layers": policy.max_layers, "min_layers": policy.min_layers}
     return out
 
@@ -218,18 +224,18 @@ POLICY_FIELDS = tuple(f.name for f in fields(SkipPolicy) if f.name != "num_layer
 
 def _check_shape(decay, exponent, prefill) -> None:
     if decay not in DECAYS:
-        raise PolicyError(f"decay must be one of {', '.join(DECAYS)}, got {decay!r}")
+        raise PolicyError(f"decay must be one of {', '.join(DECAYS)}, got {decay!r}", param="decay")
     if (isinstance(exponent, bool) or not isinstance(exponent, (int, float))
             or not math.isfinite(exponent) or exponent <= 0):
-        raise PolicyError(f"exponent must be a finite number > 0 (1 = linear), got {exponent!r}")
+        raise PolicyError(f"exponent must be a finite number > 0 (1 = linear), got {exponent!r}", param="exponent")
     if prefill not in PREFILLS:
-        raise PolicyError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
+        raise PolicyError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}", param="prefill")
 
 
 def _budget(max_layers: int, min_layers: int, horizon: int, step: int, decay: str = "linear",
             exponent: float = 2.0) -> int:
     if step < 0:
-        raise PolicyError(f"step must be >= 0, got {step}")
+        raise PolicyError(f"step must be >= 0, got {step}", param="step")
     t = min(max(step / max(horizon - 1, 1), 0.0), 1.0)
     if decay == "linear":
         x = (1.0 - t) * max_layers + t * min_layers

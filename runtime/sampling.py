@@ -38,7 +38,7 @@ class SamplingConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise InvalidArgumentError(f"{name} must be a number in [{low:g}, {high:g}] (0 disables it), "
-                                           f"got {value!r}")
+                                           f"got {value!r}", param=name)
 
     @property
     def penalized(self) -> bool:

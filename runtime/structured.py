@@ -35,7 +35,7 @@ def _llguidance():
     except ImportError:
         raise InvalidArgumentError(
             "json_schema needs llguidance, the constrained-decoding library: pip install "
-            "'skipdecode-edge[json]' (or pip install llguidance)") from None
+            "'skipdecode-edge[json]' (or pip install llguidance)", param="json_schema") from None
     return llguidance
 
 
@@ -53,7 +53,8 @@ class Structured:
                 llg = _llguidance()
                 if not self.tokenizer_json.is_file():
                     raise InvalidArgumentError(f"json_schema needs the artifact's {self.tokenizer_json.name}, "
-                                               f"not found at {self.tokenizer_json}; re-export the artifact")
+                                               f"not found at {self.tokenizer_json}; re-export the artifact",
+                                               param="json_schema")
                 eos = self.eos_ids[0] if len(self.eos_ids) == 1 else self.eos_ids
                 self._tokenizer = llg.LLTokenizer(self.tokenizer_json.read_text(encoding="utf-8"),
                                                   n_vocab=self.vocab_size, eos_token=eos)
@@ -65,18 +66,19 @@ class Structured:
             try:
                 schema = json.loads(schema)
             except ValueError as exc:
-                raise InvalidArgumentError(f"json_schema is not valid JSON: {exc}") from None
+                raise InvalidArgumentError(f"json_schema is not valid JSON: {exc}", param="json_schema") from None
         if not isinstance(schema, dict):
-            raise InvalidArgumentError(f"json_schema must be a JSON schema (an object), got {type(schema).__name__}")
+            raise InvalidArgumentError(f"json_schema must be a JSON schema (an object), got {type(schema).__name__}",
+                                       param="json_schema")
         llg = _llguidance()
         tokenizer = self._llg_tokenizer()
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=LAYOUT)
         except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"json_schema cannot be compiled: {exc}") from None
+            raise InvalidArgumentError(f"json_schema cannot be compiled: {exc}", param="json_schema") from None
         error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            raise InvalidArgumentError(f"json_schema cannot be compiled: {error}")
+            raise InvalidArgumentError(f"json_schema cannot be compiled: {error}", param="json_schema")
         return Constraint(llg, tokenizer, grammar, self.vocab_size)
 
 

@@ -48,44 +48,46 @@ def check_prompts(prompts) -> list[str]:
         return [prompts]
     if prompts is None or isinstance(prompts, (bytes, dict)) or not isinstance(prompts, Sequence):
         raise InvalidArgumentError(
-            f"prompts must be a string or a non-empty list of strings, got {type(prompts).__name__}")
+            f"prompts must be a string or a non-empty list of strings, got {type(prompts).__name__}", param="prompts")
     prompts = list(prompts)
     if not prompts:
-        raise InvalidArgumentError("prompts must be a string or a non-empty list of strings, got an empty list")
+        raise InvalidArgumentError("prompts must be a string or a non-empty list of strings, got an empty list",
+            param="prompts")
     bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
     if bad:
         raise InvalidArgumentError(
             f"prompts must be a string or a non-empty list of strings; prompt {bad[0]} is a "
-            f"{type(prompts[bad[0]]).__name__}")
+            f"{type(prompts[bad[0]]).__name__}", param="prompts")
     return prompts
 
 
 def check_max_new_tokens(max_new_tokens) -> int:
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise InvalidArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        raise InvalidArgumentError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}",
+            param="max_new_tokens")
     return int(max_new_tokens)
 
 
 def check_temperature(temperature, do_sample: bool) -> float:
     """A finite number; > 0 when sampling (greedy decoding ignores it)."""
     if not _is_real(temperature) or not math.isfinite(temperature):
-        raise InvalidArgumentError(f"temperature must be a finite number, got {temperature!r}")
+        raise InvalidArgumentError(f"temperature must be a finite number, got {temperature!r}", param="temperature")
     if do_sample and not temperature > 0:
         raise InvalidArgumentError(
             f"temperature must be > 0 when do_sample=True, got {temperature}; for greedy "
-            f"decoding pass do_sample=False")
+            f"decoding pass do_sample=False", param="temperature")
     return float(temperature)
 
 
 def check_top_k(top_k) -> int:
     if not _is_int(top_k) or top_k < 0:
-        raise InvalidArgumentError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+        raise InvalidArgumentError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}", param="top_k")
     return int(top_k)
 
 
 def check_top_p(top_p) -> float:
     if not _is_real(top_p) or not 0 < top_p <= 1:
-        raise InvalidArgumentError(f"top_p must be a number in (0, 1] (1 disables it), got {top_p!r}")
+        raise InvalidArgumentError(f"top_p must be a number in (0, 1] (1 disables it), got {top_p!r}", param="top_p")
     return float(top_p)
 
 
@@ -94,13 +96,13 @@ def check_seed(seed) -> int | None:
     if seed is None:
         return None
     if not _is_int(seed) or seed < 0:
-        raise InvalidArgumentError(f"seed must be None or an int >= 0, got {seed!r}")
+        raise InvalidArgumentError(f"seed must be None or an int >= 0, got {seed!r}", param="seed")
     return int(seed)
 
 
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}", param=name)
     return bool(value)
 
 
@@ -115,13 +117,13 @@ def check_eos(eos_token_id, vocab_size: int, default: int | list[int], ignore_eo
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset)) \
             or not all(_is_int(i) for i in ids):
         raise InvalidArgumentError(
-            f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+            f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}", param="eos_token_id")
     outside = [int(i) for i in ids if not 0 <= i < vocab_size]
     if outside:
         raise InvalidArgumentError(
             f"eos_token_id {outside[0]} is outside the vocabulary [0, {vocab_size - 1}] of this "
             f"model, so it could never end a row; pass an id below {vocab_size} or leave "
-            f"eos_token_id=None for the model's EOS ({default})")
+            f"eos_token_id=None for the model's EOS ({default})", param="eos_token_id")
     return {int(i) for i in ids}
 
 
@@ -131,7 +133,8 @@ def check_stop_strings(stop_strings) -> list[str]:
     if isinstance(stop_strings, str):
         return [stop_strings]
     if not isinstance(stop_strings, Sequence) or not all(isinstance(s, str) for s in stop_strings):
-        raise InvalidArgumentError(f"stop_strings must be a string or a list of strings, got {stop_strings!r}")
+        raise InvalidArgumentError(f"stop_strings must be a string or a list of strings, got {stop_strings!r}",
+            param="stop_strings")
     return list(stop_strings)
 
 
@@ -139,7 +142,7 @@ def check_threads(threads) -> int | None:
     """Intra-op threads of a backend: None (the backend's default) or an int >= 1."""
     if threads is not None and (not _is_int(threads) or threads < 1):
         raise InvalidArgumentError(
-            f"threads must be an int >= 1 (or None for the backend's default), got {threads!r}")
+            f"threads must be an int >= 1 (or None for the backend's default), got {threads!r}", param="threads")
     return threads
 
 
@@ -147,7 +150,7 @@ def check_flag(name: str, value, true: str, false: str) -> bool | None:
     """A backend's on/off option: None (the backend's default) or a bool; ``true`` and ``false``
     say what each value does, for the message."""
     if value is not None and not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be True ({true}) or False ({false}), got {value!r}")
+        raise InvalidArgumentError(f"{name} must be True ({true}) or False ({false}), got {value!r}", param=name)
     return value
 
 
@@ -159,7 +162,7 @@ def check_nonempty_rows(attention_mask: np.ndarray, prompts: list[str]) -> None:
         i = int(empty[0])
         raise EmptyPromptError(
             f"prompt {i} ({prompts[i]!r}) encodes to zero tokens: this tokenizer adds no BOS "
-            f"token, so there is nothing to continue from; pass a prompt with at least one token")
+            f"token, so there is nothing to continue from; pass a prompt with at least one token", param="prompts")
 
 
 def too_long_message(longest: int, max_new_tokens: int, limit: int,
@@ -203,7 +206,7 @@ def check_device(device) -> str | None:
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
-        raise InvalidArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        raise InvalidArgumentError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}", param="device")
     return text
 
 
@@ -212,7 +215,8 @@ def check_providers(providers) -> list | None:
     if providers is None:
         return None
     if isinstance(providers, str) or not isinstance(providers, Sequence):
-        raise InvalidArgumentError(f"providers must be a list of ONNX Runtime provider names, got {providers!r}")
+        raise InvalidArgumentError(f"providers must be a list of ONNX Runtime provider names, got {providers!r}",
+            param="providers")
     import onnxruntime
 
     available = onnxruntime.get_available_providers()
@@ -220,7 +224,8 @@ def check_providers(providers) -> list | None:
     if missing:
         raise InvalidArgumentError(
             f"ONNX Runtime providers {missing} are not available here (available: {available}); "
-            f"install onnxruntime-gpu (instead of onnxruntime) for CUDA/TensorRT, or leave providers=None")
+            f"install onnxruntime-gpu (instead of onnxruntime) for CUDA/TensorRT, or leave providers=None",
+                param="providers")
     return list(providers)
 
 

@@ -5,6 +5,7 @@ another's private name. tests/runtime/test_layering.py keeps runtime free of exp
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,15 @@ def test_no_module_takes_another_modules_private_name():
     taken = sorted((name, f"{target}.{n}") for name, path in MODULES.items() for target, names in _imports(name, path)
                    for n in names if n.startswith("_") and not n.startswith("__") and _ours(target) not in (None, name))
     assert taken == []
+
+
+def test_the_server_maps_errors_by_type_and_param_never_by_message_text():
+    """runtime/serve turns library errors into HTTP errors by their type and ``param``: a message's
+    wording may change without moving an error to another field or status."""
+    matched = [f"{path.name}:{n}" for path in (ROOT / "runtime" / "serve").glob("*.py")
+               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if re.search(r"str\(exc\)\.(startswith|endswith)|in str\(exc\)|re\.\w+\(.*str\(exc\)", line)]
+    assert matched == []
 
 
 def test_the_check_finds_a_cycle():

@@ -25,13 +25,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine import EngineClosedError, QueueFullError
-from ..errors import InputTooLongError, PolicyError
+from ..errors import InputTooLongError, InvalidArgumentError, PolicyError
 from ..generator import GenerationStream, Generator
 from .chat import ChatTemplate
 from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
 from .protocol import (CHAT, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
                        error_body, openai_finish_reason, parse_chat, parse_completion, policy_error_param,
-                       skipdecode_info, timings, usage)
+                       request_param, skipdecode_info, timings, usage)
 
 log = logging.getLogger("runtime.serve")
 
@@ -177,14 +177,19 @@ class CompletionServer:
         req, messages = parse_chat(body, self.model_id, self.gen.max_batch, self.config.speedup)
         text = self.template.render(messages)
         ids = self.gen.tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds the BOS
-        room = self.gen.max_length - len(ids)
-        max_tokens = req.max_tokens or room  # none given: the rest of the context, as OpenAI
-        if room < 1 or max_tokens > room:
-            raise RequestError(f"the messages take {len(ids)} tokens and max_tokens {max_tokens} more, beyond "
-                               f"this server's {self.gen.max_length} positions per row (--max-length); shorten "
-                               f"the conversation or ask for fewer tokens", "messages",
-                               code="context_length_exceeded")
-        return replace(req, prompts=[ids], max_tokens=max_tokens)
+        limit = self.gen.max_length
+        room = limit - len(ids)
+        if room < 1:
+            raise RequestError(f"the messages take {len(ids)} tokens of this server's {limit} positions per row "
+                               f"(--max-length), which leaves none for the answer; shorten the conversation",
+                               "messages", code="context_length_exceeded")
+        if req.max_tokens and req.max_tokens > room:
+            raise RequestError(f"the messages take {len(ids)} tokens of this server's {limit} positions per row "
+                               f"(--max-length), which leaves {room} for the answer, but max_tokens is "
+                               f"{req.max_tokens}; ask for at most {room} or shorten the conversation",
+                               "max_tokens", code="context_length_exceeded")
+        # none given: the rest of the context, as OpenAI
+        return replace(req, prompts=[ids], max_tokens=req.max_tokens or room)
 
     async def _serve(self, request: Request, fmt, parse) -> Response:
         """A completion or chat request: parse the body, submit it, answer it whole or streamed."""
@@ -232,15 +237,15 @@ class CompletionServer:
             raise RequestError("the server is shutting down; retry on another instance", None, 503,
                                "shutting_down", "server_error") from exc
         except PolicyError as exc:
-            raise RequestError(str(exc), policy_error_param(str(exc), req), code="invalid_policy") from exc
+            raise RequestError(str(exc), policy_error_param(exc, req), code="invalid_policy") from exc
         except InputTooLongError as exc:
             # the runtime's argument is max_new_tokens; say it in the request's terms
             raise RequestError(str(exc).replace("max_new_tokens", "max_tokens"), "max_tokens",
                                code="context_length_exceeded") from exc
-        except ValueError as exc:  # the Generator's argument checks; parse_completion ran most of them
-            if str(exc).startswith("json_schema"):  # the library's word on the response_format's schema
+        except InvalidArgumentError as exc:  # the Generator's argument checks; parse_completion ran most
+            if exc.param == "json_schema":
                 raise RequestError(str(exc), "response_format", code="invalid_json_schema") from exc
-            raise RequestError(str(exc), "prompt" if "prompt" in str(exc) else None) from exc
+            raise RequestError(str(exc), request_param(exc.param)) from exc
 
     async def _complete(self, request: Request, stream: GenerationStream, timer: RequestTimer,
                         req: CompletionRequest, completion: Completion, prompt_tokens: int,

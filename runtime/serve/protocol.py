@@ -8,7 +8,6 @@ HTTP layer on top.
 from __future__ import annotations
 
 import math
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -314,15 +313,22 @@ def _response_format(value) -> dict | None:
     return spec.get("schema", {})
 
 
-def policy_error_param(message: str, request: CompletionRequest) -> str:
-    """The field a PolicyError is about: ``speedup``, or ``policy.<field>`` when its message starts
-    with a policy field's name (SkipPolicy's messages do)."""
+def policy_error_param(exc, request: CompletionRequest) -> str:
+    """The field a PolicyError is about: ``speedup`` when the request set one, else ``policy.<field>``
+    for the policy field its ``param`` names, else ``policy``."""
     if request.speedup is not None:
         return "speedup"
-    first = re.match(r"\w+", message)
-    if first and first.group(0) in POLICY_FIELDS:
-        return f"policy.{first.group(0)}"
-    return "policy"
+    return f"policy.{exc.param}" if exc.param in POLICY_FIELDS else "policy"
+
+
+# The runtime's argument names that the request spells otherwise.
+REQUEST_FIELDS = {"prompts": "prompt", "max_new_tokens": "max_tokens", "stop_strings": "stop",
+                  "json_schema": "response_format"}
+
+
+def request_param(param: str | None) -> str | None:
+    """The request's field for a runtime error's ``param`` (an InvalidArgumentError's)."""
+    return REQUEST_FIELDS.get(param, param)
 
 
 # -- stop sequences --------------------------------------------------------------------------------

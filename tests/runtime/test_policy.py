@@ -71,6 +71,7 @@ def test_impossible_policy_names_the_bound(kwargs, message):
     with pytest.raises(PolicyError) as info:
         SkipPolicy(**kwargs)
     assert message in str(info.value)
+    assert info.value.param == message.split()[0]  # the field, for a caller to map (the server's param)
 
 
 @pytest.mark.parametrize("L, speedup, expected", [
@@ -134,8 +135,9 @@ def test_for_speedup_under_power_decay(speedup, exponent):
     ({"prefill": "half"}, r"prefill must be one of full, policy, got 'half'"),
 ])
 def test_bad_shape_is_a_policy_error(kwargs, message):
-    with pytest.raises(PolicyError, match=message):
+    with pytest.raises(PolicyError, match=message) as info:
         SkipPolicy(12, 8, 4, **kwargs)
+    assert info.value.param == message.split()[0]
     with pytest.raises(PolicyError, match=message):
         SkipPolicy.for_speedup(12, 2, **kwargs)
 

@@ -80,7 +80,11 @@ def test_n_and_no_max_tokens_fill_the_context(chat):
      "messages[0].content", "only text parts"),
     (dict(messages=MESSAGES, max_tokens=4, max_completion_tokens=5), "max_tokens", "disagree"),
     (dict(messages=MESSAGES, top_logprobs=2), "top_logprobs", "needs logprobs: true"),
-    (dict(messages=MESSAGES, max_completion_tokens=60), "messages", "--max-length"),
+    (dict(messages=MESSAGES, max_completion_tokens=60), "max_tokens", "for the answer, but max_tokens is 60; ask"),
+    # no max_tokens and a conversation past the context: what it takes and that none is left, no
+    # negative count of tokens (a user trial got "max_tokens -839 more")
+    (dict(messages=[{"role": "user", "content": "tell me more " * 40}]), "messages",
+     "which leaves none for the answer; shorten"),
     (dict(messages=MESSAGES, tools=[]), "tools", "unrecognized request field"),
 ])
 def test_bad_chat_requests(chat, body, param, words):
@@ -89,3 +93,4 @@ def test_bad_chat_requests(chat, body, param, words):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
+    assert " -" not in err["message"]

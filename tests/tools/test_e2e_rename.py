@@ -26,6 +26,20 @@ def test_the_pools_share_no_word_with_each_other_or_the_e2e_venues():
     assert len(train) > 250 and len(dev) > 250 and not train & dev
 
 
+def test_the_wide_pool_shares_no_word_with_the_dev_pool_and_only_chosen_ones_with_e2e_venues():
+    from tools.e2e.names import SHARED, wide_words
+
+    words = {w.lower() for w in wide_words()}
+    venue_words = {w.lower() for v in VENUES for w in v.split()}
+    assert len(words) > 5000 and not words & (_words("dev") | _words("train") | venue_words)
+    assert {w.lower() for w in SHARED} <= venue_words
+    names = [invent(random.Random(k), "wide") for k in range(300)]
+    assert len(set(names)) > 295 and not set(names) & set(VENUES)
+    # a word of a wide name is one of the pool's, a shared one, a syllable word or a form's own word
+    assert not {w.lower().removesuffix("'s") for n in names for w in n.split()} & (_words("dev") - {"the"})
+    assert sum(any(w in SHARED for w in n.split()) for n in names) > 10  # "Golden Marrow" beside new words
+
+
 def test_rename_text_keeps_a_possessive_and_an_optional_the():
     mapping = {"The Eagle": "Lantern Quay", "Burger King": "The Copper Kettle"}
     assert rename_text(TEXTS[1], mapping) == "Near The Copper Kettle, Lantern Quay's pub is open."

@@ -227,9 +227,9 @@ def main(argv=None) -> int:
                        description=inspect.cleandoc(rename.__doc__).split("\n\n")[0])
     r.add_argument("--data", required=True, help="CSV or JSONL of pairs, gzipped or not")
     r.add_argument("--out", required=True, help="CSV to write")
-    r.add_argument("--pool", choices=("train", "dev"), default="train",
-                   help="the invented names' pool: train for fine-tuning data, dev for a development split "
-                        "(no word in common: a dev split's names stay unseen)")
+    r.add_argument("--pool", choices=("train", "wide", "dev"), default="train",
+                   help="the invented names' pool: train or wide (6,062 words) for fine-tuning data, dev for a "
+                        "development split (no word in common with the others: a dev split's names stay unseen)")
     r.add_argument("--copies", type=int, default=1, help="renamed copies of each MR")
     r.add_argument("--keep-original", action="store_true", help="also write the original pairs")
     for q in (s, i, d, c, r):
