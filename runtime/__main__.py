@@ -188,8 +188,11 @@ def _run(args) -> int:
 
 def _times(s) -> str:
     """What the call waited: the prompt pass, the first token, each token after it, the whole call."""
+    per_request = 1e3 / s.decode_ms_per_token if s.decode_ms_per_token else 0.0
+    batch = (f"; the batch of {s.batch_size}: {s.decode_tokens_per_second:.1f} tokens/s in all"
+             if s.batch_size > 1 else "")
     return (f"prompt {s.prefill_seconds * 1e3:.1f} ms, first token after {s.first_token_seconds * 1e3:.1f} ms, "
-            f"decode {s.decode_ms_per_token:.2f} ms/token ({s.decode_tokens_per_second:.1f} tokens/s, all rows), "
+            f"decode {s.decode_ms_per_token:.2f} ms/token ({per_request:.1f} tokens/s per request{batch}), "
             f"{s.seconds * 1e3:.1f} ms end to end")
 
 

@@ -39,6 +39,12 @@ def _llguidance():
     return llguidance
 
 
+def _one_line(error) -> str:
+    """llguidance's message on one line: a regex error spans several (the pattern, a caret under the
+    fault, the reason), and a CLI error or an HTTP error's message is one line."""
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
 class Structured:
     """One Generator's compiler of schemas into grammars, over its tokenizer (built on first use)."""
 
@@ -75,10 +81,10 @@ class Structured:
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(schema, defaults=LAYOUT)
         except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"json_schema cannot be compiled: {exc}", param="json_schema") from None
+            raise InvalidArgumentError(f"json_schema cannot be compiled: {_one_line(exc)}", param="json_schema") from None
         error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            raise InvalidArgumentError(f"json_schema cannot be compiled: {error}", param="json_schema")
+            raise InvalidArgumentError(f"json_schema cannot be compiled: {_one_line(error)}", param="json_schema")
         return Constraint(llg, tokenizer, grammar, self.vocab_size)
 
 

@@ -48,6 +48,12 @@ def test_plain_output_is_one_line_per_prompt(artifact_dir, capsys):
     out, err = capsys.readouterr()
     assert [line.split(" -> ")[0] for line in out.splitlines()] == ["'Hello, my name is'", "'Paris'"]
     assert "layers per step" in err and "layers per step" not in out
+    # a request's own rate (what each waits per token), the batch's sum apart
+    (time,) = [line for line in err.splitlines() if line.startswith("time: ")]
+    ms = float(time.split("decode ")[1].split(" ms/token")[0])
+    per_request = float(time.split("ms/token (")[1].split(" tokens/s per request")[0])
+    in_all = float(time.split("the batch of 2: ")[1].split(" tokens/s in all")[0])
+    assert per_request == pytest.approx(1e3 / ms, rel=0.01) and in_all == pytest.approx(2 * per_request, rel=0.05)
 
 
 def test_stream_takes_one_prompt_and_not_json(artifact_dir, capsys):

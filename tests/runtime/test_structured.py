@@ -120,6 +120,13 @@ def test_the_cli_takes_a_schema_file(artifact_dir, tmp_path):
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
         "error: --json-schema 'nosuch.json' is neither a JSON object nor a file; pass the schema inline "
         "('{\"type\": \"object\"}') or the path of a .json file")
+    # a schema llguidance cannot compile (its regex error spans three lines): one error line, as the docs promise
+    bad = json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}})
+    done = subprocess.run([sys.executable, "-m", "runtime", str(artifact_dir), "x", "--json-schema", bad,
+                           "--no-check-hashes"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: json_schema cannot be compiled: regex parse error:") and "unclosed group" in line
 
 
 # -- the server's response_format ------------------------------------------------------------------
