@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from runtime import cli
@@ -135,7 +136,9 @@ def main(argv=None) -> int:
 
 
 def _build(args) -> int:
-    from .build import BuildOptions, build
+    """The build's lines (what it loads and writes, the parity table) go to stderr, as its progress
+    bars do, and none with -q; stdout holds the result line alone (`wrote DIR (...)`)."""
+    from .build import BuildOptions, build, result_line
 
     policy = cli.policy_fields(args.speedup, args.max_layers, args.min_layers, args.warmup_layers)
     if args.engine == "trt":
@@ -143,6 +146,7 @@ def _build(args) -> int:
         from engines.builder import TensorRTToolchain
 
         TensorRTToolchain()
+    started = time.perf_counter()
     model = Path(args.model.rstrip("/"))
     out = args.out or str(Path("artifacts") / (model.stem if model.suffix.lower() == ".gguf" else model.name))
     manifest = build(BuildOptions(
@@ -154,16 +158,25 @@ def _build(args) -> int:
         # TensorRT engines run neither copy: auto writes none for them
         **{k: "none" if args.engine == "trt" and v == "auto" else v
            for k, v in (("draft_head", args.draft_head), ("draft_layers", args.draft_layers))},
-        progress=cli.progress(args.quiet)))
+        progress=cli.progress(args.quiet)), log=_stderr_log(args.quiet))
+    print(result_line(Path(out), manifest, time.perf_counter() - started))
     if args.engine == "trt":
         from engines.__main__ import main as engines_main
 
         max_seq = min(1024, manifest.model.max_position_embeddings)
         argv = ["build", out, "--max-seq", str(max_seq)] + (["-q"] if args.quiet else [])
-        print(f"building TensorRT engines: python -m engines {' '.join(argv)}")
+        print(f"building TensorRT engines: python -m engines {' '.join(argv)}", file=sys.stderr)
         return engines_main(argv)
-    print(f"next: python -m export verify {out}")
+    if not args.quiet:
+        print(f"next: python -m export verify {out}", file=sys.stderr)
     return 0
+
+
+def _stderr_log(quiet: bool):
+    """build's ``log``: each line to stderr, or nowhere with -q."""
+    if quiet:
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)
 
 
 def _verify(args) -> int:

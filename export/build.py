@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -160,7 +159,8 @@ def auto_drafts(config: ExportConfig, refusals: dict[str, str]) -> str:
 
 
 def build(options: BuildOptions, log=print) -> Manifest:
-    """Export ``options.model`` into ``options.out``; returns the manifest written."""
+    """Export ``options.model`` into ``options.out``; returns the manifest written. ``log`` takes
+    each line of what the build does (the parity table included); result_line says what it made."""
     out = Path(options.out)
     recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
     remove_leftovers(out)
@@ -179,7 +179,6 @@ def build(options: BuildOptions, log=print) -> Manifest:
             f"Its weights are random, so its text is gibberish; pass --model DIR (a Hugging Face "
             f"checkpoint) for a real model.")
     log(f"loading {source.describe()} as {options.dtype}")
-    started = time.perf_counter()
     hf_model, tokenizer = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed,
                                           progress=options.progress)
     base = checkpoint.adapter_base(source) if source.kind == "adapter" else source  # an adapter's: what it merged into
@@ -299,7 +298,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    size = sum(e["bytes"] for e in manifest.files.values())
-    log(f"wrote {out} ({len(specs)} graphs, {size / 1e6:.1f} MB) in "
-        f"{time.perf_counter() - started:.1f}s")
     return manifest
+
+
+def result_line(out: Path, manifest: Manifest, seconds: float) -> str:
+    """What a build made: the line ``export build`` prints on stdout, -q or not."""
+    size = sum(e["bytes"] for e in manifest.files.values())
+    return f"wrote {out} ({len(manifest.graphs)} graphs, {size / 1e6:.1f} MB) in {seconds:.1f}s"

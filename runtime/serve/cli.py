@@ -2,7 +2,7 @@
 
 Every startup error (a bad option, a port in use, a host that does not resolve, a broken artifact)
 is one ``error:`` line and exit 2, before anything claims to be serving: the listening socket is
-bound before the model loads, and "serving on" is printed once it is."""
+bound before the model loads, and "serving 'MODEL' (...) on http://HOST:PORT" is printed once it is."""
 
 from __future__ import annotations
 

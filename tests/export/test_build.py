@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import re
 import shutil
 
 import numpy as np
@@ -206,7 +207,15 @@ def test_cli_build_and_verify(checkpoint_dir, tmp_path, capsys):
     out = tmp_path / "cli"
     assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "-q", "--speedup", "2"]) == 0
     assert json.loads((out / MANIFEST_NAME).read_text())["policy"]["min_layers"] < 6
-    capsys.readouterr()
+    # -q: the result line alone, on stdout (what a script captures)
+    printed = capsys.readouterr()
+    assert re.fullmatch(rf"wrote {re.escape(str(out))} \(\d+ graphs, [\d.]+ MB\) in [\d.]+s\n", printed.out)
+    assert printed.err == ""
+    # without it: what the build does and its parity table on stderr, stdout the same one line
+    assert export_main(["build", "--model", str(checkpoint_dir), "--out", str(out), "--speedup", "2"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith("wrote ") and printed.out.count("\n") == 1
+    assert "loading " in printed.err and "max |diff|" in printed.err and "next: python -m export verify" in printed.err
     assert export_main(["verify", str(out), "-q"]) == 0
     report = capsys.readouterr().out
     assert "full depth vs transformers: 3 prompts, 16 new tokens, greedy: identical tokens" in report
