@@ -19,20 +19,24 @@ from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
 KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
-SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
+SAMPLING = ("temperature", "top_k", "top_p")
+MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 32, 256  # a chat's answers run to EOS: a paragraph fits  # the options that only apply with --do-sample
 
 
 def _parser():
     p = cli.parser("python -m runtime", "Generate text from an exported artifact with SkipDecode.",
                    epilog="python -m runtime serve DIR ...: an OpenAI-compatible server (see its --help)")
     p.add_argument("directory", help="artifact directory written by `python -m export build`")
-    p.add_argument("prompts", nargs="+", help="one or more prompts, run as one batch")
+    p.add_argument("prompts", nargs="*", help="one or more prompts, run as one batch (none, with --chat: "
+                                              "an interactive chat)")
     chat = p.add_argument_group("chat (an instruct model: each prompt becomes a user turn)")
     chat.add_argument("--chat", action="store_true",
                       help="render each prompt as one user message through the model's chat template "
                            "(as the server's /v1/chat/completions and transformers' apply_chat_template)")
     chat.add_argument("--system", metavar="TEXT", help="a system message before each user turn (with --chat)")
-    cli.add_max_new_tokens(p, 32, "tokens to generate per prompt", aliases=("--new-tokens", "--max-new", "--max-tokens"))
+    cli.add_max_new_tokens(p, None, f"tokens to generate per prompt: {MAX_NEW_TOKENS} unless given, an interactive "
+                                    f"chat's answers {CHAT_MAX_NEW_TOKENS}",
+                           aliases=("--new-tokens", "--max-new", "--max-tokens"))
     pol = p.add_argument_group("skip policy (default: the artifact's, full depth unless set at export)")
     pol.add_argument("--speedup", type=float,
                      help="horizon speedup target (layers / mean budget over the policy's horizon); "
@@ -108,8 +112,13 @@ def _sampling(args) -> dict:
 def _chat_prompts(gen, prompts: list[str], system: str | None) -> list[str]:
     """Each prompt as one user turn (after ``system``), rendered by the artifact's chat template
     with the assistant's turn opened, as the server renders ``messages``."""
-    from pathlib import Path
+    template = _chat_template(gen)
+    head = [{"role": "system", "content": system}] if system is not None else []
+    return [template.render(head + [{"role": "user", "content": p}]) for p in prompts]
 
+
+def _chat_template(gen):
+    """The artifact's chat template, or an error that says why there is none."""
     try:
         from .serve.chat import ChatTemplate
 
@@ -120,8 +129,7 @@ def _chat_prompts(gen, prompts: list[str], system: str | None) -> list[str]:
     if template is None:
         raise InvalidArgumentError("--chat needs a chat template, and this artifact's tokenizer has none (its "
                                    "checkpoint is not a chat model); leave out --chat")
-    head = [{"role": "system", "content": system}] if system is not None else []
-    return [template.render(head + [{"role": "user", "content": p}]) for p in prompts]
+    return template
 
 
 def _print_text(event) -> None:
@@ -130,6 +138,11 @@ def _print_text(event) -> None:
 
 def _run(args) -> int:
     policy = cli.policy_fields(args.speedup, args.max_layers, args.min_layers, args.warmup_layers)
+    if not args.prompts and not args.chat:
+        raise InvalidArgumentError("give one or more prompts, or --chat alone for an interactive chat")
+    if not args.prompts and (args.json or args.compare):
+        raise InvalidArgumentError(f"--{'json' if args.json else 'compare'} needs prompts; an interactive chat "
+                                   f"(--chat without prompts) streams its answers")
     if args.stream and len(args.prompts) > 1:
         raise InvalidArgumentError(f"--stream prints one prompt's text as it comes, got {len(args.prompts)} "
                                    f"prompts; pass one, or leave out --stream (or use --json) for several")
@@ -137,15 +150,22 @@ def _run(args) -> int:
         raise InvalidArgumentError("--system goes with --chat (a system message of a chat); add --chat")
     sampling = _sampling(args)
     # None: the prompts' number; 0 or less goes to load, which refuses it as the API does
-    max_batch = min(len(args.prompts), DEFAULT_MAX_BATCH) if args.max_batch is None else args.max_batch
+    max_batch = min(max(len(args.prompts), 1), DEFAULT_MAX_BATCH) if args.max_batch is None else args.max_batch
     gen = load(args.directory, backend=args.backend, check_hashes=not args.no_check_hashes,
                max_batch=max_batch, prefill_chunk=args.prefill_chunk, batch_invariant=args.batch_invariant,
                **cli.backend_options(args))
     try:
-        texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
-        config = GenerationConfig(args.max_new_tokens, policy=policy, decay=args.decay,
+        limit = args.max_new_tokens
+        if limit is None:  # a chat's history needs room beside its answers
+            limit = MAX_NEW_TOKENS if args.prompts else min(CHAT_MAX_NEW_TOKENS, gen.max_length // 2)
+        config = GenerationConfig(limit, policy=policy, decay=args.decay,
                                   exponent=args.exponent, prefill=args.prefill, lossless=args.lossless, ignore_eos=args.ignore_eos,
                                   stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
+        if not args.prompts:  # --chat alone
+            from .chat_session import ChatSession, run
+
+            return run(ChatSession(gen, _chat_template(gen), config, args.system))
+        texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         full = _full_depth(gen, texts, config) if args.compare else None
         result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)
     finally:
