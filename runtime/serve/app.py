@@ -29,7 +29,7 @@ from ..errors import InputTooLongError, InvalidArgumentError, PolicyError
 from ..generator import GenerationStream, Generator
 from .chat import ChatTemplate
 from .metrics import CountRequests, Metrics, RequestTimer, speedup_label
-from .protocol import (CHAT, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
+from .protocol import (CHAT, JSON_MAX_TOKENS, TEXT, Completion, CompletionRequest, RequestError, StopHoldback, completion_response,
                        error_body, openai_finish_reason, parse_chat, parse_completion, policy_error_param,
                        request_param, skipdecode_info, timings, usage)
 
@@ -160,8 +160,17 @@ class CompletionServer:
         return JSONResponse(self._model_card())
 
     async def completions(self, request: Request) -> Response:
-        return await self._serve(request, TEXT, lambda body: parse_completion(
-            body, self.model_id, self.gen.max_batch, self.config.default_max_tokens, self.config.speedup))
+        return await self._serve(request, TEXT, self._completion_request)
+
+    def _completion_request(self, body) -> CompletionRequest:
+        req = parse_completion(body, self.model_id, self.gen.max_batch, self.config.default_max_tokens,
+                               self.config.speedup)
+        if req.max_tokens:
+            return req
+        # a JSON answer with no max_tokens: JSON_MAX_TOKENS, or what the longest prompt leaves
+        longest = max(len(p) if not isinstance(p, str) else len(self.gen.tokenizer(p)["input_ids"])
+                      for p in req.prompts)
+        return replace(req, max_tokens=max(1, min(JSON_MAX_TOKENS, self.gen.max_length - longest)))
 
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, CHAT, self._chat_request)
@@ -317,7 +326,7 @@ class CompletionServer:
             if req.include_usage and stream.result is not None:
                 yield chunk({**completion.envelope([], chunk=True), "usage": usage(prompt_tokens, stream.result),
                              "timings": timings(prompt_tokens, stream.result),
-                             "skipdecode": skipdecode_info(stream.result)})
+                             "skipdecode": skipdecode_info(stream.result, req)})
         except EngineClosedError as exc:
             yield chunk(error_body(str(exc), "server_error", code="shutting_down"))
         except Exception as exc:  # noqa: BLE001 - the headers are out: report in the stream

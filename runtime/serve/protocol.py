@@ -149,6 +149,9 @@ def _prompts(prompt) -> list:
                        f"list of token-id lists, got {prompt!r}", "prompt")
 
 
+JSON_MAX_TOKENS = 256  # /v1/completions' max_tokens with a JSON response_format and none given, context allowing
+
+
 def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: int = 16,
                      default_speedup: float | None = None) -> CompletionRequest:
     """Check a decoded JSON body; raise RequestError naming the first field that is wrong."""
@@ -162,7 +165,10 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
     if echo and logprobs is not None:
         raise RequestError("echo with logprobs is not supported: the runtime computes no log-probabilities "
                            "for prompt tokens; send echo or logprobs, not both", "echo", code="unsupported")
-    max_tokens = _int(body, "max_tokens", default_max_tokens, 1)
+    # a JSON answer needs room for a whole document: 16 tokens (OpenAI's default) cut most objects
+    # short; 0 here, and the server gives it JSON_MAX_TOKENS or what the context leaves
+    json_format = isinstance(body.get("response_format"), dict) and body["response_format"].get("type") != "text"
+    max_tokens = _int(body, "max_tokens", 0 if json_format else default_max_tokens, 1)
     return _request(body, prompts, max_tokens, max_batch, default_speedup, echo=echo, logprobs=logprobs)
 
 
@@ -457,17 +463,22 @@ def usage(prompt_tokens: int, result: GenerationResult) -> dict:
             "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
 
 
-def skipdecode_info(result: GenerationResult) -> dict:
+def skipdecode_info(result: GenerationResult, req: CompletionRequest) -> dict:
     """This request's layers: ``layers_per_token[g]`` is the number of decoder layers the g-th
     generated token ran through (the policy's step g; the first token itself comes from the
     full-depth prompt pass, the last one is never run). The rows of a multi-prompt request step
-    together, so each choice's list is a prefix of this one."""
+    together, so each choice's list is a prefix of this one. ``warnings``: what the choices' finish
+    reasons alone do not say (a JSON answer that max_tokens cut short does not parse)."""
     stats = result.stats
+    cut = [i for i, reason in enumerate(result.finish_reasons) if reason == "length"] if req.json_schema else []
+    warnings = [f"choice {i}: max_tokens ({req.max_tokens}) ended its JSON before the document did, so it does "
+                f"not parse (finish_reason \"length\"); ask for more max_tokens" for i in cut]
     return {"policy": result.policy.to_dict(), "num_layers": stats.num_layers,
             "layers_per_token": stats.layers_per_step,
             "layer_reduction": round(stats.layer_reduction, 4),
             "achieved_layer_ratio": round(stats.achieved_layer_ratio, 4),
-            **({} if not stats.verify_passes else {"lossless": stats.lossless_dict()})}
+            **({} if not stats.verify_passes else {"lossless": stats.lossless_dict()}),
+            **({"warnings": warnings} if warnings else {})}
 
 
 def timings(prompt_tokens: int, result: GenerationResult) -> dict:
@@ -539,4 +550,4 @@ def completion_response(completion: Completion, result: GenerationResult, req: C
         text = text if reason == "length" else cut_stop(text, req.stop)
         choices.append(fmt.choice(i, echoes[i] + text, openai_finish_reason(reason), logprobs))
     return {**completion.envelope(choices), "usage": usage(prompt_tokens, result),
-            "timings": timings(prompt_tokens, result), "skipdecode": skipdecode_info(result)}
+            "timings": timings(prompt_tokens, result), "skipdecode": skipdecode_info(result, req)}

@@ -164,6 +164,29 @@ def test_response_format_constrains_every_choice(server, gen, fmt, schema):
             assert fmt["type"] == "json_object" and c["text"].startswith("{")
 
 
+def test_a_json_answer_cut_short_says_so_and_none_asked_gets_room(server, gen):
+    """OpenAI's convention: finish_reason "length" on a JSON answer means it may not parse; the
+    response says so in words, and a request without max_tokens gets room for a document rather
+    than the 16 tokens of a text completion."""
+    schema = SCHEMAS["enum and integer range"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    out = server.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 3, "temperature": 0,
+                                               "response_format": fmt}).json()
+    assert out["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(ValueError):
+        json.loads(out["choices"][0]["text"])
+    assert out["skipdecode"]["warnings"] == [
+        'choice 0: max_tokens (3) ended its JSON before the document did, so it does not parse (finish_reason '
+        '"length"); ask for more max_tokens']
+    out = server.post("/v1/completions", json={"prompt": PROMPTS[0], "temperature": 0, "response_format": fmt}).json()
+    assert out["choices"][0]["finish_reason"] == "stop" and "warnings" not in out["skipdecode"]
+    jsonschema.validate(json.loads(out["choices"][0]["text"]), schema)
+    assert out["usage"]["completion_tokens"] > 16  # the document needed more than a text completion's default
+    # free text keeps OpenAI's default of 16
+    out = server.post("/v1/completions", json={"prompt": PROMPTS[0], "temperature": 0, "ignore_eos": True}).json()
+    assert out["usage"]["completion_tokens"] == 16
+
+
 @pytest.mark.parametrize("fmt, param, words", [
     ({"type": "xml"}, "response_format", 'response_format must be {"type": "text"}, {"type": "json_object"} or'),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}, "response_format.json_schema",
