@@ -199,3 +199,14 @@ def test_a_models_own_policies_per_speedup_are_checked():
         speedup_policies(default, {"2": {"max_layers": 17}})
     with pytest.raises(PolicyError, match=r"min_layers \(13\) must be <= max_layers \(12\)"):
         speedup_policies(default, {"2": {"max_layers": 12, "min_layers": 13}})
+
+
+@pytest.mark.parametrize("policy, budgets", [
+    # the linear decay lands on x.5 here: half rounds up (floor(x + 0.5)), never to the even neighbour
+    # as Python's round() would (step 1: 4.5 -> 5, not 4; 6.5 -> 7, not 6)
+    (SkipPolicy(6, 5, 4, horizon=3), [5, 5, 4, 4]),
+    (SkipPolicy(12, 8, 5, horizon=3), [8, 7, 5, 5]),
+    (SkipPolicy(12, 9, 5, horizon=3), [9, 7, 5]),
+])
+def test_a_budget_halfway_between_two_layer_counts_rounds_up(policy, budgets):
+    assert [policy.budget(g) for g in range(len(budgets))] == budgets

@@ -161,6 +161,8 @@ def test_training_lowers_the_loss_and_resume_replays_it_exactly(tiny_dir, tmp_pa
     val = [r["val_loss"] for r in log if "val_loss" in r]
     assert len(val) == 3 and set(val[0]) == {"1x", "2x", "3x"}
     assert all(val[-1][k] < val[0][k] for k in val[0])
+    start, trained = _weights(tiny_dir), _weights(out)  # the weights moved (a learning rate of 0 fails here)
+    assert sum(not torch.equal(start[k], trained[k]) for k in start) > len(start) // 2
     meta = json.loads((out / "skipdecode.json").read_text())
     assert meta["horizon"] == 8 and meta["speedups"] == [1.0, 2.0, 3.0]
     assert meta["policies"][1] == SkipPolicy.for_speedup(6, 2.0, horizon=8).to_dict()
