@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from export import checkpoint
+from runtime.errors import ModelNotFoundError
 from runtime.models import family_of
 from runtime.models.published import PUBLISHED
 
@@ -43,7 +44,8 @@ def test_random_weights_build_the_real_shape_with_a_matching_tokenizer():
 
 
 def test_unknown_alias_lists_the_llama_family_ones():
-    with pytest.raises(Exception, match="qwen3-0.6b"):
+    with pytest.raises(ModelNotFoundError, match=r"random weights need a known architecture, got 'qwen9-7b'; "
+                                                 r"use one of: .*llama-3.2-1b, .*qwen3-0.6b"):
         checkpoint.resolve("qwen9-7b", random_weights=True)
 
 
