@@ -13,6 +13,7 @@ from export import checkpoint
 from export.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, apply
 from tests.families import save_tiny_checkpoint
 from tests.tools.test_finetune import _config, tiny_dir  # noqa: F401  (a fixture)
+from tools.finetune.skip import PolicySampler
 from tools.finetune.train import TrainError, train
 
 pytest.importorskip("peft")
@@ -150,7 +151,54 @@ def skip_forward_full(skip, batch):
     return logits[batch.labels != -100]
 
 
+def test_skipping_only_adapters_leave_the_prompt_and_full_depth_as_they_were(tmp_path):
+    """--skipping-only: where no token skips (a full-depth row, a prompt's positions) the model is
+    the starting one to the bit; a skipping row's generated positions see the adapters."""
+    from transformers import AutoModelForCausalLM
+
+    from runtime.models import skip_model
+    from tools.finetune import lora
+    from tools.finetune.skip import layer_mask, skip_forward
+    from tools.finetune.train import skipping_gate
+
+    tiny = save_tiny_checkpoint(tmp_path / "llama", "llama3")
+    batch = _one_batch(tiny)
+    model = lora.inject(AutoModelForCausalLM.from_pretrained(tiny), 4, 8.0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p)
+    skip = skip_model(model).eval()
+    B, T = batch.input_ids.shape
+    policies = PolicySampler(skip.num_layers, (1.0, 2.0), horizon=6).policies()
+    rows = [policies[b % 2] for b in range(B)]  # full depth and 2x, alternately
+    gate = skipping_gate(rows, batch.prompt_lens, T)
+    assert gate[0].sum() == 0 and gate[1, : int(batch.prompt_lens[1])].sum() == 0 and gate[1].sum() > 0
+    mask = layer_mask(rows, batch.prompt_lens, T)
+    with torch.no_grad():
+        with lora.gated(model, gate):
+            gated = skip_forward(skip, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
+        with lora.disabled(model):
+            base = skip_forward(skip, batch.input_ids, batch.attention_mask, mask)
+    assert torch.equal(gated[0], base[0])  # the full-depth row: the starting model exactly
+    p = int(batch.prompt_lens[1])
+    assert torch.equal(gated[1, :p], base[1, :p])  # the skipping row's prompt too
+    assert not torch.allclose(gated[1, p:], base[1, p:], atol=1e-3)  # its generated tokens are adapted
+
+
+def test_a_skipping_only_run_trains_the_skipping_policy(tmp_path):
+    tiny = save_tiny_checkpoint(tmp_path / "llama", "llama3")
+    out = train(_config(tiny, tmp_path, epochs=4, speedups=(2.0,), horizon=6, lora_rank=4, lr=1e-2,
+                        skipping_only=True))
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    val = [r["val_loss"]["2x"] for r in log if "val_loss" in r]
+    assert val[-1] < val[0]
+    assert json.loads((out / "skipdecode.json").read_text())["trained_from"][-1]["skipping_only"] is True
+
+
 @pytest.mark.parametrize("kw, message", [
+    (dict(skipping_only=True), "--skipping-only needs --lora-rank"),
+    (dict(skipping_only=True, lora_rank=2, speedups=(1.0,)), "--skipping-only trains the adapters on the tokens "
+                                                              "that skip layers, and --speedups has no policy"),
     (dict(distill=0.5), "--distill needs --lora-rank: the teacher is the starting model"),
     (dict(distill=1.5, lora_rank=2), r"--distill 1.5: the KL term's share of the loss lies in \[0, 1\]"),
 ])

@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                         "full-depth predictions at each target token (self-distillation: the policies learn "
                         "what full depth would say, full depth stays close to the model it was), 1 - W the "
                         "cross-entropy on the targets (0: cross-entropy alone)")
+    p.add_argument("--skipping-only", action="store_true",
+                   help="with --lora-rank: the adapters act only on the tokens that skip layers; the prompt's pass "
+                        "and full depth stay the starting model exactly (for export build --draft-adapter: "
+                        "the adapted layers become a lossless row's drafts)")
     p.add_argument("--lora-alpha", type=float, help="LoRA's alpha: the adapters are scaled by alpha / R (default: 2 R)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
         prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha, distill=args.distill,
+        lora_alpha=args.lora_alpha, distill=args.distill, skipping_only=args.skipping_only,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -83,6 +83,26 @@ def disabled(model: nn.Module):
             m.enable_adapters(True)  # (makes the adapters trainable again, as they were)
 
 
+@contextlib.contextmanager
+def gated(model: nn.Module, gate: torch.Tensor | None):
+    """Inside the block, each adapter's contribution at position (b, t) is scaled by ``gate[b, t]``
+    (B, T), 0 where the base weights alone apply: the adapters of a ``--skipping-only`` run act on
+    the tokens that skip layers and nowhere else. None: everywhere, as without this block."""
+    if gate is None:
+        yield model
+        return
+    from peft.tuners.lora import LoraLayer
+
+    scale = gate[..., None].to(next(model.parameters()).dtype)  # (B, T, 1)
+    hooks = [b.register_forward_hook(lambda module, args, out: out * scale)
+             for m in model.modules() if isinstance(m, LoraLayer) for b in m.lora_B.values()]
+    try:
+        yield model
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def merge(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight (W + B A * alpha / r) and put the plain nn.Linear back,
     so ``save_pretrained`` writes an ordinary checkpoint."""

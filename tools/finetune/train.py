@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from export.build import swap_into_place
 from export.checkpoint import SKIPDECODE_JSON
@@ -58,6 +59,8 @@ class TrainConfig:
     # its MR (tools.evaluate.slots): 28% of the references drop or invent a slot, and teach it
     lora_rank: int = 0  # 0: full fine-tuning; R > 0: LoRA adapters of rank R on every decoder linear layer
     lora_alpha: float | None = None  # LoRA's scale numerator (scale = alpha / rank); None: 2 * rank
+    skipping_only: bool = False  # LoRA: the adapters act only on tokens that skip layers (the prompt's
+    # pass and full depth stay the starting model): adapters for export build --draft-adapter
     distill: float = 0.0  # LoRA: the loss's share of KL(the starting model at full depth || the row's
     # policy) over the target tokens; the rest is cross-entropy on the targets (0: it alone, 1: no targets)
     lr: float = 5e-4
@@ -140,12 +143,15 @@ def faithful_pairs(pairs: list, source: str) -> list:
 
 
 def masked_loss(model: SkipModel, batch, policies, teacher: torch.Tensor | None = None,
-                distill: float = 0.0) -> tuple[torch.Tensor, int]:
+                distill: float = 0.0, skipping_only: nn.Module | None = None) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of ``batch``, each row under its policy; with
     ``teacher`` (the target tokens' logits, ``teacher_logits``), ``distill`` of it is the KL from
-    the teacher's distributions instead."""
+    the teacher's distributions instead. ``skipping_only``: the model holding the LoRA adapters,
+    which then act only where a token skips layers (``skipping_gate``)."""
     mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1]).to(batch.input_ids.device)
-    logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
+    gate = None if skipping_only is None else skipping_gate(policies, batch.prompt_lens, batch.input_ids.shape[1])
+    with lora.gated(skipping_only, None if gate is None else gate.to(batch.input_ids.device)):
+        logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
     targets = batch.labels != -100  # (B, T)
     n = int(targets.sum())
     loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
@@ -154,6 +160,16 @@ def masked_loss(model: SkipModel, batch, policies, teacher: torch.Tensor | None 
         kl = F.kl_div(student, F.log_softmax(teacher.float(), dim=-1), log_target=True, reduction="batchmean")
         loss = (1 - distill) * loss + distill * kl
     return loss, n
+
+
+def skipping_gate(policies, prompt_lens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(B, T) float: 1 at the positions that decode under a skipping policy (the generated tokens of
+    a row whose policy is not full depth), 0 elsewhere: the prompt's pass and every full-depth step
+    stay the starting model's, as the original layers run them when export build writes the adapted
+    layers as a lossless row's drafts alone (--draft-adapter)."""
+    positions = torch.arange(seq_len)[None, :]  # (1, T)
+    skipping = torch.tensor([not p.is_full_depth for p in policies])[:, None]  # (B, 1)
+    return ((positions >= prompt_lens.cpu()[:, None]) & skipping).float()
 
 
 @torch.no_grad()
@@ -175,7 +191,7 @@ def teacher_logits(model: torch.nn.Module, skip: SkipModel, batch) -> torch.Tens
 
 @torch.no_grad()
 def evaluate_loss(model: SkipModel, items: list[Encoded], sampler: PolicySampler, pad_id: int,
-                  batch_size: int, device) -> dict[str, float]:
+                  batch_size: int, device, skipping_only: nn.Module | None = None) -> dict[str, float]:
     """Validation loss per policy of the sampler: {"2x": loss, ...}."""
     was_training = model.training
     model.eval()
@@ -184,7 +200,7 @@ def evaluate_loss(model: SkipModel, items: list[Encoded], sampler: PolicySampler
         total, count = 0.0, 0
         for batch in batches(items, batch_size, pad_id, shuffle=False, rng=random.Random(0)):
             batch = batch.to(device)
-            loss, n = masked_loss(model, batch, [policy] * batch.input_ids.shape[0])
+            loss, n = masked_loss(model, batch, [policy] * batch.input_ids.shape[0], skipping_only=skipping_only)
             total += float(loss) * n
             count += n
         result[f"{speedup:g}x"] = total / max(count, 1)
@@ -233,6 +249,12 @@ def train(cfg: TrainConfig) -> Path:
         raise TrainError(f"--lora-rank {cfg.lora_rank}: a rank is a positive number of dimensions (0: full fine-tuning)")
     if not 0.0 <= cfg.distill <= 1.0:
         raise TrainError(f"--distill {cfg.distill:g}: the KL term's share of the loss lies in [0, 1]")
+    if cfg.skipping_only and not cfg.lora_rank:
+        raise TrainError("--skipping-only needs --lora-rank: it gates adapters, which full fine-tuning has none "
+                         "of; add --lora-rank 16")
+    if cfg.skipping_only and all(s == 1 for s in cfg.speedups):
+        raise TrainError("--skipping-only trains the adapters on the tokens that skip layers, and --speedups "
+                         "has no policy that skips; add one (--speedups 1.5 2)")
     if cfg.distill and not cfg.lora_rank:
         raise TrainError("--distill needs --lora-rank: the teacher is the starting model, which the run "
                          "reads with its adapters off (full fine-tuning keeps no copy of it); add --lora-rank 16")
@@ -298,7 +320,8 @@ def train(cfg: TrainConfig) -> Path:
                     "model": cfg.model, "train": cfg.train, "epochs": cfg.epochs,
                     "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss,
                     "max_steps": cfg.max_steps, "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
-                    "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {})}],
+                    "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {}),
+                    **({"skipping_only": True} if cfg.skipping_only else {})}],
                 **cfg.extra}
 
     # the adapters' base as export resolves it from anywhere: an alias or hub id as given, a path absolute
@@ -340,7 +363,8 @@ def train(cfg: TrainConfig) -> Path:
             torch.manual_seed(cfg.seed * 1000003 + step)  # dropout
             batch = batch.to(device)
             teacher = teacher_logits(model, skip, batch) if cfg.distill else None
-            loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng), teacher, cfg.distill)
+            loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng), teacher, cfg.distill,
+                                  model if cfg.skipping_only else None)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -353,7 +377,8 @@ def train(cfg: TrainConfig) -> Path:
             log.write(json.dumps({"step": step, "epoch": epoch + 1, "loss": round(value, 5),
                                   "lr": scheduler.get_last_lr()[0]}) + "\n")
             if val_items and (step % val_every == 0 or step == total_steps):
-                val_loss = evaluate_loss(skip, val_items, sampler, pad_id, cfg.batch_size, device)
+                val_loss = evaluate_loss(skip, val_items, sampler, pad_id, cfg.batch_size, device,
+                                         model if cfg.skipping_only else None)
                 score = selection_score(val_loss)
                 improved = best is None or score < best["score"]
                 if improved and cfg.select_best:
