@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="also a copy of each fused layer graph at these weights, which lossless rows' drafts run "
                         "(ONNX Runtime's CPU provider; verify passes keep running the float layers, so tokens "
                         "do not change); default auto: int8 where the fused float32 layers are written, else none")
+    q.add_argument("--draft-adapter", metavar="DIR",
+                   help="a LoRA adapter over the same base (tools.finetune --lora-rank R --skipping-only): the "
+                        "draft layers hold the layers with it merged, so lossless rows draft with weights tuned "
+                        "for skipping while every kept token comes from the model's own layers")
     pol = b.add_argument_group("default skip policy recorded in the manifest (default: full depth)")
     pol.add_argument("--speedup", type=float, help="pick min/max layers for this horizon speedup (docs/design.md section 1)")
     pol.add_argument("--max-layers", type=int, help="layer budget of the first generated token")
@@ -158,6 +162,7 @@ def _build(args) -> int:
         # TensorRT engines run neither copy: auto writes none for them
         **{k: "none" if args.engine == "trt" and v == "auto" else v
            for k, v in (("draft_head", args.draft_head), ("draft_layers", args.draft_layers))},
+        draft_adapter=args.draft_adapter,
         progress=cli.progress(args.quiet)), log=_stderr_log(args.quiet))
     print(result_line(Path(out), manifest, time.perf_counter() - started))
     if args.engine == "trt":

@@ -58,6 +58,10 @@ class BuildOptions:
     # (``auto_drafts``), "none": no copies
     draft_head: str = "auto"
     draft_layers: str = "auto"
+    # a LoRA adapter over the same base whose merged layers the draft copies hold instead of the
+    # model's own (tools.finetune --skipping-only trains one): drafts skip with weights tuned for
+    # it while every kept token comes from the model's own float layers
+    draft_adapter: str | None = None
 
 
 def _token_id(value, fallback=None) -> int:
@@ -206,7 +210,11 @@ def build(options: BuildOptions, log=print) -> Manifest:
     for name in ("draft_head", "draft_layers"):  # asked for, and not possible here
         if getattr(config, name) != "none" and name in refusals:
             raise InvalidArgumentError(refusals[name])
-    trained = checkpoint.skipdecode_training(source)
+    draft_model, trained = None, checkpoint.skipdecode_training(source)
+    if options.draft_adapter is not None:
+        draft_model, draft_source = _draft_model(options.draft_adapter, base, config, options, log)
+        # the horizon and policies the drafts were trained for, where the model itself has none
+        trained = trained or checkpoint.skipdecode_training(draft_source)
     if trained:
         log(f"fine-tuned under SkipDecode for speedups {trained.get('speedups')} over a "
             f"{trained.get('horizon')}-step horizon: the manifest keeps that horizon")
@@ -226,7 +234,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
                        else None)
             for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx",
                              unit="graph", disable=not options.progress):
-                specs.append(export_graph(model, spec, tmp, config, weights))
+                specs.append(export_graph(model, spec, tmp, config, weights, draft_model))
         why_not = config.fused_reason(hf_model.config)
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
@@ -259,8 +267,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
                 for r in done:
                     log(f"  {r.line()}")
                 results += done
-            done = [parity.compare_draft_layer(d, parity.draft_layer_cases(model, s, d, tmp, config.draft_layers,
-                                                                           config.page_size),
+            done = [parity.compare_draft_layer(d, parity.draft_layer_cases(draft_model or model, s, d, tmp,
+                                                                           config.draft_layers, config.page_size),
                                                tmp, options.dtype, config.draft_layers, config.page_size)
                     for s, d in tqdm(list(zip(specs[1:-1], drafts)), desc="check draft layers", unit="graph",
                                      disable=not options.progress or not drafts)]
@@ -288,7 +296,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
             kv_cache={"layout": KV_LAYOUT, "page_size": config.page_size},
             source={"model": options.model, "kind": source.kind, "location": source.location,
                     "seed": options.seed, "torch": torch.__version__, **gguf_entry,
-                    **({"base": base.location} if base is not source else {})},
+                    **({"base": base.location} if base is not source else {}),
+                    **({"draft_adapter": str(options.draft_adapter)} if draft_model is not None else {})},
             checks=checks, fused=fused, draft_head=draft, draft_layers=drafts, embed_table=embed_table,
             weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
                      **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})
@@ -299,6 +308,28 @@ def build(options: BuildOptions, log=print) -> Manifest:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _draft_model(spec: str, base, config: ExportConfig, options: BuildOptions, log):
+    """The skip-aware model of ``--draft-adapter`` and its source: the adapter merged into the
+    model's own base (``base``), at the export's dtype. Refused unless draft layers are written and the adapter's base is the
+    model's."""
+    source = checkpoint.resolve(spec)
+    if source.kind != "adapter":
+        raise InvalidArgumentError(f"--draft-adapter {spec}: not a LoRA adapter directory (adapter_config.json "
+                                   f"and adapter_model.safetensors); tools.finetune --lora-rank R writes one",
+                                   param="draft_adapter")
+    if config.draft_layers == "none":
+        raise InvalidArgumentError(f"--draft-adapter {spec} goes into the draft layers, and this build writes none "
+                                   f"(--draft-layers none, or layers that cannot have them); drop one of the two",
+                                   param="draft_adapter")
+    if checkpoint.adapter_base(source).location != base.location:
+        raise InvalidArgumentError(f"--draft-adapter {spec} was trained over {checkpoint.adapter_base(source).location}, "
+                                   f"not over this model's {base.location}; drafts must share the model's base",
+                                   param="draft_adapter")
+    hf_draft, _ = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed, progress=options.progress)
+    log(f"draft layers hold {spec} merged into {base.describe()} (the float layers stay the model's own)")
+    return skip_model(hf_draft), source
 
 
 def result_line(out: Path, manifest: Manifest, seconds: float) -> str:

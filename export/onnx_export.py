@@ -154,40 +154,20 @@ def example_inputs(model: SkipModel, spec: GraphSpec, batch: int, sequence: int,
 
 
 def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: ExportConfig,
-                 weights: SharedWeights | None = None) -> GraphSpec:
+                 weights: SharedWeights | None = None, draft_model: SkipModel | None = None) -> GraphSpec:
     """Trace one graph into ``directory/spec.file``, its large weights into ``weights`` (the
     artifact's shared file; None keeps them inside the graph); returns the spec with data_file set
-    when the graph references the shared file."""
+    when the graph references the shared file. ``draft_model``: the model whose layers a layer's
+    draft copy holds (export build --draft-adapter), else ``model``'s own."""
     import onnx
 
     module = graph_module(model, spec.name)
-    # A layer's valid past ends inside its fourth page (so a page of one position still gives a
-    # past_sequence >= 7, distinct from batch and sequence); the embedding's stays inside tiny
-    # models' positions.
-    page, pages = config.page_size, _EXAMPLE["pages"]
-    past = (pages - 1) * page + 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
-    inputs = example_inputs(model, spec, _EXAMPLE["batch"], _EXAMPLE["sequence"], past, page)
-    dynamic_axes = {t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)}
-                    for t in [*spec.inputs, *spec.outputs]}
     weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     if weights is None and weight_bytes > PROTOBUF_LIMIT * 0.9:
         raise ValueError(
             f"graph {spec.name} holds {weight_bytes / 1e9:.2f} GB of weights, over protobuf's 2 GB "
             f"limit for a self-contained .onnx file; export with external_data='shared'")
-    # Trace into a scratch folder: over 2 GB the exporter scatters one file per tensor there.
-    scratch = directory / f".scratch-{spec.name}"
-    scratch.mkdir()
-    traced = scratch / spec.file
-    with warnings.catch_warnings(), torch.no_grad():
-        # The TorchScript exporter is deprecated in favour of dynamo, but it is fast and its graphs
-        # are plain enough for TensorRT 8.6; silence its deprecation and tracer warnings.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, tuple(inputs.values()), str(traced), dynamo=False,
-            input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
-            dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
-    proto = onnx.load(str(traced), load_external_data=True)
-    shutil.rmtree(scratch)
+    proto = _trace(model, module, spec, directory, config)
     precision = config.quant.for_graph(spec.name)
     if spec.name == "head" and config.draft_head != "none":
         _write_draft_head(onnx.ModelProto.FromString(proto.SerializeToString()), directory, config, weights)
@@ -205,9 +185,16 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
         fused = fused_layers.fused_layer(proto, module, model.config, spec)
     draft = None
     if fused is not None and config.draft_layers != "none":
+        source = fused
+        if draft_model is not None:  # another model's layer: traced, folded and fused the same way
+            draft_module = graph_module(draft_model, spec.name)
+            other = _trace(draft_model, draft_module, spec, directory, config)
+            fold_weight_transposes(other)
+            fuse_sibling_matmuls(other)
+            source = fused_layers.fused_layer(other, draft_module, draft_model.config, spec)
         # quantized before the float weights go to the shared file: the draft keeps its own copy
         q = config.quant
-        draft = quantize_graph(onnx.ModelProto.FromString(fused.SerializeToString()), config.draft_layers,
+        draft = quantize_graph(onnx.ModelProto.FromString(source.SerializeToString()), config.draft_layers,
                                q.block_size, "matmulnbits", q.accuracy_level)
     if weights is not None:
         weights.externalize(proto)
@@ -222,6 +209,35 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
         onnx.save_model(draft, str(directory / draft_layer_file(spec.file)))
     return GraphSpec(spec.name, spec.file, spec.inputs, spec.outputs,
                      weights.name if weights is not None else None)
+
+
+def _trace(model: SkipModel, module, spec: GraphSpec, directory: Path, config: ExportConfig):
+    """``module`` (``model``'s graph ``spec.name``) traced to an ONNX proto, weights inside."""
+    import onnx
+
+    # A layer's valid past ends inside its fourth page (so a page of one position still gives a
+    # past_sequence >= 7, distinct from batch and sequence); the embedding's stays inside tiny
+    # models' positions.
+    page, pages = config.page_size, _EXAMPLE["pages"]
+    past = (pages - 1) * page + 1 if spec.name.startswith("layer_") else _EXAMPLE["past"]
+    inputs = example_inputs(model, spec, _EXAMPLE["batch"], _EXAMPLE["sequence"], past, page)
+    dynamic_axes = {t.name: {i: d for i, d in enumerate(t.dims) if isinstance(d, str)}
+                    for t in [*spec.inputs, *spec.outputs]}
+    # Trace into a scratch folder: over 2 GB the exporter scatters one file per tensor there.
+    scratch = directory / f".scratch-{spec.name}"
+    scratch.mkdir()
+    traced = scratch / spec.file
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript exporter is deprecated in favour of dynamo, but it is fast and its graphs
+        # are plain enough for TensorRT 8.6; silence its deprecation and tracer warnings.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, tuple(inputs.values()), str(traced), dynamo=False,
+            input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
+            dynamic_axes=dynamic_axes, opset_version=config.opset, do_constant_folding=False)
+    proto = onnx.load(str(traced), load_external_data=True)
+    shutil.rmtree(scratch)
+    return proto
 
 
 def embed_table_entry(model: SkipModel, spec: GraphSpec, directory: Path) -> dict | None:

@@ -72,9 +72,11 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
     """Everything verify needs from PyTorch, in this process."""
     from tqdm.auto import tqdm
 
+    import torch
+
     from runtime.models import skip_model
 
-    from . import parity
+    from . import checkpoint, parity
 
     manifest = load_manifest(directory, check_hashes=False)  # the caller checked every byte
     hf_model, _ = reference_model(manifest, model, progress)
@@ -85,9 +87,15 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
                                            manifest.graph_weights(spec.name))
              for spec in tqdm(manifest.checked_graphs, desc="PyTorch reference", unit="graph",
                               disable=not progress)}
+    drafted = ref
+    if manifest.draft_layers and manifest.source.get("draft_adapter"):  # export build --draft-adapter
+        dtype = torch.float16 if manifest.dtype == "float16" else torch.float32
+        drafted = skip_model(checkpoint.load(checkpoint.resolve(manifest.source["draft_adapter"]), dtype=dtype,
+                                             progress=progress)[0])
     for draft in manifest.draft_layers:  # keyed NAME.draft: the module with the draft graph's weights
         cases[draft.name + parity.DRAFT_KEY] = parity.draft_layer_cases(
-            ref, manifest.graph(draft.name), draft, Path(directory), manifest.weights[DRAFT_LAYERS], manifest.page_size)
+            drafted, manifest.graph(draft.name), draft, Path(directory), manifest.weights[DRAFT_LAYERS],
+            manifest.page_size)
     return TorchSide(cases, _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, speedup))
 
 

@@ -123,3 +123,71 @@ def test_a_manifest_whose_draft_layers_do_not_add_up_is_refused(artifact, tmp_pa
         (copy / "manifest.json").write_text(json.dumps(manifest))
         with pytest.raises(ArtifactError, match=message.replace("[", r"\[").replace("]", r"\]")):
             load_manifest(copy)
+
+
+def _adapter(ckpt, out, seed: int):
+    """A LoRA adapter over ``ckpt`` with random (non-zero) B matrices: layers unlike the model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tools.finetune import lora
+
+    pytest.importorskip("peft")
+    torch.manual_seed(seed)
+    model = lora.inject(AutoModelForCausalLM.from_pretrained(ckpt), 4, 8.0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    lora.save(model, out, 4, 8.0, str(ckpt))
+    return out
+
+
+def test_a_draft_adapter_goes_into_the_drafts_alone(ckpt, artifact, tmp_path):
+    """--draft-adapter: the draft layers hold the adapter's layers, checked against them; the float
+    layers, and so full depth and every lossless token, stay the model's own."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    adapter = _adapter(ckpt, tmp_path / "adapter", seed=1)
+    out = tmp_path / "art"
+    lines = []
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, draft_layers="int8", draft_head="none",
+                       block_size=BLOCK, draft_adapter=str(adapter)), log=lines.append)
+    assert any(line.startswith(f"draft layers hold {adapter} merged into") for line in lines)
+    m = load_manifest(out)
+    assert m.source["draft_adapter"] == str(adapter)
+    assert all(c["passed"] for c in m.checks["graphs"] if c["graph"].endswith(".draft"))
+
+    def weights(directory, file):
+        proto = onnx.load(str(directory / file))
+        return [numpy_helper.to_array(t) for t in proto.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
+
+    plain, adapted = weights(artifact, "layer_01.draft.onnx"), weights(out, "layer_01.draft.onnx")
+    assert plain and not all(np.array_equal(a, b) for a, b in zip(plain, adapted))  # other draft weights
+    # ... and the same float layers: full depth's tokens and log-probabilities to the bit, lossless's tokens
+    with runtime.load(out, max_batch=4, check_hashes=False) as g:
+        full = g.generate(PROMPTS, 16, ignore_eos=True, logprobs=0)
+        assert g.generate(PROMPTS, 16, ignore_eos=True, speedup=2, lossless=True).token_ids == full.token_ids
+    with runtime.load(artifact, max_batch=4, check_hashes=False) as g:
+        own = g.generate(PROMPTS, 16, ignore_eos=True, logprobs=0)
+    assert own.token_ids == full.token_ids
+    assert [[t.logprob for t in row] for row in own.logprobs] == [[t.logprob for t in row] for row in full.logprobs]
+    report = verify(out, model=str(ckpt), prompts=PROMPTS, max_new_tokens=8, log=lambda *_: None, progress=False)
+    assert report.passed, "\n".join(report.lines)  # its drafts judged against the adapter's layers
+
+
+def test_a_draft_adapter_is_refused_without_draft_layers_or_over_another_base(ckpt, tmp_path, capsys):
+    adapter = _adapter(ckpt, tmp_path / "adapter", seed=1)
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "x"), "-q", "--draft-layers",
+                        "none", "--draft-adapter", str(adapter)]) == 2
+    assert (f"--draft-adapter {adapter} goes into the draft layers, and this build writes none"
+            in capsys.readouterr().err)
+    other = save_tiny_checkpoint(tmp_path / "other", "llama3", hidden_size=64, intermediate_size=128, seed=5)
+    assert export_main(["build", "--model", str(other), "--out", str(tmp_path / "y"), "-q", "--draft-layers",
+                        "int8", "--block-size", str(BLOCK), "--draft-adapter", str(adapter)]) == 2
+    assert "not over this model's" in capsys.readouterr().err
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "z"), "-q", "--draft-layers",
+                        "int8", "--block-size", str(BLOCK), "--draft-adapter", str(ckpt)]) == 2
+    assert "not a LoRA adapter directory" in capsys.readouterr().err
+    assert not any((tmp_path / n).exists() for n in "xyz")
