@@ -138,6 +138,9 @@ def _print_text(event) -> None:
 
 def _run(args) -> int:
     policy = cli.policy_fields(args.speedup, args.max_layers, args.min_layers, args.warmup_layers)
+    speedup = None
+    if args.speedup is not None and args.warmup_layers is None:  # the route a server request's speedup takes
+        speedup, policy = args.speedup, None
     if not args.prompts and not args.chat:
         raise InvalidArgumentError("give one or more prompts, or --chat alone for an interactive chat")
     if not args.prompts and (args.json or args.compare):
@@ -158,7 +161,7 @@ def _run(args) -> int:
         limit = args.max_new_tokens
         if limit is None:  # a chat's history needs room beside its answers
             limit = MAX_NEW_TOKENS if args.prompts else min(CHAT_MAX_NEW_TOKENS, gen.max_length // 2)
-        config = GenerationConfig(limit, policy=policy, decay=args.decay,
+        config = GenerationConfig(limit, policy=policy, speedup=speedup, decay=args.decay,
                                   exponent=args.exponent, prefill=args.prefill, lossless=args.lossless, ignore_eos=args.ignore_eos,
                                   stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
         if not args.prompts:  # --chat alone

@@ -102,7 +102,9 @@ def test_version_and_defaults_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "(default: 32)" in out and "{onnxruntime,torch,tensorrt}" in out and "--ignore-eos" in out
+    flat = " ".join(out.split())
+    assert "(default: onnxruntime)" in flat and "{onnxruntime,torch,tensorrt}" in out and "--ignore-eos" in out
+    assert "tokens to generate per prompt: 32 unless given, an interactive chat's answers 256" in flat
 
 
 def test_cuda_device_without_cuda_onnxruntime(artifact_dir, capsys):
