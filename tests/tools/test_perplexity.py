@@ -59,3 +59,23 @@ def test_a_text_shorter_than_one_window_is_refused(tmp_path, capsys):
     assert err == f"error: {data} has no column 'text'; its columns: mr, ref\n"
     assert ppl.main(["--model", "tiny-random", "--text", str(short), "--windows", "0", "-q"]) == 2
     assert capsys.readouterr().err == "error: --windows must be >= 1, got 0\n"
+
+
+def test_draft_adapters_score_the_skipping_tokens_alone(setup, tmp_path):
+    """--draft-adapter: full depth is the model's own perplexity to the bit; under a skip policy the
+    adapter (gated to the skipping tokens) changes it."""
+    pytest.importorskip("peft")
+    from tools.finetune import lora
+
+    hf, model, ids = setup
+    adapted = lora.inject(tiny_model("smollm2"), 4, 8.0)
+    for name, p in adapted.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    lora.save(adapted, tmp_path / "adapter", 4, 8.0, "base")
+    drafts = ppl.with_drafts(tiny_model("smollm2"), str(tmp_path / "adapter"))
+    policies = ppl.policies(model.num_layers, [1, 2], SETTINGS)
+    own = ppl.measure(model, ids, policies, SETTINGS, progress=False)
+    gated = ppl.measure(skip_model(drafts), ids, policies, SETTINGS, progress=False, drafts=drafts)
+    assert gated[0].perplexity == own[0].perplexity
+    assert gated[1].perplexity != pytest.approx(own[1].perplexity, rel=1e-3)

@@ -85,13 +85,17 @@ def policies(num_layers: int, speedups, settings: Settings) -> dict:
     return dict(zip(speedups, PolicySampler(num_layers, speedups, settings.tokens, settings.warmup_layers).policies()))
 
 
-def measure(model, ids, policies: dict, settings: Settings, progress: bool = True) -> list[Row]:
-    """Perplexity of ``ids``' scored tokens under each policy of ``policies`` ({speedup: policy})."""
+def measure(model, ids, policies: dict, settings: Settings, progress: bool = True, drafts=None) -> list[Row]:
+    """Perplexity of ``ids``' scored tokens under each policy of ``policies`` ({speedup: policy}).
+    ``drafts``: the peft-injected model under ``model`` whose adapters (a --skipping-only run's)
+    then act on the skipping tokens alone, as an artifact built with --draft-adapter drafts."""
     import torch
     import torch.nn.functional as F
     from tqdm.auto import tqdm
 
+    from tools.finetune import lora
     from tools.finetune.skip import layer_mask, skip_forward
+    from tools.finetune.train import skipping_gate
 
     p, T = settings.prompt_tokens, ids.shape[1]
     rows = []
@@ -102,7 +106,8 @@ def measure(model, ids, policies: dict, settings: Settings, progress: bool = Tru
         for batch in ids.split(settings.batch_size):
             B = batch.shape[0]
             mask = layer_mask([policy] * B, torch.full((B,), p), T)  # (B, T, L)
-            with torch.no_grad():
+            gate = None if drafts is None else skipping_gate([policy] * B, torch.full((B,), p), T)
+            with torch.no_grad(), lora.gated(drafts, gate):
                 logits = skip_forward(model, batch, torch.ones_like(batch), mask)  # (B, T, V)
             # position t's logits predict token t+1: the prompt's last predicts the first scored token
             scored = logits[:, p - 1:T - 1].float()  # (B, tokens, V)
@@ -139,6 +144,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"scored tokens per window, the policy's horizon (default {d.tokens})")
     p.add_argument("--windows", type=int, default=d.windows, help=f"windows scored (default {d.windows})")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"windows per pass (default {d.batch_size})")
+    p.add_argument("--draft-adapter", metavar="DIR",
+                   help="a LoRA adapter over --model trained with tools.finetune --skipping-only: the skipping "
+                        "tokens run through it and the prompt and full depth through --model alone, as the "
+                        "drafts of an artifact built with export build --draft-adapter")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -161,13 +170,31 @@ def _run(args) -> int:
     text = read_text(args.text, args.column)
     progress = cli.progress(args.quiet)
     hf_model, tokenizer = checkpoint.load(checkpoint.resolve(args.model), dtype=torch.float32, progress=progress)
+    drafts = with_drafts(hf_model, args.draft_adapter) if args.draft_adapter else None
     model = skip_model(hf_model).eval()
     ids = windows(tokenizer, text, settings)
-    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress)
-    print(f"{args.model}: {ids.shape[0]} windows of {settings.prompt_tokens} prompt + {settings.tokens} "
-          f"scored tokens from {args.text}" + (f" ({args.column})" if args.column else ""))
+    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress, drafts)
+    print(f"{args.model}{f' with drafts {args.draft_adapter}' if drafts else ''}: {ids.shape[0]} windows of "
+          f"{settings.prompt_tokens} prompt + {settings.tokens} scored tokens from {args.text}"
+          + (f" ({args.column})" if args.column else ""))
     print(table(rows))
     return 0
+
+
+def with_drafts(hf_model, directory: str):
+    """``hf_model`` with the LoRA adapter of ``directory`` injected (not merged): gated per token."""
+    from pathlib import Path
+
+    from export.adapter import is_adapter, read_config
+    from tools.finetune import lora
+
+    if not is_adapter(Path(directory)):
+        raise PerplexityError(f"--draft-adapter {directory}: not a LoRA adapter directory (adapter_config.json and "
+                              f"adapter_model.safetensors); tools.finetune --lora-rank R --skipping-only writes one")
+    config = read_config(directory)
+    lora.inject(hf_model, config["r"], config["lora_alpha"])
+    lora.load(hf_model, Path(directory))
+    return hf_model
 
 
 if __name__ == "__main__":
