@@ -43,6 +43,27 @@ def test_stacked_adapters_merge_as_the_adapters_in_turn(tmp_path, capsys):
     for (name, want), got in zip(in_turn.state_dict().items(), stacked.state_dict().values()):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
     assert any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), stacked.state_dict().values()))
+    assert not (tmp_path / "s" / "skipdecode.json").exists()  # neither adapter had one
+
+
+def test_the_stack_keeps_the_first_adapters_policies_and_every_stages_record(tmp_path):
+    """A shipped model's folder holds its skipdecode.json; a tools.finetune run's lies above its
+    adapter/. The stack serves the first's policies and records every stage once."""
+    first, run = tmp_path / "shipped", tmp_path / "run"
+    _adapter(tiny_model("llama3"), first, rank=4, alpha=8, seed=1)
+    _adapter(tiny_model("llama3"), run / "adapter", rank=2, alpha=4, seed=2)
+    stage = {"model": "shipped", "steps": 3}
+    (first / "skipdecode.json").write_text(json.dumps(
+        {"horizon": 64, "speedups": [1, 2], "speedup_policies": {"2": {"max_layers": 4, "min_layers": 2}},
+         "train_seconds": 10.0, "trained_from": [{"model": "base"}], "lora": {"rank": 4, "adapter": "adapter"}}))
+    (run / "skipdecode.json").write_text(json.dumps(
+        {"horizon": 32, "speedups": [5], "train_seconds": 2.5, "trained_from": [{"model": "base"}, stage]}))
+    assert main(["--adapters", str(first), str(run / "adapter"), "--out", str(tmp_path / "s")]) == 0
+    meta = json.loads((tmp_path / "s" / "skipdecode.json").read_text())
+    assert (meta["horizon"], meta["speedups"], meta["speedup_policies"]) == (
+        64, [1, 2], {"2": {"max_layers": 4, "min_layers": 2}})
+    assert meta["trained_from"] == [{"model": "base"}, stage] and meta["train_seconds"] == 12.5
+    assert meta["lora"] == {"rank": 6, "alpha": 12.0, "adapter": "adapter"}
 
 
 def test_adapters_of_other_modules_do_not_stack(tmp_path, capsys):

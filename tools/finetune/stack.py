@@ -2,7 +2,8 @@
 other (each on the model the ones before it merged into), stacked into one adapter whose merge is
 exactly their merges' sum: the A matrices one above the other, the B matrices side by side, each B
 scaled from its own adapter's lora_alpha / r to the stacked one's (rank the sum of theirs, alpha
-twice that). How smollm2-135m-e2e ships its stages (models/smollm2-135m-e2e/README.md).
+twice that), with the first adapter's skipdecode.json (the policies it serves) carrying every
+stage's training record. How smollm2-135m-e2e ships its stages (models/smollm2-135m-e2e/README.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 from export.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterError, read_config
+
+SKIPDECODE_JSON = "skipdecode.json"
 from runtime import cli
 
 
@@ -52,8 +55,39 @@ def stack(adapters: list[Path], out: Path, dtype: str = "float16") -> int:
     tmp.mkdir()
     save_file(stacked, str(tmp / ADAPTER_WEIGHTS))
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    meta = stacked_training(adapters, rank, scale * rank)
+    if meta is not None:
+        (tmp / SKIPDECODE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
     swap_into_place(tmp, out)
     return rank
+
+
+def _training(adapter: Path) -> dict | None:
+    """An adapter's skipdecode.json: in its folder (a shipped model) or the run's above it
+    (tools.finetune writes RUN/skipdecode.json beside RUN/adapter/)."""
+    for folder in (adapter, adapter.parent):
+        if (folder / SKIPDECODE_JSON).is_file():
+            return json.loads((folder / SKIPDECODE_JSON).read_text())
+    return None
+
+
+def stacked_training(adapters: list[Path], rank: int, alpha: float) -> dict | None:
+    """The stack's skipdecode.json: the first adapter's (the policies and horizon it serves, its
+    speedup_policies), every stage's ``trained_from`` in order, their training time summed and the
+    stacked rank; None when the first has none."""
+    metas = [_training(Path(a)) for a in adapters]
+    if metas[0] is None:
+        return None
+    first = metas[0]
+    history, seen = [], []
+    for m in metas:
+        for entry in (m or {}).get("trained_from", []):
+            if entry not in seen:  # a later stage's record repeats the stages it started from
+                seen.append(entry)
+                history.append(entry)
+    seconds = sum(m.get("train_seconds", 0.0) for m in metas if m)
+    return {**first, "trained_from": history, "train_seconds": round(seconds, 1),
+            "lora": {**first.get("lora", {}), "rank": rank, "alpha": alpha, "adapter": "adapter"}}
 
 
 def main(argv=None) -> int:
