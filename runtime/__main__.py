@@ -275,7 +275,9 @@ def main(argv=None) -> int:
         from .serve.cli import main as serve
 
         return serve(argv[1:])
-    args = _parser().parse_args(argv)
+    # intermixed: the prompts may follow options (DIR --chat "a" "b"), which a "*" positional
+    # would otherwise have taken as empty at the first option
+    args = _parser().parse_intermixed_args(argv)
     return cli.run(lambda: _run(args))
 
 

@@ -162,6 +162,7 @@ RULES = [
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct$", "parse", REAL),
     ("python -m tools.evaluate.perplexity --model smollm2-135m-instruct", "parse", REAL + "; tools.evaluate."
      "perplexity's own tests: tests/tools/test_perplexity.py"),
     ("python -m export build --model opt-1.3b", "parse", HUB),
@@ -283,13 +284,14 @@ def _forget(monkeypatch, module: str) -> None:
 def test_parse(command, monkeypatch, capsys):
     """The command's own parser accepts it as written; it stops there (no work is done)."""
     module, argv = _argv(command)
-    original = argparse.ArgumentParser.parse_args
+    for name in ("parse_args", "parse_intermixed_args"):  # python -m runtime takes prompts among options
+        original = getattr(argparse.ArgumentParser, name)
 
-    def parse_args(self, args=None, namespace=None):
-        original(self, args, namespace)
-        raise _Parsed
+        def parse(self, args=None, namespace=None, original=original):
+            original(self, args, namespace)
+            raise _Parsed
 
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+        monkeypatch.setattr(argparse.ArgumentParser, name, parse)
     monkeypatch.setattr(sys, "argv", [module, *argv])
     _forget(monkeypatch, module)
     with pytest.raises(_Parsed):
