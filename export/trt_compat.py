@@ -18,7 +18,7 @@ Per version, a graph gets:
             "Supported Types"; INT64 graph inputs and outputs, which TensorRT 8.x casts to INT32; an
             IR version newer than the parser's ONNX
 
-    report = check_artifact("artifacts/opt-1.3b")          # default versions: 8.6, 10.3, 11.0
+    report = check_artifact("artifacts/opt-1.3b")          # default versions: 8.6, 10.3, 10.13, 10.16
     print("\\n".join(report.lines()))
     report.raise_for_errors()                              # TensorRTCompatibilityError names graph, op, version, fix
 """
@@ -49,10 +49,10 @@ TYPED_OUTPUT = {"Constant": 0, "ConstantOfShape": 0, "Cast": 0}
 # no zero point, feeding a MatMul) is what TensorRT 10's explicit quantization takes for INT4
 # weight-only: its Dequantize layer accepts "a 2-D tensor for block quantization (supported for
 # DataType::kINT4 only)" and zero points that "must only contain zero-valued coefficients" (TensorRT
-# operator docs, Dequantize). 11.0 documents opset 21; 10.0-10.5 document 9-20, but no parser checks
-# the opset and the 10.x DequantizeLinear importer reads a blocked scale by its shape
-# (supported_ops.json "opset_enforcement" and 10.3's "read_beyond"), so 10.3 gets a warning to
-# confirm on the device, not an error; 8.x has no INT4 type at all.
+# operator docs, Dequantize). 10.13 (9-23), 10.16 and 11.0 (9-24) document opset 21; 10.0-10.5
+# document 9-20, but no parser checks the opset and the 10.x DequantizeLinear importer reads a blocked
+# scale by its shape (supported_ops.json "opset_enforcement" and 10.3's "read_beyond"), so 10.3 gets a
+# warning to confirm on the device, not an error; 8.x has no INT4 type at all.
 CONTRIB_HINTS = {
     "MatMulNBits": "or re-export with `--quant-format qdq` (int4 as blocked DequantizeLinear + MatMul, "
                    "for TensorRT 10+) or `--weights float`",
@@ -538,8 +538,9 @@ def check_artifact(directory, versions=None, *, strict_types: bool = False,
                    support: SupportData | None = None) -> CompatReport:
     """Check every graph the manifest of ``directory`` names, for each TensorRT version.
 
-    ``versions``: None for the data file's defaults (8.6, 10.3 and the current release), "all", or a
-    list such as ["10.3"]. Hashes are not rechecked here (``python -m export verify`` does that).
+    ``versions``: None for the data file's defaults (the Jetson parsers: 8.6 for JetPack 6.0, 10.3 for
+    6.1/6.2, 10.13 for 7.0/7.1, 10.16 for 7.2), "all" (8.5 and 11.0 too), or a list such as ["10.3"].
+    Hashes are not rechecked here (``python -m export verify`` does that).
     """
     import onnx
 

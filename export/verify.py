@@ -112,7 +112,7 @@ def verify(directory, model: str | None = None, prompts=DEFAULT_PROMPTS, max_new
                                                  block_size=w["block_size"], format=w["format"],
                                                  accuracy_level=w.get("accuracy_level", 0)))
         unreadable = {v: why for v, (kind, why) in verdicts.items() if kind == "cannot"}
-    for r in check_artifact(directory).results:  # TensorRT 8.6, 10.3 and the current parser
+    for r in check_artifact(directory).results:  # the JetPack versions: TensorRT 8.6, 10.3, 10.13, 10.16
         details = "".join("\n         " + line.strip() for line in r.lines()[1:])
         if r.version in unreadable and not r.passed:
             readers = [v for v in verdicts if v not in unreadable]

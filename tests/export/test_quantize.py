@@ -243,7 +243,8 @@ def test_quant_config_is_validated(fields, match):
 
 
 def test_tensorrt_check_of_quantized_graphs(int4_dir, ckpt, tmp_path):
-    """MatMulNBits: no TensorRT parses it (a contrib op). QDQ int4 at opset 21: 11.0 by its documents."""
+    """MatMulNBits: no TensorRT parses it (a contrib op). QDQ int4 at opset 21: 10.13, 10.16 and 11.0 by
+    their documents."""
     nbits = onnx.load(str(int4_dir / "layer_00.onnx"), load_external_data=False)
     for version, findings in check_model(nbits, "layer_00", versions="all").items():
         errors = [f for f in findings if f.severity == "error" and f.op == "MatMulNBits"]
@@ -257,7 +258,8 @@ def test_tensorrt_check_of_quantized_graphs(int4_dir, ckpt, tmp_path):
     assert all(len(n.input) == 2 for n in dq)  # symmetric: no zero point (TensorRT wants zeros)
     results = check_model(qdq, versions="all")
     errors = {v: [f for f in fs if f.severity == "error"] for v, fs in results.items()}
-    assert errors["11.0"] == [] and errors["10.3"] == []
+    assert errors["11.0"] == errors["10.16"] == errors["10.13"] == errors["10.3"] == []
+    assert not [f for v in ("10.13", "10.16", "11.0") for f in results[v] if f.kind == "opset"]  # 21 is documented
     # 10.3 documents opsets 9-20 but its parser reads the blocked DequantizeLinear: confirm on the device
     [warning] = [f for f in results["10.3"] if f.kind == "opset"]
     assert "opset 21 is past the parser's documented range" in warning.detail
@@ -274,15 +276,15 @@ def test_build_says_which_tensorrt_reads_the_weights_before_any_work(ckpt, tmp_p
         build(BuildOptions(model=str(tmp_path / "missing"), out=str(out), weights="int4", weights_format="qdq",
                            progress=False, block_size=BLOCK))
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("TensorRT and int4 weights as qdq: TensorRT 11.0 (current release line) "
-                            "parses them; 10.3 (JetPack 6.1 and 6.2) should, by its parser's source, though "
-                            "opset 21 is past the range its documents state")
+    assert first.startswith("TensorRT and int4 weights as qdq: TensorRT 10.13 (JetPack 7.0 and 7.1), 10.16 "
+                            "(JetPack 7.2), 11.0 (current release line) parses them; 10.3 (JetPack 6.1 and 6.2) "
+                            "should, by its parser's source, though opset 21 is past the range its documents state")
     assert f"python -m tools.trtexec {out} --graph layer_00 --run" in first
     assert first.endswith("8.5, 8.6 cannot (DequantizeLinear on INT4: this parser has no INT4)")
     with pytest.raises(Exception):
         build(BuildOptions(model=str(tmp_path / "missing"), out=str(out), weights="int8", progress=False))
     assert capsys.readouterr().out.splitlines()[0] == (
-        "TensorRT: no version's parser reads int8 weights as matmulnbits (8.5, 8.6, 10.3, 11.0: "
+        "TensorRT: no version's parser reads int8 weights as matmulnbits (8.5, 8.6, 10.3, 10.13, 10.16, 11.0: "
         "com.microsoft::MatMulNBits is not an ONNX operator): this artifact is for ONNX Runtime; for TensorRT "
         "10+ export int4 with --quant-format qdq, or --weights float")
 
@@ -300,7 +302,7 @@ def test_verify_passes_a_quantized_artifact_reporting_what_it_does_not_require(i
 
 def test_verify_of_a_qdq_artifact_skips_8x_and_warns_on_10_3(ckpt, tmp_path, capsys):
     """The qdq format is for TensorRT 10+: 8.x cannot read INT4 (skipped, with why), 10.3 reads it
-    past its documented opsets (a warning to confirm on the device), 11.0 parses it."""
+    past its documented opsets (a warning to confirm on the device), 10.13 and 10.16 parse it."""
     out = tmp_path / "qdq"
     _build(ckpt, out, weights="int4", weights_format="qdq")
     capsys.readouterr()
@@ -309,8 +311,10 @@ def test_verify_of_a_qdq_artifact_skips_8x_and_warns_on_10_3(ckpt, tmp_path, cap
     parsers = {line.split(" parser:")[0].strip(): line for line in lines if " parser:" in line}
     assert parsers["[skip] TensorRT 8.6"].startswith(
         "  [skip] TensorRT 8.6 parser: cannot parse this artifact's qdq weights (DequantizeLinear on INT4: this "
-        "parser has no INT4; not required: the format is for TensorRT 10.3, 11.0;")
-    assert "[warn] TensorRT 10.3" in parsers and "[  ok] TensorRT 11.0" in parsers
+        "parser has no INT4; not required: the format is for TensorRT 10.3, 10.13, 10.16, 11.0;")
+    assert "[warn] TensorRT 10.3" in parsers
+    assert "[  ok] TensorRT 10.13" in parsers and "[  ok] TensorRT 10.16" in parsers
+    assert len(parsers) == 4  # the default versions: 8.6, 10.3, 10.13, 10.16
     assert lines[-1] == "PASSED"
 
 

@@ -75,6 +75,16 @@ def test_export_uses_the_operators_the_data_was_checked_for(artifact_dir):
     assert check_artifact(artifact_dir).results[0].opsets == [17]
 
 
+def test_default_report_checks_the_jetson_parsers(artifact_dir):
+    report = check_artifact(artifact_dir)
+    assert report.passed and [r.version for r in report.results] == ["8.6", "10.3", "10.13", "10.16"]
+    text = "\n".join(report.lines())
+    assert "[  ok] TensorRT 10.13: 8 graphs, 24 operators at opset 17: all importable (onnx/onnx-tensorrt " \
+           "docs/operators.md @ 4df1996807d8, nearest readable version)" in text
+    assert "[  ok] TensorRT 10.16: 8 graphs, 24 operators at opset 17: all importable (onnx/onnx-tensorrt " \
+           "docs/operators.md @ 6bde6596eca8)" in text
+
+
 def test_report_names_versions_sources_and_documented_type_gaps(artifact_dir):
     report = check_artifact(artifact_dir, versions=["10.3", "11.0"])
     assert report.passed and [r.version for r in report.results] == ["10.3", "11.0"]
@@ -162,7 +172,8 @@ def test_opset_past_the_documented_range_warns_unless_an_operator_changed(tmp_pa
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
     relu = helper.make_node("Relu", ["x"], ["y"])  # Relu-14: the same operator from opset 14 to 25
     for opset, past in [(17, set()), (18, {"8.5", "8.6"}), (21, {"8.5", "8.6", "10.3"}),
-                        (25, {"8.5", "8.6", "10.3", "11.0"})]:
+                        (24, {"8.5", "8.6", "10.3", "10.13"}),  # 10.13: the 10.12 file's 9-23 (see its opset)
+                        (25, {"8.5", "8.6", "10.3", "10.13", "10.16", "11.0"})]:
         path = tmp_path / f"relu{opset}.onnx"
         onnx.save(_model([relu], [x], [y], opset=opset), str(path))
         results = check_graph(path, versions="all")
@@ -250,7 +261,13 @@ def test_unknown_version_is_refused():
 
 
 def test_every_version_names_its_source_and_opset_range():
-    assert SUPPORT.defaults == ("8.6", "10.3", "11.0")
+    # the Jetson parsers: JetPack 6.0 (8.6), 6.1/6.2 (10.3), 7.0/7.1 (10.13), 7.2 (10.16); not 8.5
+    # (JetPack 5's Python 3.8 is unsupported) nor 11.0 (no JetPack ships 11.0 to 11.4.0)
+    assert SUPPORT.defaults == ("8.6", "10.3", "10.13", "10.16")
+    assert [v for v, vs in SUPPORT.versions.items() if vs.data["default"]] == list(SUPPORT.defaults)
+    jetson = [v for v, vs in SUPPORT.versions.items() if vs.data["platforms"][0].startswith("JetPack")]
+    assert jetson == ["8.5", *SUPPORT.defaults]
+    assert "no JetPack" in SUPPORT.versions["11.0"].data["platforms"][0]
     for version, vs in SUPPORT.versions.items():
         s = vs.source
         assert s["repository"] == "onnx/onnx-tensorrt" and s["path"] == "docs/operators.md", version
@@ -266,10 +283,55 @@ def test_every_version_names_its_source_and_opset_range():
 
 def test_layer_normalization_arrives_in_8_6_with_opset_17():
     assert not SUPPORT.versions["8.5"].operators["LayerNormalization"]["supported"]
-    for v in ("8.6", "10.3", "11.0"):
+    for v in ("8.6", "10.3", "10.13", "10.16", "11.0"):
         assert SUPPORT.versions[v].operators["LayerNormalization"]["supported"]
     assert SUPPORT.versions["8.6"].opset_range == (None, 17)
-    assert SUPPORT.versions["11.0"].opset_range == (9, 24)
+    assert SUPPORT.versions["10.13"].opset_range == (9, 23)
+    assert SUPPORT.versions["10.16"].opset_range == SUPPORT.versions["11.0"].opset_range == (9, 24)
+
+
+def test_jetpack_7_parsers_are_their_own_tables():
+    """10.13 (JetPack 7.0/7.1) and 10.16 (JetPack 7.2), as onnx-tensorrt's operators.md lists them."""
+    v3, v13, v16, v11 = (SUPPORT.versions[v] for v in ("10.3", "10.13", "10.16", "11.0"))
+    assert v16.source["commit"] == "6bde6596eca84abf9afe9b4d21c18c32800fd3ad" and v16.source["exact_version"]
+    assert v16.source["header"].startswith("TensorRT 10.16 supports") and v16.source["chars"] == 18044
+    # no 10.13-headed file is readable: the 10.12 one, whose rows the 10.14 file repeats (plus Attention)
+    assert v13.source["commit"] == "4df1996807d844029e7aabefd54619af99f288f8" and not v13.source["exact_version"]
+    assert v13.source["header"].startswith("TensorRT 10.12 supports") and v13.source["chars"] == 17245
+    # LLM operators of 10.14 (Attention) and 10.15 (RotaryEmbedding, RMSNormalization, TensorScatter)
+    for op in ("Attention", "RotaryEmbedding", "RMSNormalization", "TensorScatter"):
+        assert op not in v3.operators and op not in v13.operators and v16.operators[op]["supported"], op
+    assert "Swish" not in v16.operators and v11.operators["Swish"]["supported"]  # 11.0 GA
+    assert {k: e for k, e in v11.operators.items() if k != "Swish"} == v16.operators
+    # types 10.3 lacks: integer Pow (10.8/10.12), FP4 (10.8); the windows' types are first listed in 10.15
+    assert "INT64" in v13.operators["Pow"]["types"] and "INT64" not in v3.operators["Pow"]["types"]
+    dq = "DequantizeLinear"
+    assert "FP4" in v13.operators[dq]["types"] and "FP4" not in v3.operators[dq]["types"]
+    assert v13.operators["BlackmanWindow"] == {"supported": True} and not v3.operators["BlackmanWindow"]["supported"]
+    assert v16.operators["BlackmanWindow"]["types"] == ["FP32", "FP16"]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    w = numpy_helper.from_array(np.ones(4, np.float32), "w")
+    rms = _model([helper.make_node("RMSNormalization", ["x", "w"], ["y"], name="/rms")], [x], [y], opset=23,
+                 initializers=[w])
+    errors = _errors(check_model(rms, versions=["10.3", "10.13", "10.16"]))
+    [f] = errors["10.13"]
+    assert f.op == "RMSNormalization" and "is not in the parser's operator list in TensorRT 10.13" in f.detail
+    assert "@ 4df1996807d8, nearest readable version" in f.detail and f.fix.startswith("use TensorRT 10.16 or newer")
+    assert [f.op for f in errors["10.3"]] == ["RMSNormalization"] and errors["10.16"] == []
+    # Squeeze with computed axes: an error on 10.3 (an initializer), a warning from 10.7 on (10.13, 10.16)
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [2, 1])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])
+    one = numpy_helper.from_array(np.array(1, dtype=np.int64), "one")
+    zero = numpy_helper.from_array(np.array([0], dtype=np.int64), "zero")
+    squeeze = _model([helper.make_node("Unsqueeze", ["one", "zero"], ["axes"]),
+                      helper.make_node("Squeeze", ["data", "axes"], ["out"], name="/squeeze")],
+                     [data], [out], initializers=[one, zero])
+    results = check_model(squeeze, versions=["10.3", "10.13", "10.16"])
+    assert [f.severity for f in results["10.3"] if f.op == "Squeeze"] == ["error"]
+    for v in ("10.13", "10.16"):
+        [f] = [f for f in results[v] if f.op == "Squeeze"]
+        assert f.severity == "warning" and "must be resolvable to a constant" in f.detail, v
 
 
 def test_opset_16_export_parses_on_tensorrt_8_5(checkpoint_dir, tmp_path):
