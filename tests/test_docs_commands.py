@@ -163,6 +163,8 @@ RULES = [
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct$", "parse", REAL),
+    ("python -m tools.bench.board ART ", "parse", PLACEHOLDER + " (a Jetson with llama.cpp built; "
+     "tests/tools/test_bench_board.py runs it with a fake tegrastats and llama-bench)"),
     ("python -m tools.evaluate.perplexity --model smollm2-135m-instruct", "parse", REAL + "; tools.evaluate."
      "perplexity's own tests: tests/tools/test_perplexity.py"),
     ("python -m export build --model opt-1.3b", "parse", HUB),
