@@ -19,8 +19,8 @@ from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
 KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
-SAMPLING = ("temperature", "top_k", "top_p")
-MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 32, 256  # a chat's answers run to EOS: a paragraph fits  # the options that only apply with --do-sample
+SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
+MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 32, 256  # a chat's answers run to EOS: a paragraph fits
 
 
 def _parser():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from .errors import SkipDecodeError, first_line
 from .generation_config import GenerationConfig
 
 HELP = "Enter sends a message; /reset starts over, /exit or Ctrl-D ends the chat"
@@ -78,4 +79,8 @@ def run(session: ChatSession, read=input) -> int:
             session.turns.clear()
             print("(a new conversation)", file=sys.stderr)
             continue
-        session.ask(line)
+        try:
+            session.ask(line)
+        except SkipDecodeError as exc:  # a message past the context, say: the chat goes on without it
+            session.turns.pop()
+            print(f"error: {first_line(exc)}", file=sys.stderr)

@@ -53,6 +53,14 @@ def test_the_oldest_turns_go_when_the_conversation_outgrows_the_context(chat_art
     assert code == 0 and "the 2 oldest messages were dropped" in err and err.count(" tokens, ") == 2
 
 
+def test_a_message_past_the_context_is_refused_and_the_chat_goes_on(chat_artifact, monkeypatch, capsys):
+    directory, _ = chat_artifact
+    huge = "tell me about the river " * 40  # past the tiny model's 64 positions on its own
+    code, out, err = _chat(directory, monkeypatch, capsys, f"{huge}\nThe Eagle?\n")
+    assert code == 0 and err.count("error: ") == 1 and err.count(" tokens, ") == 1
+    assert out.count("> ") == 3  # the refused message's prompt, the next one's, and the last
+
+
 def test_chat_options_that_need_prompts_are_refused(chat_artifact, capsys):
     directory, _ = chat_artifact
     assert main([str(directory), "--chat", "--json"]) == 2
