@@ -212,7 +212,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             raise InvalidArgumentError(refusals[name])
     draft_model, trained = None, checkpoint.skipdecode_training(source)
     if options.draft_adapter is not None:
-        draft_model, draft_source = _draft_model(options.draft_adapter, base, config, options, log)
+        draft_model, draft_source = _draft_model(options.draft_adapter, source, config, options, log)
         # the horizon and policies the drafts were trained for, where the model itself has none
         trained = trained or checkpoint.skipdecode_training(draft_source)
     if trained:
@@ -310,12 +310,12 @@ def build(options: BuildOptions, log=print) -> Manifest:
     return manifest
 
 
-def _draft_model(spec: str, base, config: ExportConfig, options: BuildOptions, log):
+def _draft_model(spec: str, source, config: ExportConfig, options: BuildOptions, log):
     """The skip-aware model of ``--draft-adapter`` and its source: the adapter merged into the
-    model's own base (``base``), at the export's dtype. Refused unless draft layers are written and the adapter's base is the
-    model's."""
-    source = checkpoint.resolve(spec)
-    if source.kind != "adapter":
+    model being exported (``source``), at the export's dtype. Refused unless draft layers are
+    written and the adapter was trained over that very model."""
+    drafts = checkpoint.resolve(spec)
+    if drafts.kind != "adapter":
         raise InvalidArgumentError(f"--draft-adapter {spec}: not a LoRA adapter directory (adapter_config.json "
                                    f"and adapter_model.safetensors); tools.finetune --lora-rank R writes one",
                                    param="draft_adapter")
@@ -323,13 +323,13 @@ def _draft_model(spec: str, base, config: ExportConfig, options: BuildOptions, l
         raise InvalidArgumentError(f"--draft-adapter {spec} goes into the draft layers, and this build writes none "
                                    f"(--draft-layers none, or layers that cannot have them); drop one of the two",
                                    param="draft_adapter")
-    if checkpoint.adapter_base(source).location != base.location:
-        raise InvalidArgumentError(f"--draft-adapter {spec} was trained over {checkpoint.adapter_base(source).location}, "
-                                   f"not over this model's {base.location}; drafts must share the model's base",
-                                   param="draft_adapter")
-    hf_draft, _ = checkpoint.load(source, dtype=config.torch_dtype, seed=options.seed, progress=options.progress)
-    log(f"draft layers hold {spec} merged into {base.describe()} (the float layers stay the model's own)")
-    return skip_model(hf_draft), source
+    trained_over = checkpoint.adapter_base(drafts).location
+    if trained_over != source.location:
+        raise InvalidArgumentError(f"--draft-adapter {spec} was trained over {trained_over}, not over this model "
+                                   f"({source.location}); drafts must share the model's weights", param="draft_adapter")
+    hf_draft, _ = checkpoint.load(drafts, dtype=config.torch_dtype, seed=options.seed, progress=options.progress)
+    log(f"draft layers hold {spec} merged into {source.describe()} (the float layers stay the model's own)")
+    return skip_model(hf_draft), drafts
 
 
 def result_line(out: Path, manifest: Manifest, seconds: float) -> str:

@@ -121,4 +121,5 @@ def mapping_for(slots: dict[str, str], rng: random.Random, pool: str) -> dict[st
     return mapping
 
 
-__all__ = ["FORMS", "POOLS", "SHARED", "SHARED_FORMS", "WIDE_WORDS", "wide_words", "invent", "mapping_for", "rename_text", "venue_regex"]
+__all__ = ["FORMS", "POOLS", "SHARED", "SHARED_FORMS", "WIDE_WORDS", "wide_words",
+           "invent", "mapping_for", "rename_text", "venue_regex"]
