@@ -18,9 +18,11 @@ def _api_example() -> str:
 def test_the_readme_python_example_runs_as_printed(tmp_path, monkeypatch, capsys):
     from export.build import BuildOptions, build
 
-    checkpoint = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln", num_hidden_layers=24)
-    monkeypatch.chdir(tmp_path)  # the example names artifacts/opt-1.3b, relative to where it runs
-    build(BuildOptions(model=str(checkpoint), out="artifacts/opt-1.3b", check=False, progress=False),
+    # the example names artifacts/smollm2-135m-instruct (30 layers: its SkipPolicy(30, ...)), relative to
+    # where it runs; a tiny model of as many layers stands in (the real one: docs, run by hand)
+    checkpoint = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln", num_hidden_layers=30)
+    monkeypatch.chdir(tmp_path)
+    build(BuildOptions(model=str(checkpoint), out="artifacts/smollm2-135m-instruct", check=False, progress=False),
           log=lambda *_: None)
     code = _api_example()
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 - our own docs

@@ -93,7 +93,11 @@ class Tegrastats:
             time.sleep(self.interval_ms / 4000)
 
     def window(self, start: float, end: float) -> list[Sample]:
-        return [s for s in self.samples if start <= s.at <= end]
+        """The lines printed during [start, end] and the first after it (which reports the
+        interval the end fell in): a run shorter than the interval still has one."""
+        inside = [s for s in self.samples if start <= s.at <= end]
+        after = next((s for s in self.samples if s.at > end), None)
+        return inside + ([after] if after is not None else [])
 
 
 @dataclass
@@ -246,6 +250,8 @@ def _run(args) -> int:
         if args.llama_bench:
             rows.append(llama_bench(shlex.split(args.llama_bench), args.gguf, args.prompt_tokens, args.new_tokens,
                                     args.rounds))
+        if stats is not None:  # the line that reports the last run's interval
+            stats.wait_for_samples(len(stats.samples) + 1, timeout=10 * args.interval / 1000 + 5)
     rail = rail_of(stats.samples, args.rail) if stats is not None else None
     text = (f"{args.artifact}: prompt {args.prompt_tokens} tokens, {args.new_tokens} new, batch 1, median of "
             f"{args.rounds} runs after a warm-up" + (f"; tegrastats every {args.interval} ms" if stats else "")
