@@ -53,3 +53,27 @@ def test_distill_with_nothing_faithful_says_to_train_longer(tmp_path, monkeypatc
                  "--out", str(tmp_path / "d.csv")]) == 2
     assert "none of its 1 descriptions is finished and free of slot errors" in capsys.readouterr().err
     assert not (tmp_path / "d.csv").exists()
+
+
+def test_distill_on_the_demo_model_keeps_its_own_faithful_descriptions(tmp_path, capsys):
+    """The real path, not a fake: the shipped demo model's export describes three development MRs at
+    full depth; what distill writes is exactly its finished, slot-error-free greedy texts."""
+    from export.build import BuildOptions, build
+    from tools.evaluate.slots import slot_errors
+
+    art = tmp_path / "demo"
+    build(BuildOptions(out=str(art), progress=False, check=False), log=lambda *_: None)
+    mrs = ["name[The Eagle], eatType[coffee shop], food[French], area[riverside]",
+           "name[Alimentum], area[city centre], familyFriendly[no]",
+           "name[Zizzi], eatType[pub], food[Italian], customer rating[high], near[Burger King]"]
+    write_csv(tmp_path / "train.csv", [Example(mr, "ref") for mr in mrs], "mr", "ref")
+    out = tmp_path / "distill.csv"
+    assert main(["distill", "--model", str(art), "--train", str(tmp_path / "train.csv"), "--out", str(out),
+                 "--batch-size", "2", "--max-new-tokens", "48"]) == 0
+    kept = read_pairs(out, "mr", "ref")
+    with runtime.load(art) as gen:
+        result = gen.generate(mrs, 48)
+    expected = [Example(mr, text.strip()) for mr, text, ids in zip(mrs, result.texts, result.token_ids)
+                if len(ids) < 48 and not slot_errors(mr, text.strip()).errors]
+    assert kept == expected and kept  # the demo model describes most MRs faithfully
+    assert f"{len(kept)} of 3 MRs kept" in capsys.readouterr().out
