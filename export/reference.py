@@ -48,14 +48,19 @@ class TorchSide:
     mismatch: bool = False  # the checkpoint's shape differs from the artifact's: nothing else computed
 
 
-def reference_model(manifest, model_override: str | None, progress: bool = True):
-    """The PyTorch model the artifact was exported from (or ``model_override``)."""
+def torch_dtype(manifest):
+    """The torch dtype of the artifact's weights: what its reference models load as."""
     import torch
 
+    return torch.float16 if manifest.dtype == "float16" else torch.float32
+
+
+def reference_model(manifest, model_override: str | None, progress: bool = True):
+    """The PyTorch model the artifact was exported from (or ``model_override``)."""
     from . import checkpoint
 
     src = manifest.source
-    dtype = torch.float16 if manifest.dtype == "float16" else torch.float32
+    dtype = torch_dtype(manifest)
     if model_override is None and src.get("kind") == "random":
         source = checkpoint.resolve(src["location"], random_weights=src["location"] != checkpoint.TINY_RANDOM)
         return checkpoint.load(source, dtype=dtype, seed=src.get("seed", 0))
@@ -72,8 +77,6 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
     """Everything verify needs from PyTorch, in this process."""
     from tqdm.auto import tqdm
 
-    import torch
-
     from runtime.models import skip_model
 
     from . import checkpoint, parity
@@ -89,9 +92,8 @@ def compute(directory, model: str | None, prompts: list[str], max_new_tokens: in
                               disable=not progress)}
     drafted = ref
     if manifest.draft_layers and manifest.source.get("draft_adapter"):  # export build --draft-adapter
-        dtype = torch.float16 if manifest.dtype == "float16" else torch.float32
-        drafted = skip_model(checkpoint.load(checkpoint.resolve(manifest.source["draft_adapter"]), dtype=dtype,
-                                             progress=progress)[0])
+        drafted = skip_model(checkpoint.load(checkpoint.resolve(manifest.source["draft_adapter"]),
+                                             dtype=torch_dtype(manifest), progress=progress)[0])
     for draft in manifest.draft_layers:  # keyed NAME.draft: the module with the draft graph's weights
         cases[draft.name + parity.DRAFT_KEY] = parity.draft_layer_cases(
             drafted, manifest.graph(draft.name), draft, Path(directory), manifest.weights[DRAFT_LAYERS],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..detokenize import IncrementalDetokenizer
 from ..errors import SkipDecodeError
@@ -165,11 +165,14 @@ def parse_completion(body, model_id: str, max_batch: int, default_max_tokens: in
     if echo and logprobs is not None:
         raise RequestError("echo with logprobs is not supported: the runtime computes no log-probabilities "
                            "for prompt tokens; send echo or logprobs, not both", "echo", code="unsupported")
-    # a JSON answer needs room for a whole document: 16 tokens (OpenAI's default) cut most objects
-    # short; 0 here, and the server gives it JSON_MAX_TOKENS or what the context leaves
-    json_format = isinstance(body.get("response_format"), dict) and body["response_format"].get("type") != "text"
-    max_tokens = _int(body, "max_tokens", 0 if json_format else default_max_tokens, 1)
-    return _request(body, prompts, max_tokens, max_batch, default_speedup, echo=echo, logprobs=logprobs)
+    max_tokens = _int(body, "max_tokens", None, 1)
+    req = _request(body, prompts, max_tokens or default_max_tokens, max_batch, default_speedup, echo=echo,
+                   logprobs=logprobs)
+    if max_tokens is None and req.json_schema is not None:
+        # a JSON answer needs room for a whole document: 16 tokens (OpenAI's default) cut most
+        # objects short; 0 here, and the server gives it JSON_MAX_TOKENS or what the context leaves
+        return replace(req, max_tokens=0)
+    return req
 
 
 _CHAT_KNOWN = {"messages", "max_completion_tokens", "top_logprobs", *_COMMON}
