@@ -28,6 +28,7 @@ from . import fused as fused_layers
 from runtime.models import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import (ExportConfig, draft_head_spec, draft_layer_spec, embed_table_entry, export_graph,
                           graph_specs)
+from .gguf_blocks import GGML_BLOCK, BlockIndex
 from .weights import SharedWeights
 from .quantize import BLOCK_SIZE
 from .quantize import QuantConfig, tensorrt_readers
@@ -162,6 +163,18 @@ def auto_drafts(config: ExportConfig, refusals: dict[str, str]) -> str:
     return "int8"
 
 
+def carried_line(blocks: BlockIndex, gguf_entry: dict) -> str:
+    """What the export made of a quantized GGUF's blocks: the products carried as they are, and
+    those requantized (a head of another bit width than asked, another --block-size)."""
+    line = (f"{gguf_entry['file']}: {len(blocks.carried)} products carried from its own blocks exactly, "
+            f"{len(blocks.requantized)} requantized")
+    if blocks.requantized:
+        shown = ", ".join(blocks.requantized[:3]) + (" ..." if len(blocks.requantized) > 3 else "")
+        line += (f" ({shown}: the file holds them at another bit width, a merged adapter changed them, or "
+                 f"--block-size is not the file's {GGML_BLOCK})")
+    return line
+
+
 def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written. ``log`` takes
     each line of what the build does (the parity table included); result_line says what it made."""
@@ -192,6 +205,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if gguf_entry:
         log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")
     model = skip_model(hf_model)
+    index = BlockIndex.from_gguf(base.location) if quant.quantized and gguf_entry and options.dtype == "float32" else None
+    if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
+        config = replace(config, blocks=index)
     if quant.quantized:
         c = hf_model.config
         quant.check_sizes(c.hidden_size, getattr(c, "ffn_dim", None) or c.intermediate_size,
@@ -235,6 +251,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
             for spec in tqdm(graph_specs(model, options.dtype), desc="export onnx",
                              unit="graph", disable=not options.progress):
                 specs.append(export_graph(model, spec, tmp, config, weights, draft_model))
+        if config.blocks is not None:
+            log(carried_line(config.blocks, gguf_entry))
         why_not = config.fused_reason(hf_model.config)
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
@@ -300,6 +318,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
                     **({"draft_adapter": str(options.draft_adapter)} if draft_model is not None else {})},
             checks=checks, fused=fused, draft_head=draft, draft_layers=drafts, embed_table=embed_table,
             weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
+                     **({"from_gguf": {"carried": len(config.blocks.carried),
+                                       "requantized": sorted(config.blocks.requantized)}} if config.blocks else {}),
                      **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export

@@ -45,6 +45,8 @@ from runtime import gqa
 from runtime.gqa import FUSED_INPUTS, FUSED_OUTPUTS
 from runtime.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
 
+from .gguf_blocks import is_minimums, product_nodes
+
 SUFFIX = ".gqa.onnx"  # layer_NN.onnx -> layer_NN.gqa.onnx
 OPSET_MS = 1  # com.microsoft's opset
 _PROJECTIONS = {  # role -> the weights of the plain graph's product, in order (export.weights.fuse_sibling_matmuls)
@@ -120,7 +122,8 @@ def fused_layer(plain, layer, config, spec: GraphSpec):
     inits = {t.name: t for t in graph.initializer}
     products = {}
     for node in graph.node:
-        if node.op_type in ("MatMul", "MatMulNBits") and len(node.input) > 1 and node.input[1] in inits:
+        if node.op_type in ("MatMul", "MatMulNBits") and len(node.input) > 1 and node.input[1] in inits \
+                and not is_minimums(node):
             role = next((r for r, parts in _PROJECTIONS.items() if _parts(node)[0] == parts[0]), None)
             if role:
                 products[role] = node
@@ -138,12 +141,18 @@ def fused_layer(plain, layer, config, spec: GraphSpec):
     nodes: list = []
 
     def copy(role: str, x: str, out: str) -> None:
-        node = onnx.NodeProto()
-        node.CopyFrom(products[role])
-        node.input[0], node.output[0] = x, out
-        node.name = f"/{role}"
-        nodes.append(node)
-        keep.extend(inits[i] for i in node.input[1:] if i in inits)
+        group = product_nodes(graph, products[role])  # a carried Q4_1 product: its minimums' term too
+        product = products[role].name
+        names = {products[role].input[0]: x, group[-1].output[0]: out}
+        rename = lambda t: t if not t or t in inits else names.get(t, f"/{role}:{t}")  # noqa: E731
+        for original in group:
+            node = onnx.NodeProto()
+            node.CopyFrom(original)
+            node.input[:] = [rename(t) for t in original.input]
+            node.output[:] = [rename(t) for t in original.output]
+            node.name = f"/{role}{original.name[len(product):]}"
+            nodes.append(node)
+            keep.extend(inits[i] for i in node.input if i in inits)
 
     def const(name: str, array: np.ndarray) -> str:
         keep.append(numpy_helper.from_array(array, name))

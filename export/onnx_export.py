@@ -67,6 +67,8 @@ class ExportConfig:
     # head_draft.onnx, which lossless rows' drafts read on ONNX Runtime (a verify pass reads the head)
     draft_layers: str = "none"  # "int8" or "int4": also write each fused layer graph at that precision
     # (layer_NN.draft.onnx), which lossless rows' draft steps run on ONNX Runtime's CPU provider
+    blocks: object = None  # a quantized GGUF source's export.gguf_blocks.BlockIndex: the products it
+    # holds are written from the file's own blocks, not requantized (it lists them as the graphs go)
 
     def fused_reason(self, model_config) -> str | None:
         """Why this export writes no fused layer graphs (None: it writes them)."""
@@ -177,7 +179,7 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
     fuse_sibling_matmuls(proto)  # q/k/v and gate/up (or fc1 alone): one MatMul each
     if precision != "float":
         q = config.quant
-        proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level)
+        proto = quantize_graph(proto, precision, q.block_size, q.format, q.accuracy_level, config.blocks)
         if spec.name == "head":
             unflatten_head(proto)
     fused = None

@@ -44,6 +44,8 @@ import numpy as np
 from runtime.errors import InvalidArgumentError
 from runtime.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 
+from .gguf_blocks import GGML_BLOCK, carry, is_minimums, product_nodes
+
 
 QUANT_BITS = {"int8": 8, "int4": 4}
 # Weights per quantization scale along K: ONNX Runtime's quantizer CLI default, and what keeps int4
@@ -191,11 +193,13 @@ def tensorrt_readers(config: QuantConfig, artifact: str = "ARTIFACT") -> str:
 
 
 def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: str = "matmulnbits",
-                   accuracy_level: int = 0):
+                   accuracy_level: int = 0, blocks=None):
     """The ``onnx.ModelProto`` ``proto`` (weights inside) with its constant MatMul weights quantized.
 
-    ``weights`` "float" returns ``proto`` unchanged. Raises InvalidArgumentError when a MatMul's K
-    is not a whole number of blocks (rather than leave it float without a word).
+    ``weights`` "float" returns ``proto`` unchanged. ``blocks``: a GGUF's BlockIndex
+    (export.gguf_blocks): the products it holds at this bit width are written from the file's own
+    blocks (MatMulNBits form, blocks of 32), the rest quantized. Raises InvalidArgumentError when a
+    MatMul's K is not a whole number of blocks (rather than leave it float without a word).
     """
     if weights == "float":
         return proto
@@ -208,21 +212,27 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
     from .weights import fold_weight_transposes  # onnx: `export plan` imports this module without it
 
     fold_weight_transposes(proto)
+    bits = QUANT_BITS[weights]
+    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
+    if blocks and format == "matmulnbits" and block_size == GGML_BLOCK:
+        blocks.carried += carry(proto, blocks, bits, accuracy_level)
     targets = _constant_matmuls(proto)
+    if blocks is not None:
+        blocks.requantized += [n.input[1] for n, _ in targets]
+    if not targets:  # every product carried from the file
+        return proto
     for node, k in targets:
         if k % block_size:
             raise InvalidArgumentError(
                 f"MatMul {node.name!r} has K = {k}, not a multiple of block_size {block_size}; pass "
                 f"--block-size with a power of two that divides the model's hidden and ffn sizes")
-    bits = QUANT_BITS[weights]
-    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
     qformat = QuantFormat.QDQ if format == "qdq" else QuantFormat.QOperator
     algo = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=format == "qdq",  # TensorRT needs zero zero points
         accuracy_level=accuracy_level or None, quant_format=qformat, op_types_to_quantize=("MatMul",),
         bits=bits)
     quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, algo_config=algo,
-                                     quant_format=qformat)
+                                     quant_format=qformat, nodes_to_exclude=_minimums_nodes(proto))
     log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = log.level
     log.setLevel(logging.ERROR)  # it logs every node it visits at INFO
@@ -263,12 +273,19 @@ def _axes_as_inputs(proto) -> None:
             node.input.append(name)
 
 
+def _minimums_nodes(proto) -> list[str]:
+    """The nodes of carried Q4_1 products' minimums' terms (gguf_blocks.carry): exact already."""
+    return [n.name for n in proto.graph.node if is_minimums(n)]
+
+
 def _constant_matmuls(proto) -> list[tuple]:
-    """(node, K) of every MatMul whose second input is a 2-D float initializer."""
+    """(node, K) of every MatMul whose second input is a 2-D float initializer (a carried Q4_1
+    product's minimums' term aside)."""
     inits = {t.name: t for t in proto.graph.initializer}
     out = []
+    exact = set(_minimums_nodes(proto))
     for n in proto.graph.node:
-        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits and n.name not in exact:
             dims = list(inits[n.input[1]].dims)
             if len(dims) == 2:
                 out.append((n, dims[0]))
@@ -294,7 +311,7 @@ def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
     for n in proto.graph.node:
         if n.op_type == "MatMulNBits":
             k = next(a.i for a in n.attribute if a.name == "K")
-            nodes, weight = [n], n.input[1].rsplit("_Q", 1)[0]
+            nodes, weight = product_nodes(proto.graph, n), n.input[1].rsplit("_Q", 1)[0]
         elif n.op_type == "MatMul" and producers.get(n.input[1], None) is not None \
                 and producers[n.input[1]].op_type == "DequantizeLinear":
             dq = producers[n.input[1]]
@@ -307,7 +324,7 @@ def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
         needed = {i for m in nodes for i in m.input if i in inits}
         graph = helper.make_graph(
             nodes, "dequantize", [helper.make_tensor_value_info(a_name, _elem_type(proto, n), [k, k])],
-            [helper.make_tensor_value_info(n.output[0], _elem_type(proto, n), None)],
+            [helper.make_tensor_value_info(nodes[-1].output[0], _elem_type(proto, n), None)],
             [inits[i] for i in needed])
         model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
         session = ort.InferenceSession(model.SerializeToString(), new_session_options(ort),

@@ -13,10 +13,10 @@ from transformers import AutoTokenizer, OPTForCausalLM
 from runtime.models.opt import SkipOPT
 from runtime.policy import SkipPolicy
 from tests.conftest import save_tiny_checkpoint, tiny_config
-from tools.finetune.data import (DataError, Encoded, Example, collate, encode, read_pairs,
-                                 split_by_prompt, write_csv)
+from tools.finetune.data import (DataError, Encoded, Example, collate, common_words, copied_tokens, encode,
+                                 read_pairs, split_by_prompt, write_csv)
 from tools.finetune.skip import PolicySampler, layer_mask, skip_forward
-from tools.finetune.train import TrainConfig, TrainError, faithful_pairs, train
+from tools.finetune.train import TrainConfig, TrainError, faithful_pairs, masked_loss, train
 
 PAIRS = [Example(f"name[Place {i}], food[{food}]", f"Place {i} serves {food} food.")
          for i, food in enumerate(["French", "Italian", "Chinese", "English", "Indian", "Thai"])]
@@ -112,6 +112,57 @@ def test_encode_keeps_the_prompt_as_the_runtime_tokenizes_it(tiny_dir):
     assert tok.decode(enc.input_ids[enc.prompt_len:-1]) == " " + PAIRS[0].target
     with pytest.raises(DataError, match="exceeds the model's 5 positions"):
         encode(tok, PAIRS[0], max_len=5)
+
+
+def _word_offsets(text: str) -> list[tuple[int, int]]:
+    """A word-per-token tokenization's character spans, each word with the space before it."""
+    spans, start = [], 0
+    for word in text.split(" ")[1:]:
+        spans.append((start, start + 1 + len(word)))
+        start += 1 + len(word)
+    return spans
+
+
+def test_copied_tokens_are_a_new_names_pieces_not_the_tasks_words():
+    prompt = "name[Tovselbri's], eatType[pub], near[Quay Tavern]"
+    text = " Tovselbri's is a pub near Quay Tavern"
+    common = common_words(["Zizzi is a pub near Tavern Lane.", "It is a pub near the river."], share=1.0)
+    assert common == {"is", "a", "pub", "near"}
+    # "pub" is in the prompt but every answer says it; "Tavern" is common to neither
+    assert copied_tokens(prompt, text, _word_offsets(text), common) == [
+        True, False, False, False, False, True, True]
+    # a piece of a word: its letters must lie in a 4-character string of the prompt
+    assert copied_tokens("name[Tovsel]", " Tovsel Tovx", [(0, 4), (4, 7), (7, 12)]) == [True, True, False]
+
+
+def test_copy_weight_weighs_the_copied_tokens_alone(tiny_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    pair = Example("name[Kestrelbury], food[French]", "Kestrelbury serves French food.")
+    enc = encode(tok, pair, copy_weight=4.0, common={"serves", "food", "French"})
+    target = enc.input_ids[enc.prompt_len:]
+    assert len(enc.weights) == len(target) and enc.weights[-1] == 1.0  # EOS weighs 1
+    heavy = "".join(tok.decode([t]) for t, w in zip(target, enc.weights) if w == 4.0)
+    assert heavy.strip() == "Kestrelbury" and set(enc.weights) == {1.0, 4.0}
+    assert encode(tok, pair).weights is None  # no weighting: nothing computed
+
+
+def test_masked_loss_weighs_each_target_token_by_its_weight():
+    torch.manual_seed(0)
+    model = SkipOPT(OPTForCausalLM(tiny_config("pre_ln")).eval())
+    items = [Encoded([2, 10, 11, 20, 21, 2], 3, [3.0, 1.0, 1.0]), Encoded([2, 12, 30, 2], 2, [1.0, 0.5])]
+    batch = collate(items, pad_id=1)
+    policies = [SkipPolicy(6, 4, 2, horizon=4), SkipPolicy.full_depth(6)]
+    with torch.no_grad():
+        weighted, n = masked_loss(model, batch, policies)
+        mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1])
+        logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
+        targets = batch.labels != -100
+        ce = torch.nn.functional.cross_entropy(logits[targets].float(), batch.labels[targets], reduction="none")
+        w = torch.tensor([3.0, 1.0, 1.0, 1.0, 0.5])
+        torch.testing.assert_close(weighted, (ce * w).sum() / w.sum())
+        batch.weights = None  # unweighted: the plain mean
+        torch.testing.assert_close(masked_loss(model, batch, policies)[0], ce.mean())
+    assert n == 5
 
 
 def test_read_pairs_csv_jsonl_and_missing_columns(tmp_path):

@@ -23,12 +23,22 @@ TENSORS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_att
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # the model_types written here
 
 
-def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bos: bool | None = None):
-    """``model`` (a Llama-family transformers model) and ``tokenizer`` (byte-level BPE) as an F32
-    GGUF at ``path``: q/k of Llama rows permuted for llama.cpp's RoPE, the tokenizer as tokens,
-    types and merges. ``add_bos``: whether llama.cpp prepends the BOS (None: where ``tokenizer``
-    does, so that both give a prompt the same ids; False: the key is left out)."""
+def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bos: bool | None = None,
+                          matrices: str = "F32", embedding: str = "F32"):
+    """``model`` (a Llama-family transformers model) and ``tokenizer`` (byte-level BPE) as a GGUF
+    at ``path``: q/k of Llama rows permuted for llama.cpp's RoPE, the tokenizer as tokens, types and
+    merges. ``add_bos``: whether llama.cpp prepends the BOS (None: where ``tokenizer`` does, so that
+    both give a prompt the same ids; False: the key is left out). ``matrices``, ``embedding``: the
+    GGML type of the layers' weight matrices and of the embedding (and an untied head), quantized
+    by gguf's own quantizer (Q4_0, Q4_1, Q8_0 ...); norms and biases stay F32."""
     import gguf
+
+    def add(name: str, t: np.ndarray, ggml_type: str = "F32") -> None:
+        if ggml_type == "F32":
+            w.add_tensor(name, t)
+        else:
+            qtype = gguf.GGMLQuantizationType[ggml_type]
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
 
     c = model.config
     arch = c.model_type
@@ -46,7 +56,7 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
     w.add_value_length(head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrices == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrices}"])
     data = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
     special = {t["id"] for t in data["added_tokens"]}
@@ -65,7 +75,7 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
     if eot is not None:
         w.add_eot_token_id(eot)
     weights = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    w.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
+    add("token_embd.weight", weights["model.embed_tokens.weight"], embedding)
     for i in range(c.num_hidden_layers):
         for hf_name, name in TENSORS.items():
             for kind in ("weight", "bias"):
@@ -75,10 +85,10 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
                 if arch == "llama" and name in ("attn_q", "attn_k"):  # llama.cpp's LlamaModel.permute
                     n = c.num_attention_heads if name == "attn_q" else c.num_key_value_heads
                     t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-                w.add_tensor(f"blk.{i}.{name}.{kind}", np.ascontiguousarray(t))
+                add(f"blk.{i}.{name}.{kind}", np.ascontiguousarray(t), matrices if t.ndim == 2 else "F32")
     w.add_tensor("output_norm.weight", weights["model.norm.weight"])
     if not c.tie_word_embeddings:
-        w.add_tensor("output.weight", weights["lm_head.weight"])
+        add("output.weight", weights["lm_head.weight"], embedding)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

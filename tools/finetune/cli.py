@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help="LoRA adapters of rank R on every decoder linear layer instead of full "
                         "fine-tuning (needs peft); the output holds the merged model and adapter/")
+    p.add_argument("--copy-weight", type=float, default=1.0, metavar="W",
+                   help="weigh W times in the loss the target tokens that copy a rare string of the prompt "
+                        "(each letter in a string of 4+ characters the prompt holds, a word in under 1%% of "
+                        "the targets: a name), the rest 1: what skipping policies get wrong on names they "
+                        "never saw (1: no weighting)")
     p.add_argument("--distill", type=float, default=0.0, metavar="W",
                    help="with --lora-rank: W of the loss is the KL divergence from the starting model's own "
                         "full-depth predictions at each target token (self-distillation: the policies learn "
@@ -87,7 +92,8 @@ def main(argv=None) -> int:
         warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
         prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha, distill=args.distill, skipping_only=args.skipping_only,
+        lora_alpha=args.lora_alpha, copy_weight=args.copy_weight, distill=args.distill,
+        skipping_only=args.skipping_only,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -112,17 +112,75 @@ def write_csv(path, examples: list[Example], prompt_column="prompt", target_colu
 class Encoded:
     input_ids: list[int]  # BOS prompt separator+target EOS
     prompt_len: int  # tokens the runtime would see as the prompt (BOS included)
+    weights: list[float] | None = None  # the loss weight of each target token and EOS (None: all 1)
 
 
-def encode(tokenizer, example: Example, separator: str = " ", max_len: int | None = None) -> Encoded:
+COPY_CHARS = 4  # a copied token's letters lie in a string of this many characters the prompt holds
+COMMON_SHARE = 0.01  # a word in at least this share of the targets is the task's vocabulary, not a copy
+
+
+def _word(text: str, start: int, end: int) -> str:
+    """The whitespace-delimited word of ``text`` around the span, without its closing punctuation."""
+    while start > 0 and not text[start - 1].isspace():
+        start -= 1
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    return text[start:end].strip().rstrip(".,;:!?")
+
+
+def common_words(targets: list[str], share: float = COMMON_SHARE) -> set[str]:
+    """The words found in at least ``share`` of ``targets``: what every answer of the task says."""
+    counts: dict[str, int] = defaultdict(int)
+    for t in targets:
+        for w in {_word(t, i, i) for i in range(len(t)) if not t[i].isspace()}:
+            counts[w] += 1
+    return {w for w, c in counts.items() if c >= share * len(targets)}
+
+
+def copied_tokens(prompt: str, text: str, offsets: list[tuple[int, int]], common: set[str] = frozenset(),
+                  min_chars: int = COPY_CHARS) -> list[bool]:
+    """For each token of ``text`` (``offsets``: its character spans), whether it copies a rare string
+    of the prompt: each of its non-space characters lies inside a string of at least ``min_chars``
+    characters that ``prompt`` holds verbatim, and its word is not in ``common``. Characters, not
+    tokens, because a name tokenizes differently after the MR's '[' than after a space ("T" "aste"
+    against " Taste")."""
+    seen = {prompt[i:i + min_chars] for i in range(len(prompt) - min_chars + 1)}
+    covered = [False] * len(text)
+    for i in range(len(text) - min_chars + 1):
+        if text[i:i + min_chars] in seen:
+            covered[i:i + min_chars] = [True] * min_chars
+    flags = []
+    for start, end in offsets:
+        letters = [c for c in range(start, end) if not text[c].isspace()]
+        flags.append(bool(letters) and all(covered[c] for c in letters)
+                     and _word(text, letters[0], letters[-1] + 1) not in common)
+    return flags
+
+
+def encode(tokenizer, example: Example, separator: str = " ", max_len: int | None = None,
+           copy_weight: float = 1.0, common: set[str] = frozenset()) -> Encoded:
+    """``copy_weight``: the loss weight of the target tokens that copy a rare string of the prompt
+    (copied_tokens, ``common`` the words that are not rare), the others and EOS weighing 1."""
     prompt = tokenizer(example.prompt)["input_ids"]  # BOS + prompt, as the runtime encodes it
-    target = tokenizer(separator + example.target, add_special_tokens=False)["input_ids"]
+    text = separator + example.target
+    weights = None
+    if copy_weight == 1.0:
+        target = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        try:
+            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        except NotImplementedError as exc:  # a Python ("slow") tokenizer has no character offsets
+            raise DataError(f"--copy-weight needs a tokenizer that reports character offsets (a fast, Rust "
+                            f"tokenizer); {type(tokenizer).__name__} has none: drop --copy-weight") from exc
+        target = enc["input_ids"]
+        weights = [copy_weight if c else 1.0 for c in copied_tokens(example.prompt, text, enc["offset_mapping"], common)]
+        weights.append(1.0)  # EOS
     ids = prompt + target + [tokenizer.eos_token_id]
     if max_len is not None and len(ids) > max_len:
         raise DataError(
             f"example of {len(ids)} tokens exceeds the model's {max_len} positions: "
             f"{example.prompt[:60]!r}...; drop it or use a model with more positions")
-    return Encoded(ids, len(prompt))
+    return Encoded(ids, len(prompt), weights)
 
 
 @dataclass
@@ -131,10 +189,11 @@ class Batch:
     attention_mask: torch.Tensor  # (B, T) 1 for real tokens
     labels: torch.Tensor  # (B, T) next token at each position, -100 where no loss
     prompt_lens: torch.Tensor  # (B,) prompt tokens per row (BOS included)
+    weights: torch.Tensor | None = None  # (B, T) float loss weight where labels has a target, else 0
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.labels,
-                                              self.prompt_lens)))
+        return Batch(*(None if t is None else t.to(device) for t in (
+            self.input_ids, self.attention_mask, self.labels, self.prompt_lens, self.weights)))
 
 
 def collate(items: list[Encoded], pad_id: int) -> Batch:
@@ -147,14 +206,18 @@ def collate(items: list[Encoded], pad_id: int) -> Batch:
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
     labels = torch.full((B, T), -100, dtype=torch.long)
+    weighted = any(e.weights is not None for e in items)
+    weights = torch.zeros((B, T), dtype=torch.float32) if weighted else None
     for b, e in enumerate(items):
         n = len(e.input_ids)
         ids = torch.tensor(e.input_ids, dtype=torch.long)
         input_ids[b, :n] = ids
         attention_mask[b, :n] = 1
         labels[b, e.prompt_len - 1:n - 1] = ids[e.prompt_len:]
+        if weighted:
+            weights[b, e.prompt_len - 1:n - 1] = torch.tensor(e.weights) if e.weights else 1.0
     prompt_lens = torch.tensor([e.prompt_len for e in items], dtype=torch.long)
-    return Batch(input_ids, attention_mask, labels, prompt_lens)
+    return Batch(input_ids, attention_mask, labels, prompt_lens, weights)
 
 
 def batches(items: list[Encoded], batch_size: int, pad_id: int, shuffle: bool, rng: random.Random):

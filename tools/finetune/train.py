@@ -22,7 +22,7 @@ from runtime.models.base import SkipModel
 from runtime.errors import SkipDecodeError
 
 from . import lora
-from .data import Encoded, batches, encode, read_pairs
+from .data import Encoded, batches, common_words, encode, read_pairs
 from .skip import PolicySampler, layer_mask, set_dropout, skip_forward
 
 STATE_FILE = "trainer_state.pt"
@@ -61,6 +61,8 @@ class TrainConfig:
     lora_alpha: float | None = None  # LoRA's scale numerator (scale = alpha / rank); None: 2 * rank
     skipping_only: bool = False  # LoRA: the adapters act only on tokens that skip layers (the prompt's
     # pass and full depth stay the starting model): adapters for export build --draft-adapter
+    copy_weight: float = 1.0  # the loss weight of the target tokens that copy the prompt (data.copied_tokens:
+    # a name, a number) against 1 for the others: what a skipping policy gets most wrong on new names
     distill: float = 0.0  # LoRA: the loss's share of KL(the starting model at full depth || the row's
     # policy) over the target tokens; the rest is cross-entropy on the targets (0: it alone, 1: no targets)
     lr: float = 5e-4
@@ -154,11 +156,15 @@ def masked_loss(model: SkipModel, batch, policies, teacher: torch.Tensor | None 
         logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
     targets = batch.labels != -100  # (B, T)
     n = int(targets.sum())
-    loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
+    # (n,) each target token's share of the loss: equal, or as batch.weights (--copy-weight) weighs them
+    share = (torch.full((n,), 1.0 / n, device=logits.device) if batch.weights is None
+             else batch.weights[targets] / batch.weights[targets].sum())
+    ce = F.cross_entropy(logits[targets].float(), batch.labels[targets], reduction="none")  # (n,)
+    loss = (ce * share).sum()
     if teacher is not None and distill:
         student = F.log_softmax(logits[targets].float(), dim=-1)  # (n, V)
-        kl = F.kl_div(student, F.log_softmax(teacher.float(), dim=-1), log_target=True, reduction="batchmean")
-        loss = (1 - distill) * loss + distill * kl
+        kl = F.kl_div(student, F.log_softmax(teacher.float(), dim=-1), log_target=True, reduction="none").sum(-1)
+        loss = (1 - distill) * loss + distill * (kl * share).sum()
     return loss, n
 
 
@@ -278,7 +284,11 @@ def train(cfg: TrainConfig) -> Path:
         pairs = faithful_pairs(pairs, cfg.train)
     if cfg.max_train is not None and cfg.max_train < len(pairs):
         pairs = random.Random(cfg.seed).sample(pairs, cfg.max_train)  # the same subset on resume
-    train_items = [encode(tokenizer, ex, cfg.separator, limit) for ex in pairs]
+    if cfg.copy_weight <= 0:
+        raise TrainError(f"--copy-weight {cfg.copy_weight:g}: a loss weight is positive (1: copied tokens weigh "
+                         f"as the others)")
+    common = common_words([ex.target for ex in pairs]) if cfg.copy_weight != 1.0 else frozenset()
+    train_items = [encode(tokenizer, ex, cfg.separator, limit, cfg.copy_weight, common) for ex in pairs]
     val_items = ([encode(tokenizer, ex, cfg.separator, limit)
                   for ex in read_pairs(cfg.val, cfg.prompt_column, cfg.target_column)]
                  if cfg.val else [])
@@ -321,6 +331,7 @@ def train(cfg: TrainConfig) -> Path:
                     "speedups": list(cfg.speedups), "steps": step, "val_loss": val_loss,
                     "max_steps": cfg.max_steps, "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
                     "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {}),
+                    **({"copy_weight": cfg.copy_weight} if cfg.copy_weight != 1.0 else {}),
                     **({"skipping_only": True} if cfg.skipping_only else {})}],
                 **cfg.extra}
 

@@ -1,0 +1,207 @@
+"""A quantized GGUF's own blocks carried into the artifact's MatMulNBits weights, not requantized.
+
+transformers dequantizes a GGUF's tensors to float, and the export traces those floats. Quantizing
+them again to MatMulNBits' grid (its own scale and zero point per block) moves every weight of a
+Q4_1 file: the grid ``d * q + m`` has a minimum that is no whole number of steps from zero, which
+an integer zero point cannot hold (next-token top-1 agreement with the float export: 0.63 over 194
+prompts on SmolLM2-135M-Instruct's Q4_1 file). Here each constant MatMul of a graph is matched,
+column by column, to the file's rows (by the exact float values transformers made of them: no
+tensor names, so q/k's permutation and the fused q/k/v products need no rules), and written from
+the blocks themselves:
+
+* Q4_0 (``d * (q - 8)``): MatMulNBits with the file's scales and no zero points (MatMulNBits' default
+  zero point is 8): the same weights.
+* Q4_1 (``d * q + m``): MatMulNBits with the file's scales and zero points 0, plus the minimums'
+  term ``sum over blocks of m * (the block's sum of x)``: two small MatMuls (x times a 0/1 block
+  matrix (K, K/32), shared by every product of that x; then times the minimums (K/32, N)) and an
+  Add, plain ONNX that every runtime runs.
+* Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128.
+
+A product is carried when every one of its columns is found in blocks of one bit width that its
+graph's weights ask for (int4: Q4_0 and Q4_1; int8: Q8_0) and the rebuilt weights equal the traced
+ones; anything else is quantized as before (``quantize.quantize_graph``). The blocks are GGML's
+(32 weights); an export with another ``--block-size`` requantizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+GGML_BLOCK = 32
+TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # the GGML types carried, and the MatMulNBits bits each becomes
+MINS = "/mins"  # the name prefix of a carried Q4_1 product's minimums nodes: "<product>/mins/..."
+
+
+@dataclass
+class Rows:
+    """One GGUF tensor's blocks, decoded: (rows, blocks, 32) levels, scales and minimums."""
+    ggml_type: str
+    q: np.ndarray  # (R, nb, 32) uint8: 0..15 (Q4_x) or q + 128 (Q8_0), as MatMulNBits reads them
+    d: np.ndarray  # (R, nb) float32 (the file's float16)
+    m: np.ndarray | None  # (R, nb) float32: Q4_1's minimums (None: Q4_0 and Q8_0 have none)
+
+
+def decode(ggml_type: str, raw: np.ndarray) -> Rows:
+    """The blocks of ``raw`` (rows, bytes per row) uint8, GGML's layout, as Rows."""
+    R = raw.shape[0]
+    size = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[ggml_type]
+    blocks = raw.reshape(R, -1, size)  # (R, nb, bytes)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (R, nb)
+    if ggml_type == "Q8_0":
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # (R, nb, 32)
+        return Rows(ggml_type, q, d, None)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if ggml_type == "Q4_1" else None
+    qs = blocks[..., size - 16:]  # (R, nb, 16): weight j in the low nibble of byte j, j + 16 in the high one
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (R, nb, 32)
+    return Rows(ggml_type, q, d, m)
+
+
+def dequantize(rows: Rows) -> np.ndarray:
+    """(R, nb * 32) float32: what gguf's dequantize makes of the blocks (the formulas of its quants.py)."""
+    levels = rows.q.astype(np.float32)
+    if rows.ggml_type == "Q8_0":
+        w = rows.d[..., None] * (levels - 128)
+    elif rows.ggml_type == "Q4_0":
+        w = rows.d[..., None] * (levels - 8)
+    else:
+        w = rows.d[..., None] * levels + rows.m[..., None]
+    return w.reshape(w.shape[0], -1)
+
+
+@dataclass
+class BlockIndex:
+    """The file's rows of the carried types, found by their float values."""
+    tensors: list[Rows] = field(default_factory=list)
+    where: dict[int, tuple[int, int]] = field(default_factory=dict)  # hash of a row's floats -> (tensor, row)
+    carried: list[str] = field(default_factory=list)  # the weights written from the blocks, as an export goes
+    requantized: list[str] = field(default_factory=list)  # the quantized weights the file's blocks did not give
+
+    @classmethod
+    def from_gguf(cls, path) -> "BlockIndex":
+        import gguf
+
+        index = cls()
+        for tensor in gguf.GGUFReader(Path(path)).tensors:
+            name = tensor.tensor_type.name
+            if name not in TYPES or tensor.data.ndim != 2:
+                continue
+            rows = decode(name, np.asarray(tensor.data))
+            floats = dequantize(rows)
+            t = len(index.tensors)
+            index.tensors.append(rows)
+            for r in range(floats.shape[0]):
+                index.where.setdefault(hash(floats[r].tobytes()), (t, r))
+        return index
+
+    def __bool__(self) -> bool:
+        return bool(self.tensors)
+
+    def find(self, weight: np.ndarray, bits: int) -> Rows | None:
+        """The blocks of ``weight`` (K, N) float32, a graph's MatMul weight (its columns are the
+        file's rows), when every column is a row of a type of ``bits`` bits and the blocks give
+        back exactly ``weight``; else None."""
+        if weight.dtype != np.float32 or weight.shape[0] % GGML_BLOCK:
+            return None
+        columns = np.ascontiguousarray(weight.T)  # (N, K)
+        found = [self.where.get(hash(c.tobytes())) for c in columns]
+        if any(f is None or TYPES[self.tensors[f[0]].ggml_type] != bits for f in found):
+            return None
+        parts = [self.tensors[t] for t, _ in found]
+        rows = [r for _, r in found]
+        if any(p.q.shape[1] * GGML_BLOCK != weight.shape[0] for p in parts):
+            return None
+        types = {p.ggml_type for p in parts}
+        q = np.stack([p.q[r] for p, r in zip(parts, rows)])  # (N, nb, 32)
+        d = np.stack([p.d[r] for p, r in zip(parts, rows)])  # (N, nb)
+        if types == {"Q4_0", "Q4_1"}:  # one product of both: Q4_0's rows as minimums -8 d, levels as they are
+            m = np.stack([p.m[r] if p.m is not None else -8 * p.d[r] for p, r in zip(parts, rows)])
+            ggml_type = "Q4_1"
+        else:
+            ggml_type = types.pop()
+            m = np.stack([p.m[r] for p, r in zip(parts, rows)]) if ggml_type == "Q4_1" else None
+        out = Rows(ggml_type, q, d, m)
+        return out if np.array_equal(dequantize(out), columns) else None
+
+
+def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]:
+    """Replace each constant MatMul of ``proto`` whose weight ``index`` holds in blocks of ``bits``
+    bits by MatMulNBits on those blocks (and, for Q4_1, the minimums' term); returns the weights
+    carried. The rest are left for the quantizer."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    carried = []
+    for node in list(graph.node):
+        if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
+            continue
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        rows = index.find(weight, bits) if weight.ndim == 2 else None
+        if rows is None:
+            continue
+        name, (K, N) = node.input[1], weight.shape
+        nb = K // GGML_BLOCK
+        if bits == 4:
+            b = (rows.q[..., 0::2] | (rows.q[..., 1::2] << 4)).astype(np.uint8)  # (N, nb, 16): MatMulNBits' order
+        else:
+            b = rows.q  # (N, nb, 32)
+        new = [numpy_helper.from_array(b, f"{name}_Q{bits}"),
+               numpy_helper.from_array(rows.d.reshape(-1), f"{name}_scales")]
+        inputs = [node.input[0], new[0].name, new[1].name]
+        if rows.m is not None:  # levels against zero: the minimums come in their own term
+            new.append(numpy_helper.from_array(np.zeros(N * ((nb + 1) // 2), np.uint8), f"{name}_zero_points"))
+            inputs.append(new[2].name)
+        at = list(graph.node).index(node)
+        out = node.output[0]
+        product = out if rows.m is None else f"{node.name or name}/nbits"
+        nodes = [helper.make_node("MatMulNBits", inputs, [product], name=node.name or f"{name}/MatMulNBits",
+                                  domain="com.microsoft", K=K, N=N, bits=bits, block_size=GGML_BLOCK,
+                                  accuracy_level=accuracy_level)]
+        if rows.m is not None:
+            nodes += _mins_nodes(graph, inits, nodes[0].name, node.input[0], product, out, rows.m, K, new)
+        graph.node.remove(node)
+        for k, n in enumerate(nodes):
+            graph.node.insert(at + k, n)
+        graph.initializer.remove(inits.pop(name))
+        graph.initializer.extend(new)
+        inits.update({t.name: t for t in new})
+        carried.append(name)
+    return carried
+
+
+def _mins_nodes(graph, inits, product_name: str, x: str, product: str, out: str, m: np.ndarray, K: int,
+                new: list) -> list:
+    """out = product + (x's block sums) @ m.T: Q4_1's ``m * sum(x)`` over each block."""
+    from onnx import helper, numpy_helper
+
+    nb = K // GGML_BLOCK
+    ones = f"ggml.block_sums.{K}"
+    if ones not in inits:
+        e = np.zeros((K, nb), np.float32)  # (K, nb): 1 where weight k lies in block b
+        e[np.arange(K), np.arange(K) // GGML_BLOCK] = 1.0
+        new.append(numpy_helper.from_array(e, ones))
+        inits[ones] = new[-1]
+    mins = f"{product_name}{MINS}/m"
+    new.append(numpy_helper.from_array(np.ascontiguousarray(m.T), mins))  # (nb, N)
+    p = f"{product_name}{MINS}"
+    return [helper.make_node("MatMul", [x, ones], [f"{p}/sums"], name=f"{p}/sums"),
+            helper.make_node("MatMul", [f"{p}/sums", mins], [f"{p}/term"], name=f"{p}/term"),
+            helper.make_node("Add", [product, f"{p}/term"], [out], name=f"{p}/add")]
+
+
+def is_minimums(node) -> bool:
+    """Whether ``node`` is one of a carried Q4_1 product's minimums' term (``carry``)."""
+    return MINS + "/" in node.name
+
+
+def product_nodes(graph, node) -> list:
+    """``node``, a product of a graph, with the nodes of its minimums' term (``carry``) after it, in order."""
+    prefix = f"{node.name}{MINS}/"
+    return [node] + [n for n in graph.node if n.name.startswith(prefix)]
+
+
+__all__ = ["BlockIndex", "GGML_BLOCK", "MINS", "Rows", "TYPES", "carry", "decode", "dequantize", "is_minimums",
+           "product_nodes"]

@@ -1,0 +1,94 @@
+"""A quantized GGUF's blocks carried into the int4/int8 artifact as they are (export.gguf_blocks):
+tiny Llama-family checkpoints written at each carried type with gguf's own quantizer; every product
+of the artifact multiplies by exactly what transformers dequantizes from the file."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export import checkpoint
+from export.build import BuildOptions, build
+from export.gguf_blocks import BlockIndex, decode, dequantize
+from export.quantize import dequantized_weights
+from runtime.manifest import TRANSPOSED, split_fused
+from tests.families import tiny_model
+from tools.bench.gguf_file import write_checkpoint_gguf
+
+gguf = pytest.importorskip("gguf")
+# head_dim 16 (the fused graphs' GroupQueryAttention), every K whole blocks of 32
+SHAPE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             num_hidden_layers=2)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
+def test_decode_gives_what_gguf_dequantizes(ggml_type):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 96)).astype(np.float32)
+    w[0] = 0.0  # a block of zeros: scale 0
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[ggml_type])
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml_type])
+    assert np.array_equal(dequantize(decode(ggml_type, raw)), expected)
+
+
+def _write(tmp_path, matrices: str, embedding: str = "Q8_0"):
+    model = tiny_model("smollm2", **SHAPE)
+    return write_checkpoint_gguf(model, checkpoint.build_tokenizer(), tmp_path / f"{matrices}.gguf",
+                                 matrices=matrices, embedding=embedding)
+
+
+def _file_weights(path) -> dict[str, np.ndarray]:
+    """What transformers makes of the file: each layer's weights (N, K), as export traces them."""
+    model, _ = checkpoint.load(checkpoint.resolve(str(path)), dtype=torch.float32)
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("matrices, weights", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
+def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
+    path = _write(tmp_path, matrices)
+    lines = []
+    out = tmp_path / "art"
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights=weights), log=lines.append)
+    # the layers' 4 products each (q/k/v, o, gate/up, down); the head from the Q8_0 embedding: carried
+    # at int8, requantized at int4
+    carried = manifest.weights["from_gguf"]
+    assert carried["carried"] == 4 * SHAPE["num_hidden_layers"] + (weights == "int8")
+    assert carried["requantized"] == ([] if weights == "int8" else ["lm_head.weight.T"])
+    assert any(line.startswith(f"{matrices}.gguf: {carried['carried']} products carried") for line in lines)
+    assert json.loads((out / "manifest.json").read_text())["weights"]["from_gguf"] == carried
+
+    expected = _file_weights(path)
+    for i in range(SHAPE["num_hidden_layers"]):
+        for file in (f"layer_{i:02d}.onnx", f"layer_{i:02d}.gqa.onnx"):
+            proto = onnx.load(str(out / file))
+            if matrices == "Q4_1":  # the minimums' term rides along, in the fused graph too
+                assert any(n.name.endswith("/mins/add") for n in proto.graph.node), file
+            used = split_fused(dequantized_weights(proto, onnx.load(str(out / f"layer_{i:02d}.onnx"))))
+            assert len(used) == 7, file
+            for key, w in used.items():  # (K, N): the file's values, to float32 rounding of the product
+                target = expected[f"model.layers.{i}.{key.removesuffix(TRANSPOSED)}"].T
+                np.testing.assert_allclose(w, target, rtol=2e-6, atol=1e-7, err_msg=f"{file} {key}")
+
+
+def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
+    """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
+    and its weights move away from the file's values."""
+    path = _write(tmp_path, "Q4_1")
+    lines = []
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, weights="int4",
+                                  block_size=16, check=False), log=lines.append)
+    assert manifest.weights["from_gguf"]["carried"] == 0
+    assert any("--block-size is not the file's 32" in line for line in lines)
+    used = split_fused(dequantized_weights(onnx.load(str(tmp_path / "art" / "layer_00.onnx"))))
+    target = _file_weights(path)["model.layers.0.self_attn.q_proj.weight"].T
+    assert np.abs(used["self_attn.q_proj.weight.T"] - target).max() > 1e-3
+
+
+def test_a_float_gguf_has_nothing_to_carry(tmp_path):
+    path = _write(tmp_path, "F32", embedding="F32")
+    assert not BlockIndex.from_gguf(path)
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, weights="int4",
+                                  check=False), log=lambda *_: None)
+    assert "from_gguf" not in manifest.weights
