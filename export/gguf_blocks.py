@@ -78,13 +78,17 @@ class BlockIndex:
     where: dict[int, tuple[int, int]] = field(default_factory=dict)  # hash of a row's floats -> (tensor, row)
     carried: list[str] = field(default_factory=list)  # the weights written from the blocks, as an export goes
     requantized: list[str] = field(default_factory=list)  # the quantized weights the file's blocks did not give
+    head_type: str | None = None  # the GGML type of the head's matrix (output.weight, else the tied token_embd.weight)
 
     @classmethod
     def from_gguf(cls, path) -> "BlockIndex":
         import gguf
 
         index = cls()
-        for tensor in gguf.GGUFReader(Path(path)).tensors:
+        tensors = gguf.GGUFReader(Path(path)).tensors
+        heads = {t.name: t.tensor_type.name for t in tensors if t.name in ("output.weight", "token_embd.weight")}
+        index.head_type = heads.get("output.weight", heads.get("token_embd.weight"))
+        for tensor in tensors:
             name = tensor.tensor_type.name
             if name not in TYPES or tensor.data.ndim != 2:
                 continue

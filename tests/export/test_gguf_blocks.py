@@ -51,11 +51,11 @@ def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
     lines = []
     out = tmp_path / "art"
     manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights=weights), log=lines.append)
-    # the layers' 4 products each (q/k/v, o, gate/up, down); the head from the Q8_0 embedding: carried
-    # at int8, requantized at int4
+    # the layers' 4 products each (q/k/v, o, gate/up, down), and the head: the file's Q8_0 embedding
+    # at int8 (never below the file: an int4 export's head too)
     carried = manifest.weights["from_gguf"]
-    assert carried["carried"] == 4 * SHAPE["num_hidden_layers"] + (weights == "int8")
-    assert carried["requantized"] == ([] if weights == "int8" else ["lm_head.weight.T"])
+    assert carried == {"carried": 4 * SHAPE["num_hidden_layers"] + 1, "requantized": []}
+    assert manifest.weights["head"] == "int8" and manifest.weights["layers"] == weights
     assert any(line.startswith(f"{matrices}.gguf: {carried['carried']} products carried") for line in lines)
     assert json.loads((out / "manifest.json").read_text())["weights"]["from_gguf"] == carried
 
@@ -84,6 +84,14 @@ def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     used = split_fused(dequantized_weights(onnx.load(str(tmp_path / "art" / "layer_00.onnx"))))
     target = _file_weights(path)["model.layers.0.self_attn.q_proj.weight"].T
     assert np.abs(used["self_attn.q_proj.weight.T"] - target).max() > 1e-3
+
+
+def test_an_int4_head_asked_for_is_requantized_from_the_q8_0_file(tmp_path):
+    path = _write(tmp_path, "Q4_0")
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, weights="int4",
+                                  head_weights="int4", check=False), log=lambda *_: None)
+    assert manifest.weights["head"] == "int4"
+    assert manifest.weights["from_gguf"]["requantized"] == ["lm_head.weight.T"]
 
 
 def test_a_float_gguf_has_nothing_to_carry(tmp_path):
