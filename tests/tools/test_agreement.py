@@ -1,0 +1,47 @@
+"""tools.evaluate.agreement: quantized artifacts' next-token predictions against a reference's."""
+
+import numpy as np
+import pytest
+
+from export.build import BuildOptions, build
+from tests.conftest import save_tiny_checkpoint
+from tools.evaluate import agreement
+
+TEXT = ("The keeper climbed the stairs each evening to light the lamp, and the ships that passed the rocks "
+        "saw it burn through fog and storm. One winter a bottle washed ashore with a letter inside, written "
+        "in a hand nobody in the village knew, asking for news of a sailor lost forty years before.")
+
+
+def test_prompts_are_seeded_windows_of_the_texts_words():
+    prompts = agreement.prompts_of(TEXT, 20, seed=3)
+    assert prompts == agreement.prompts_of(TEXT, 20, seed=3) != agreement.prompts_of(TEXT, 20, seed=4)
+    assert all(3 <= len(p.split()) <= 24 and p in " ".join(TEXT.split()) for p in prompts)
+    with pytest.raises(agreement.AgreementError, match="the text has 5 words; windows of up to 24 need more"):
+        agreement.prompts_of("one two three four five", 2)
+
+
+def test_compare_counts_top1_and_kl():
+    ref = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
+    same = agreement.compare("same", ref, ref.copy())
+    assert same.top1 == 1.0 and same.mean_kl == pytest.approx(0.0, abs=1e-12)
+    other = np.log(np.array([[0.7, 0.2, 0.1], [0.5, 0.2, 0.3]]))  # the second argmax moved
+    row = agreement.compare("other", ref, other)
+    kl = 0.1 * np.log(0.1 / 0.5) + 0.6 * np.log(0.6 / 0.2) + 0.3 * np.log(0.3 / 0.3)
+    assert row.top1 == 0.5 and row.mean_kl == pytest.approx(kl / 2)
+    with pytest.raises(agreement.AgreementError, match="2 wide, the reference's 3"):
+        agreement.compare("narrow", ref, ref[:, :2])
+
+
+def test_the_cli_compares_a_float_export_with_itself_and_an_int4_one(tmp_path, capsys):
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln", max_position_embeddings=256)
+    for name, weights in (("fp32", "float"), ("int4", "int4")):
+        build(BuildOptions(model=str(ckpt), out=str(tmp_path / name), progress=False, weights=weights, block_size=16),
+              log=lambda *_: None)
+    (tmp_path / "text.txt").write_text(TEXT)
+    assert agreement.main(["--reference", str(tmp_path / "fp32"), "--model", f"same={tmp_path / 'fp32'}",
+                           str(tmp_path / "int4"), "--text", str(tmp_path / "text.txt"), "--prompts", "10"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "| model | top-1 agreement (10 prompts) | mean KL (nats) |"
+    assert lines[2] == "| same | 1.000 | 0.0000 |"
+    name, top1, kl = (c.strip() for c in lines[3].strip("|").split("|"))
+    assert name == str(tmp_path / "int4") and 0 < float(kl) and 0 <= float(top1) <= 1
