@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the head's alone, e.g. --head-weights int4 with float layers (default: --weights)")
     q.add_argument("--block-size", type=int, default=BLOCK_SIZE,
                    help="weights per scale along each weight's input dimension (default %(default)s)")
+    q.add_argument("--accuracy-level", type=int, choices=(1, 4),
+                   help="MatMulNBits' activations (onnxruntime's quantizer's name): 4 (default), int8 per block of 32 (the "
+                        "fast kernels, as llama.cpp's q8 activations); 1, float32: the products exact, int4 "
+                        "slower (docs/quality.md, \"The GGUF's own blocks\")")
     # ONNX Runtime's quantizer calls this quant_format (QOperator = MatMulNBits, or QDQ);
     # --weights-format was its first name here, one letter from optimum's --weight-format (= --weights)
     q.add_argument("--weights-format", dest="quant_format", choices=FORMATS, default=argparse.SUPPRESS,
@@ -157,7 +161,7 @@ def _build(args) -> int:
         model=args.model, out=out, dtype=DTYPES[args.dtype], opset=args.opset,
         random_weights=args.random_weights, seed=args.seed, external_data=args.external_data,
         page_size=args.page_size, weights=args.weights, head_weights=args.head_weights,
-        block_size=args.block_size, weights_format=args.quant_format,
+        block_size=args.block_size, weights_format=args.quant_format, accuracy_level=args.accuracy_level or 0,
         check=not args.no_check, fused=not args.no_fused, policy=policy,
         # TensorRT engines run neither copy: auto writes none for them
         **{k: "none" if args.engine == "trt" and v == "auto" else v

@@ -53,6 +53,7 @@ class BuildOptions:
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
+    accuracy_level: int = 0  # MatMulNBits' activations: 0 = 4 (int8, the fast kernels), 1 = float32 (exact products)
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
     # lossless rows' drafts: "int8"/"int4" also writes a quantized copy of the float head / of the fused
     # layers, which draft steps run on ONNX Runtime's CPU provider; "auto": int8 where they can run
@@ -183,7 +184,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     remove_leftovers(out)
     _prepare_out(out)
     quant = QuantConfig(weights=options.weights, head_weights=options.head_weights,
-                        block_size=options.block_size, format=options.weights_format)
+                        block_size=options.block_size, format=options.weights_format,
+                        accuracy_level=options.accuracy_level)
     config = ExportConfig(dtype=options.dtype, opset=options.opset, external_data=options.external_data,
                           page_size=options.page_size, quant=quant, fused=options.fused,
                           **{k: ("none" if v == "auto" else v) for k, v in

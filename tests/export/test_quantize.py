@@ -216,6 +216,13 @@ def test_cli_weights_block_size_and_errors(ckpt, tmp_path, capsys):
     assert export_main(["build", "--model", str(ckpt), "--out", str(out), "-q", "--weights", "int8",
                         "--block-size", "16"]) == 0
     assert load_manifest(out).weights["layers"] == "int8"
+    # float activations: every MatMulNBits at accuracy level 1, and the manifest says so
+    assert export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "acc1"), "-q", "--weights", "int4",
+                        "--block-size", "16", "--accuracy-level", "1"]) == 0
+    assert load_manifest(tmp_path / "acc1").weights["accuracy_level"] == 1
+    levels = {a.i for n in onnx.load(str(tmp_path / "acc1" / "layer_00.onnx")).graph.node
+              for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {1}
     capsys.readouterr()
     with pytest.raises(SystemExit):  # argparse: not one of the choices
         export_main(["build", "--model", str(ckpt), "--out", str(tmp_path / "x"), "--weights", "int3"])
