@@ -12,9 +12,9 @@ the blocks themselves:
 * Q4_0 (``d * (q - 8)``): MatMulNBits with the file's scales and no zero points (MatMulNBits' default
   zero point is 8): the same weights.
 * Q4_1 (``d * q + m``): MatMulNBits with the file's scales and zero points 0, plus the minimums'
-  term ``sum over blocks of m * (the block's sum of x)``: two small MatMuls (x times a 0/1 block
-  matrix (K, K/32), shared by every product of that x; then times the minimums (K/32, N)) and an
-  Add, plain ONNX that every runtime runs.
+  term ``sum over blocks of m * (the block's sum of x)``: x's block sums (Reshape, ReduceSum) times
+  the minimums (K/32, N), added: plain ONNX that every runtime runs (runtime.manifest.MINS names its
+  nodes; this project's int4 kernel folds it into its own product).
 * Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128.
 
 A product is carried when every one of its columns is found in blocks of one bit width that its
@@ -30,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.manifest import MINS
+
 GGML_BLOCK = 32
 TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # the GGML types carried, and the MatMulNBits bits each becomes
-MINS = "/mins"  # the name prefix of a carried Q4_1 product's minimums nodes: "<product>/mins/..."
 
 
 @dataclass
@@ -138,14 +139,15 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
 
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
+    ranks = _ranks(proto)
     carried = []
     for node in list(graph.node):
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
             continue
         weight = numpy_helper.to_array(inits[node.input[1]])
         rows = index.find(weight, bits) if weight.ndim == 2 else None
-        if rows is None:
-            continue
+        if rows is None or (rows.m is not None and not ranks.get(node.input[0])):
+            continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
         name, (K, N) = node.input[1], weight.shape
         nb = K // GGML_BLOCK
         if bits == 4:
@@ -165,7 +167,7 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
                                   domain="com.microsoft", K=K, N=N, bits=bits, block_size=GGML_BLOCK,
                                   accuracy_level=accuracy_level)]
         if rows.m is not None:
-            nodes += _mins_nodes(graph, inits, nodes[0].name, node.input[0], product, out, rows.m, K, new)
+            nodes += _mins_nodes(nodes[0].name, node.input[0], ranks[node.input[0]], product, out, rows.m, new)
         graph.node.remove(node)
         for k, n in enumerate(nodes):
             graph.node.insert(at + k, n)
@@ -176,23 +178,29 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
     return carried
 
 
-def _mins_nodes(graph, inits, product_name: str, x: str, product: str, out: str, m: np.ndarray, K: int,
-                new: list) -> list:
-    """out = product + (x's block sums) @ m.T: Q4_1's ``m * sum(x)`` over each block."""
+def _ranks(proto) -> dict[str, int]:
+    """Each value's rank where ONNX's shape inference finds it."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(proto).graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.input, *inferred.value_info]
+            if v.type.tensor_type.HasField("shape")}
+
+
+def _mins_nodes(product_name: str, x: str, rank: int, product: str, out: str, m: np.ndarray, new: list) -> list:
+    """out = product + (x's block sums) @ m.T: Q4_1's ``m * sum(x)`` over each block. x (..., K) is
+    reshaped to (..., nb, 32) (Reshape's 0s keep the leading dimensions) and summed over its blocks."""
     from onnx import helper, numpy_helper
 
-    nb = K // GGML_BLOCK
-    ones = f"ggml.block_sums.{K}"
-    if ones not in inits:
-        e = np.zeros((K, nb), np.float32)  # (K, nb): 1 where weight k lies in block b
-        e[np.arange(K), np.arange(K) // GGML_BLOCK] = 1.0
-        new.append(numpy_helper.from_array(e, ones))
-        inits[ones] = new[-1]
-    mins = f"{product_name}{MINS}/m"
-    new.append(numpy_helper.from_array(np.ascontiguousarray(m.T), mins))  # (nb, N)
+    nb = m.shape[1]
     p = f"{product_name}{MINS}"
-    return [helper.make_node("MatMul", [x, ones], [f"{p}/sums"], name=f"{p}/sums"),
-            helper.make_node("MatMul", [f"{p}/sums", mins], [f"{p}/term"], name=f"{p}/term"),
+    shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [nb, GGML_BLOCK], np.int64), f"{p}/shape")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), f"{p}/axes")
+    mins = numpy_helper.from_array(np.ascontiguousarray(m.T), f"{p}/m")  # (nb, N)
+    new += [shape, axes, mins]
+    return [helper.make_node("Reshape", [x, shape.name], [f"{p}/blocks"], name=f"{p}/reshape"),
+            helper.make_node("ReduceSum", [f"{p}/blocks", axes.name], [f"{p}/sums"], name=f"{p}/sum", keepdims=0),
+            helper.make_node("MatMul", [f"{p}/sums", mins.name], [f"{p}/term"], name=f"{p}/term"),
             helper.make_node("Add", [product, f"{p}/term"], [out], name=f"{p}/add")]
 
 
@@ -207,5 +215,5 @@ def product_nodes(graph, node) -> list:
     return [node] + [n for n in graph.node if n.name.startswith(prefix)]
 
 
-__all__ = ["BlockIndex", "GGML_BLOCK", "MINS", "Rows", "TYPES", "carry", "decode", "dequantize", "is_minimums",
+__all__ = ["BlockIndex", "GGML_BLOCK", "Rows", "TYPES", "carry", "decode", "dequantize", "is_minimums",
            "product_nodes"]

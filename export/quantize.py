@@ -322,14 +322,17 @@ def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
         a_name = n.input[0]
         dtype = np.float16 if _elem_type(proto, n) == onnx.TensorProto.FLOAT16 else np.float32
         needed = {i for m in nodes for i in m.input if i in inits}
+        # a minimums' term reshapes x at its rank (gguf_blocks): the identity gets leading 1s to it
+        rank = max([2] + [len(numpy_helper.to_array(inits[m.input[1]])) - 1 for m in nodes if m.op_type == "Reshape"])
+        eye = np.eye(k, dtype=dtype).reshape((1,) * (rank - 2) + (k, k))
         graph = helper.make_graph(
-            nodes, "dequantize", [helper.make_tensor_value_info(a_name, _elem_type(proto, n), [k, k])],
+            nodes, "dequantize", [helper.make_tensor_value_info(a_name, _elem_type(proto, n), list(eye.shape))],
             [helper.make_tensor_value_info(nodes[-1].output[0], _elem_type(proto, n), None)],
             [inits[i] for i in needed])
         model = helper.make_model(graph, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
         session = ort.InferenceSession(model.SerializeToString(), new_session_options(ort),
                                        providers=["CPUExecutionProvider"])
-        out[weight] = session.run(None, {a_name: np.eye(k, dtype=dtype)})[0]
+        out[weight] = session.run(None, {a_name: eye})[0].reshape(k, -1)
     sources = [*inits.values(), *(widths_from.graph.initializer if widths_from is not None else [])]
     widths = {t.name: numpy_helper.to_array(t) for t in sources if t.name.endswith(WIDTHS)}
     return split_fused({**out, **widths})

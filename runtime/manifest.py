@@ -32,6 +32,11 @@ TRANSPOSED = ".T"
 # initializer named the same + WIDTHS (export.weights.fuse_sibling_matmuls, ``split_fused``).
 FUSED = "+"
 WIDTHS = ":widths"
+# A product carried from a GGUF's Q4_1 blocks (export.gguf_blocks) is MatMulNBits at zero points 0
+# plus its minimums' term, nodes named PRODUCT + MINS + "/..." ("/reshape", "/sum", "/term",
+# "/add": the block sums of x times the minimums, added), the minimums (blocks, N) float32 in
+# the initializer PRODUCT + MINS + "/m"; runtime.kernels folds the term into its own product.
+MINS = "/mins"
 MANIFEST_NAME = "manifest.json"
 DRAFT_HEAD = "head_draft"  # the graph name (and file stem) of export's --draft-head
 DRAFT_LAYERS = "layers_draft"  # the weights entry of export's --draft-layers
