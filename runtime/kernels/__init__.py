@@ -26,6 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from runtime.manifest import MINS
+
 SOURCE = Path(__file__).with_name("q4_vnni.c")
 CHOICES = ("auto", "skipdecode", "onnxruntime")  # int4_kernel: auto = skipdecode where it can run
 DOMAIN = "skipdecode"
@@ -114,27 +116,28 @@ class Kernel:
         self.path = path
         self._lib = ctypes.CDLL(str(path))  # the same handle ONNX Runtime's dlopen of the path gets
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._lib.q4_pack.argtypes = [ptr, ptr, ptr, i64, i64]
+        self._lib.q4_pack.argtypes = [ptr, ptr, ptr, ptr, i64, i64]
         self._lib.q4_pack.restype = i64
         self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr]
         self._lib.q4_matmul.restype = ctypes.c_int
         self._lib.q4_free.argtypes = [i64]
         self._cols: dict[int, int] = {}  # handle -> N
 
-    def pack(self, b, scales, zero_points, k: int, n: int) -> int:
+    def pack(self, b, scales, zero_points, k: int, n: int, mins=None) -> int:
         """A MatMulNBits weight (B (n, k/32, 16) uint8, scales (n * k/32) float32, zero points
-        (n * ceil(k/64)) uint8 or None) into the table; returns its handle."""
+        (n * ceil(k/64)) uint8 or None) into the table, with a GGUF Q4_1 product's minimums (n, k/32)
+        float32 (its term: minimum times the block's sum of the activations) or None; returns its handle."""
         import numpy as np
 
-        arrays = [np.ascontiguousarray(b, np.uint8), np.ascontiguousarray(scales, np.float32)]
-        if zero_points is not None:
-            arrays.append(np.ascontiguousarray(zero_points, np.uint8))
-        if arrays[0].size != n * k // 2 or arrays[1].size != n * k // BLOCK or (
-                zero_points is not None and arrays[2].size != n * ((k // BLOCK + 1) // 2)):
-            raise ValueError(f"MatMulNBits weight of K={k}, N={n} has B {arrays[0].size} bytes, scales "
-                             f"{arrays[1].size}, zero points {arrays[2].size if zero_points is not None else 0}")
-        handle = self._lib.q4_pack(*(a.ctypes.data for a in arrays[:2]),
-                                   arrays[2].ctypes.data if zero_points is not None else None, k, n)
+        b, scales = np.ascontiguousarray(b, np.uint8), np.ascontiguousarray(scales, np.float32)
+        zp = None if zero_points is None else np.ascontiguousarray(zero_points, np.uint8)
+        mn = None if mins is None else np.ascontiguousarray(mins, np.float32)
+        if b.size != n * k // 2 or scales.size != n * k // BLOCK or (
+                zp is not None and zp.size != n * ((k // BLOCK + 1) // 2)) or (mn is not None and mn.size != scales.size):
+            raise ValueError(f"MatMulNBits weight of K={k}, N={n} has B {b.size} bytes, scales {scales.size}, "
+                             f"zero points {zp.size if zp is not None else 0}, minimums {mn.size if mn is not None else 0}")
+        address = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+        handle = self._lib.q4_pack(b.ctypes.data, scales.ctypes.data, address(zp), address(mn), k, n)
         if handle < 0:
             raise MemoryError(f"packing an int4 weight of {k} x {n} for {SOURCE.name}: out of memory")
         self._cols[int(handle)] = n
@@ -176,6 +179,20 @@ def eligible(node, inits: dict) -> bool:
     return inits[inputs[2]].data_type == onnx.TensorProto.FLOAT and attrs.get("K", 0) % BLOCK == 0
 
 
+def _minimums_term(graph, node, inits) -> list | None:
+    """The nodes of ``node``'s minimums' term (a GGUF Q4_1 product: runtime.manifest.MINS), in
+    order, when they read ``node``'s input and output as export writes them; else None."""
+    p = f"{node.name}{MINS}"
+    found = {n.name: n for n in graph.node if n.name.startswith(p + "/")}
+    term = [found.get(f"{p}/{part}") for part in ("reshape", "sum", "term", "add")]
+    if any(t is None for t in term) or len(found) != 4 or f"{p}/m" not in inits:
+        return None
+    reshape, _, matmul, add = term
+    if reshape.input[0] != node.input[0] or matmul.input[1] != f"{p}/m" or node.output[0] not in add.input:
+        return None
+    return term
+
+
 def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
     """Swaps ``model``'s eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes over weights
     packed into ``kernel`` (external data read from ``base_dir``); the weights' initializers leave
@@ -186,8 +203,10 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    handles, nodes = [], []
+    handles, nodes, folded = [], [], set()
     for node in graph.node:
+        if node.name in folded:
+            continue
         if not eligible(node, inits):
             nodes.append(node)
             continue
@@ -195,9 +214,13 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
         k, n = attrs["K"], attrs["N"]
         read = lambda name: numpy_helper.to_array(inits[name], base_dir)  # noqa: E731
         zp = read(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-        handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n)
+        term = _minimums_term(graph, node, inits)
+        mins = None if term is None else read(f"{node.name}{MINS}/m").T  # (n, k/32)
+        handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n, mins)
         handles.append(handle)
-        nodes.append(helper.make_node(OP, [node.input[0]], list(node.output), name=node.name, domain=DOMAIN,
+        outputs = list(node.output) if term is None else list(term[-1].output)
+        folded.update(t.name for t in term or [])
+        nodes.append(helper.make_node(OP, [node.input[0]], outputs, name=node.name, domain=DOMAIN,
                                       K=k, N=n, handle=handle))
     if not handles:
         return []

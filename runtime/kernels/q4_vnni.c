@@ -2,7 +2,7 @@
  * custom operator (runtime/kernels/__init__.py builds and loads this file).
  *
  * Computes what com.microsoft::MatMulNBits computes for bits=4, block_size=32 (its weights, with
- * or without zero points) at accuracy level 4: the activations quantized to int8 per block of 32
+ * or without zero points; plus, for a GGUF's Q4_1 blocks, their minimums' term) at accuracy level 4: the activations quantized to int8 per block of 32
  * (one float scale each), the products in int32 with vpdpbusd, each block's sum scaled in float;
  * its scales are kept as float16 (as llama.cpp's q4_0 keeps them: a relative change of at most
  * 2^-11, against the ~1% the int8 activations already make). ONNX Runtime's own kernel reads an
@@ -34,6 +34,7 @@
 typedef struct {
     int64_t k, n, blocks, groups;
     uint8_t *data; /* groups x blocks x GROUP_BLOCK, 2 MiB aligned */
+    uint16_t *mins; /* groups x blocks x 16 float16 (a GGUF Q4_1's minimums: w = d q + m), or NULL */
     size_t bytes;
 } q4_weight;
 
@@ -56,8 +57,9 @@ static uint8_t *alloc_huge(size_t bytes) {
 }
 
 /* Packs a MatMulNBits weight (b: n x blocks x 16 bytes, s: n x blocks floats, z: n x
- * ceil(blocks/2) bytes or NULL) into the table; returns its handle, -1 when out of memory. */
-int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, int64_t k, int64_t n) {
+ * ceil(blocks/2) bytes or NULL) and its minimums (mn: n x blocks floats, added as mn * the
+ * block's sum of a; NULL: none) into the table; returns its handle, -1 when out of memory. */
+int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, const float *mn, int64_t k, int64_t n) {
     int64_t blocks = k / BLOCK, zbytes = (blocks + 1) / 2, groups = (n + GROUP - 1) / GROUP;
     q4_weight *w = calloc(1, sizeof *w);
     if (!w) return -1;
@@ -66,6 +68,13 @@ int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, int64_t k, i
     w->data = alloc_huge(w->bytes);
     if (!w->data) { free(w); return -1; }
     memset(w->data, 0, w->bytes);
+    if (mn) {
+        w->mins = calloc((size_t)groups * blocks * GROUP, sizeof *w->mins);
+        if (!w->mins) { free(w->data); free(w); return -1; }
+        for (int64_t row = 0; row < n; row++)
+            for (int64_t j = 0; j < blocks; j++)
+                w->mins[((size_t)(row / GROUP) * blocks + j) * GROUP + row % GROUP] = _cvtss_sh(mn[(size_t)row * blocks + j], 0);
+    }
     for (int64_t g = 0; g < groups; g++)
         for (int64_t j = 0; j < blocks; j++) {
             uint8_t *p = w->data + ((size_t)g * blocks + j) * GROUP_BLOCK;
@@ -93,7 +102,7 @@ int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, int64_t k, i
         table_len++;
     }
     pthread_mutex_unlock(&table_lock);
-    if (handle < 0) { free(w->data); free(w); }
+    if (handle < 0) { free(w->data); free(w->mins); free(w); }
     return handle;
 }
 
@@ -108,15 +117,18 @@ void q4_free(int64_t handle) {
     if (!w) return;
     __atomic_store_n(&chunks[handle / CHUNK][handle % CHUNK], NULL, __ATOMIC_RELEASE);
     free(w->data);
+    free(w->mins);
     free(w);
 }
 
 /* An activation block quantized: its 16 even and 16 odd inputs (the low and high nibbles'
- * partners), the float scale and the int8 values' sum (for the zero points). */
+ * partners), the float scale, the int8 values' sum (for the zero points) and the float values'
+ * sum (for the minimums: as exact as ONNX Runtime's ReduceSum of the same term). */
 typedef struct {
     int8_t even[16], odd[16];
     float scale;
     int32_t sum;
+    float fsum;
 } act_block;
 
 static void quantize(const float *a, int64_t blocks, act_block *out) {
@@ -135,6 +147,7 @@ static void quantize(const float *a, int64_t blocks, act_block *out) {
         }
         out[j].scale = amax / 127.f;
         out[j].sum = sum;
+        out[j].fsum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
     }
 }
 
@@ -152,6 +165,7 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
     __m512 f[M_TILE];
     for (int t = 0; t < M_TILE; t++) f[t] = _mm512_setzero_ps();
     const uint8_t *p = w->data + (size_t)g * w->blocks * GROUP_BLOCK;
+    const uint16_t *mins = w->mins ? w->mins + (size_t)g * w->blocks * GROUP : NULL;
     for (int64_t j = 0; j < w->blocks; j++, p += GROUP_BLOCK) {
         _mm_prefetch((const char *)(p + 4096), _MM_HINT_T0); /* ~14 blocks ahead */
         _mm_prefetch((const char *)(p + 4096 + 64), _MM_HINT_T0);
@@ -179,6 +193,11 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
             /* sum_i (q_i - z) a_i = sum_i q_i a_i - z sum_i a_i */
             acc = _mm512_sub_epi32(_mm512_add_epi32(acc, acc2), _mm512_mullo_epi32(zp, _mm512_set1_epi32(a->sum)));
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale, _mm512_set1_ps(a->scale)), f[t]);
+        }
+        if (mins) {
+            __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mins + j * GROUP)));
+            for (int t = 0; t < mt; t++)
+                f[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(act[(m0 + t) * w->blocks + j].fsum), f[t]);
         }
     }
     int64_t n0 = g * GROUP, left = w->n - n0 < GROUP ? w->n - n0 : GROUP;

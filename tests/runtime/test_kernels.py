@@ -132,6 +132,47 @@ def test_the_rewritten_graph_runs_the_kernel_in_place_of_matmulnbits(kernel, ran
     assert np.abs(ours - exact).max() < 0.02 * np.abs(exact).max()
 
 
+def q4_1_product(tmp_path, k, n, rank):
+    """A MatMul graph whose weight (k, n) is a GGUF's Q4_1 blocks, carried as export writes it
+    (MatMulNBits at zero points 0 and the minimums' term), and that weight as floats."""
+    import gguf
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.gguf_blocks import BlockIndex, carry
+
+    rng = np.random.default_rng(k + n)
+    raw = gguf.quants.quantize(rng.standard_normal((n, k), dtype=np.float32), gguf.GGMLQuantizationType.Q4_1)
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    weight = np.ascontiguousarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1).T)  # (k, n)
+    lead = ["batch", "sequence"][:rank - 1]
+    graph = helper.make_graph([helper.make_node("MatMul", ["A", "W"], ["Y"], name="proj")], "g",
+                              [helper.make_tensor_value_info("A", TensorProto.FLOAT, [*lead, k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*lead, n])],
+                              [numpy_helper.from_array(weight, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    assert carry(model, BlockIndex.from_gguf(tmp_path / "q.gguf"), 4, 4) == ["W"]
+    return model, weight
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_a_q4_1_products_minimums_fold_into_the_kernel(kernel, tmp_path, rank):
+    k, n = 96, 40
+    model, weight = q4_1_product(tmp_path, k, n, rank)
+    assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits", "Reshape", "ReduceSum", "MatMul", "Add"]
+    a = np.random.default_rng(0).standard_normal((2, 3, k) if rank == 3 else (5, k), dtype=np.float32)
+    theirs = session(model).run(None, {"A": a})[0]
+    assert len(kernels.rewrite(model, kernel)) == 1
+    assert [nd.op_type for nd in model.graph.node] == ["Q4MatMul"] and not model.graph.initializer
+    ours = session(model, library=kernel.path).run(None, {"A": a})[0]
+    exact = a @ weight
+    # the minimums' term is float on both sides; the rest int8 activations, as MatMulNBits
+    assert np.abs(ours - exact).max() < 0.02 * np.abs(exact).max()
+    np.testing.assert_allclose(ours, theirs, atol=0.02 * np.abs(theirs).max())
+
+
 def test_a_graph_whose_weights_are_gone_is_refused_with_the_reason(kernel):
     """A rewritten graph names its weights by a handle of this process's table: loaded in another
     process, or after its backend closed, it must fail at load with a message, never read freed
