@@ -54,6 +54,8 @@ class BuildOptions:
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
     accuracy_level: int = 0  # MatMulNBits' activations: 0 = 4 (int8, the fast kernels), 1 = float32 (exact products)
+    requantize: bool = False  # a quantized GGUF: quantize its dequantized weights again instead of carrying
+    # its own blocks (export.gguf_blocks): no minimums' term on ONNX Runtime's MatMulNBits, further from the file
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
     # lossless rows' drafts: "int8"/"int4" also writes a quantized copy of the float head / of the fused
     # layers, which draft steps run on ONNX Runtime's CPU provider; "auto": int8 where they can run
@@ -207,7 +209,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if gguf_entry:
         log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")
     model = skip_model(hf_model)
-    index = BlockIndex.from_gguf(base.location) if quant.quantized and gguf_entry and options.dtype == "float32" else None
+    carry = quant.quantized and gguf_entry and options.dtype == "float32" and not options.requantize
+    index = BlockIndex.from_gguf(base.location) if carry else None
     if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
         config = replace(config, blocks=index)
         if options.head_weights is None and quant.head_weights == "int4" and index.head_type == "Q8_0":

@@ -34,8 +34,8 @@ FUSED = "+"
 WIDTHS = ":widths"
 # A product carried from a GGUF's Q4_1 blocks (export.gguf_blocks) is MatMulNBits at zero points 0
 # plus its minimums' term, nodes named PRODUCT + MINS + "/..." ("/reshape", "/sum", "/term",
-# "/add": the block sums of x times the minimums, added), the minimums (blocks, N) float32 in
-# the initializer PRODUCT + MINS + "/m"; runtime.kernels folds the term into its own product.
+# "/add": the block sums of x times the minimums (blocks, N) float32, added); runtime.kernels folds
+# the term into its own product.
 MINS = "/mins"
 MANIFEST_NAME = "manifest.json"
 DRAFT_HEAD = "head_draft"  # the graph name (and file stem) of export's --draft-head

@@ -181,14 +181,15 @@ def eligible(node, inits: dict) -> bool:
 
 def _minimums_term(graph, node, inits) -> list | None:
     """The nodes of ``node``'s minimums' term (a GGUF Q4_1 product: runtime.manifest.MINS), in
-    order, when they read ``node``'s input and output as export writes them; else None."""
+    order, when they read ``node``'s input and output as export writes them; else None. The
+    minimums are the term's MatMul's initializer (a fused layer graph renames the nodes, not it)."""
     p = f"{node.name}{MINS}"
     found = {n.name: n for n in graph.node if n.name.startswith(p + "/")}
     term = [found.get(f"{p}/{part}") for part in ("reshape", "sum", "term", "add")]
-    if any(t is None for t in term) or len(found) != 4 or f"{p}/m" not in inits:
+    if any(t is None for t in term) or len(found) != 4:
         return None
     reshape, _, matmul, add = term
-    if reshape.input[0] != node.input[0] or matmul.input[1] != f"{p}/m" or node.output[0] not in add.input:
+    if reshape.input[0] != node.input[0] or matmul.input[1] not in inits or node.output[0] not in add.input:
         return None
     return term
 
@@ -215,7 +216,7 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
         read = lambda name: numpy_helper.to_array(inits[name], base_dir)  # noqa: E731
         zp = read(node.input[3]) if len(node.input) > 3 and node.input[3] else None
         term = _minimums_term(graph, node, inits)
-        mins = None if term is None else read(f"{node.name}{MINS}/m").T  # (n, k/32)
+        mins = None if term is None else read(term[2].input[1]).T  # (n, k/32)
         handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n, mins)
         handles.append(handle)
         outputs = list(node.output) if term is None else list(term[-1].output)

@@ -72,6 +72,22 @@ def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
                 np.testing.assert_allclose(w, target, rtol=2e-6, atol=1e-7, err_msg=f"{file} {key}")
 
 
+def test_this_projects_int4_kernel_folds_the_minimums_of_plain_and_fused_graphs(tmp_path):
+    from runtime import kernels
+
+    if kernels.why_not() is not None:
+        pytest.skip(f"runtime.kernels cannot run here: {kernels.why_not()}")
+    path = _write(tmp_path, "Q4_1")
+    out = tmp_path / "art"
+    build(BuildOptions(model=str(path), out=str(out), progress=False, weights="int4", check=False),
+          log=lambda *_: None)
+    kernel = kernels.Kernel(kernels.library()[0])
+    for file in ("layer_00.onnx", "layer_00.gqa.onnx"):
+        model = onnx.load(str(out / file))
+        assert len(kernels.rewrite(model, kernel)) == 4, file  # q/k/v, o, gate/up, down
+        assert not [n.name for n in model.graph.node if "/mins/" in n.name], file
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""
@@ -92,6 +108,16 @@ def test_an_int4_head_asked_for_is_requantized_from_the_q8_0_file(tmp_path):
                                   head_weights="int4", check=False), log=lambda *_: None)
     assert manifest.weights["head"] == "int4"
     assert manifest.weights["from_gguf"]["requantized"] == ["lm_head.weight.T"]
+
+
+def test_requantize_leaves_the_files_blocks(tmp_path):
+    from export.__main__ import main as export_main
+
+    path = _write(tmp_path, "Q4_1")
+    assert export_main(["build", "--model", str(path), "--out", str(tmp_path / "art"), "-q", "--weights", "int4",
+                        "--requantize", "--no-check"]) == 0
+    weights = json.loads((tmp_path / "art" / "manifest.json").read_text())["weights"]
+    assert "from_gguf" not in weights and weights["head"] == "int4"
 
 
 def test_a_float_gguf_has_nothing_to_carry(tmp_path):
