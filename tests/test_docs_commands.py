@@ -150,6 +150,16 @@ RULES = [
     ("python -m tools.evaluate.perplexity --model MODEL ", "parse",
      "MODEL stands for the models the section names; " + LONG),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out /tmp/smol-int4$", "parse", REAL),
+    # issue 58: the GGUF's own blocks against the float export
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --head-weights int4 --out artifacts/smollm2-int4-h4$",
+     "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --accuracy-level 1 --out "
+     "artifacts/smollm2-int4-acc1$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-int4$", "parse", REAL),
+    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
+     REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
+    ("python -m tools.bench.decode before=artifacts/smollm2-int4-before ", "parse",
+     REAL + " (the section's exports); tests/tools/test_bench_decode.py runs it on a tiny int4 export"),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
     ("python -m export build --model WORK/ARCH/hf --out A$", "parse",

@@ -1,0 +1,34 @@
+"""tools.bench.decode: artifacts timed side by side, each on the int4 kernel asked for."""
+
+import pytest
+
+from export.build import BuildOptions, build
+from runtime.errors import InvalidArgumentError
+from tests.conftest import save_tiny_checkpoint
+from tools.bench import decode
+
+
+def test_specs_name_a_directory_and_its_int4_kernel():
+    assert decode.parse_spec("a=/x/y") == ("a", "/x/y", "auto")
+    assert decode.parse_spec("b=/x/y:onnxruntime") == ("b", "/x/y", "onnxruntime")
+    assert decode.parse_spec("/x/y") == ("/x/y", "/x/y", "auto")
+    with pytest.raises(InvalidArgumentError, match="one of auto, skipdecode, onnxruntime, not 'mlas'"):
+        decode.parse_spec("c=/x/y:mlas")
+
+
+def test_a_run_times_every_artifact_each_round_and_compares_medians(tmp_path, capsys):
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln", max_position_embeddings=256)
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "int4"), progress=False, weights="int4", block_size=16),
+          log=lambda *_: None)
+    art = tmp_path / "int4"
+    assert decode.main([f"ours={art}", f"mlas={art}:onnxruntime", "--tokens", "6", "--rounds", "3",
+                        "--prompt", "the keeper climbed the stairs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("`python -m tools.bench.decode ours=") and lines[0].endswith("--prompt 'the keeper climbed the stairs'`")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:]]
+    assert [r[0] for r in rows] == ["ours", "mlas"] and rows[0][3] == "1.00x"
+    for name, rounds, median, ratio in rows:
+        values = [float(v) for v in rounds.split(" / ")]
+        assert len(values) == 3 and all(v > 0 for v in values) and float(median) in values
+    assert decode.main([str(art), "--tokens", "1"]) == 2
+    assert "decode needs 2 tokens or more" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""``python -m tools.bench.decode``: decode ms/token of artifacts side by side, in one process.
+
+Each artifact (``NAME=DIR``, or ``NAME=DIR:KERNEL`` to run its int4 products on ``KERNEL``:
+auto, skipdecode or onnxruntime) is loaded once; every round generates ``--tokens`` tokens of one
+prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts in turn and in reverse
+order every other round (machines are noisy: ratios of one run, never of two). Prints a Markdown
+table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
+and the first artifact's median over this one's.
+
+Example (the int4 exports of the real SmolLM2-135M-Instruct, docs/quality.md "The GGUF's own blocks"):
+
+  python -m tools.bench.decode before=artifacts/smollm2-int4-before int4=artifacts/smollm2-int4 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+
+from runtime import cli
+from runtime.errors import InvalidArgumentError
+
+KERNELS = ("auto", "skipdecode", "onnxruntime")
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+WARMUP = 8
+
+
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """NAME=DIR[:KERNEL] (or DIR alone) -> (name, directory, kernel)."""
+    name, eq, rest = spec.partition("=")
+    if not eq:
+        name, rest = spec, spec
+    directory, colon, kernel = rest.rpartition(":") if ":" in rest else (rest, "", "auto")
+    if colon and kernel not in KERNELS:
+        raise InvalidArgumentError(f"{spec}: the int4 kernel after ':' is one of {', '.join(KERNELS)}, not {kernel!r}")
+    return name, directory, kernel or "auto"
+
+
+def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int = 2,
+            prompt: str = PROMPT) -> dict[str, list[float]]:
+    """{name: decode ms/token of each round}."""
+    import runtime
+
+    if tokens < 2 or rounds < 1:
+        raise InvalidArgumentError(f"--tokens {tokens} --rounds {rounds}: decode needs 2 tokens or more and 1 round or more")
+    parsed = [parse_spec(s) for s in specs]
+    gens = {}
+    try:
+        for name, directory, kernel in parsed:
+            gens[name] = runtime.load(directory, threads=threads, int4_kernel=kernel)
+        times = {name: [] for name in gens}
+        for r in range(rounds):
+            for name in (list(gens) if r % 2 == 0 else list(gens)[::-1]):
+                gens[name].generate([prompt], WARMUP, ignore_eos=True)
+                stats = gens[name].generate([prompt], tokens, ignore_eos=True).stats
+                times[name].append(stats.decode_seconds / (stats.new_tokens - 1) * 1000)
+        return times
+    finally:
+        for gen in gens.values():
+            gen.close()
+
+
+def table(times: dict[str, list[float]], command: str) -> str:
+    first = statistics.median(next(iter(times.values())))
+    lines = [f"`{command}`", "", "| artifact | decode ms/token, each round | median | first / this |", "|---|---|---|---|"]
+    for name, values in times.items():
+        median = statistics.median(values)
+        lines.append(f"| {name} | {' / '.join(f'{v:.2f}' for v in values)} | {median:.2f} | {first / median:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser("python -m tools.bench.decode",
+                   "Decode ms/token of artifacts side by side in one process, batch 1, rounds in turn.")
+    p.add_argument("artifacts", nargs="+", metavar="NAME=DIR[:KERNEL]",
+                   help="artifacts to time; KERNEL runs the int4 products on auto, skipdecode or onnxruntime")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per timed call (default 128)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; medians across them (default 5)")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
+    p.add_argument("--prompt", default=PROMPT, help="the prompt every call decodes from")
+    args = p.parse_args(argv)
+    command = "python -m tools.bench.decode " + shlex.join(argv if argv is not None else sys.argv[1:])
+    return cli.run(lambda: print(table(measure(args.artifacts, args.tokens, args.rounds, args.threads, args.prompt),
+                                       command)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
