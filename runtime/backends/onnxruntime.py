@@ -258,7 +258,8 @@ class OnnxRuntimeBackend(Backend):
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         source = str(directory / spec.file)
-        if self._q4 is not None and self.manifest.graph_weights(spec.name) == "int4":
+        # an int4 artifact's int8 graphs too (a GGUF's Q8_0 head: export.gguf_blocks): the kernel takes 8 bits
+        if self._q4 is not None and self.manifest.graph_weights(spec.name) in ("int4", "int8"):
             import onnx
 
             from .. import kernels

@@ -116,28 +116,33 @@ class Kernel:
         self.path = path
         self._lib = ctypes.CDLL(str(path))  # the same handle ONNX Runtime's dlopen of the path gets
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._lib.q4_pack.argtypes = [ptr, ptr, ptr, ptr, i64, i64]
-        self._lib.q4_pack.restype = i64
+        for pack in (self._lib.q4_pack, self._lib.q8_pack):
+            pack.argtypes = [ptr, ptr, ptr, ptr, i64, i64]
+            pack.restype = i64
         self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr]
         self._lib.q4_matmul.restype = ctypes.c_int
         self._lib.q4_free.argtypes = [i64]
         self._cols: dict[int, int] = {}  # handle -> N
 
-    def pack(self, b, scales, zero_points, k: int, n: int, mins=None) -> int:
-        """A MatMulNBits weight (B (n, k/32, 16) uint8, scales (n * k/32) float32, zero points
-        (n * ceil(k/64)) uint8 or None) into the table, with a GGUF Q4_1 product's minimums (n, k/32)
-        float32 (its term: minimum times the block's sum of the activations) or None; returns its handle."""
+    def pack(self, b, scales, zero_points, k: int, n: int, mins=None, bits: int = 4) -> int:
+        """A MatMulNBits weight of ``bits`` 4 or 8 (B (n, k/32, 16 or 32) uint8, scales (n * k/32)
+        float32, zero points (n * ceil(k/64) or n * k/32) uint8 or None) into the table, with a GGUF
+        Q4_1 product's minimums (n, k/32) float32 (its term: minimum times the block's sum of the
+        activations) or None; returns its handle."""
         import numpy as np
 
         b, scales = np.ascontiguousarray(b, np.uint8), np.ascontiguousarray(scales, np.float32)
         zp = None if zero_points is None else np.ascontiguousarray(zero_points, np.uint8)
         mn = None if mins is None else np.ascontiguousarray(mins, np.float32)
-        if b.size != n * k // 2 or scales.size != n * k // BLOCK or (
-                zp is not None and zp.size != n * ((k // BLOCK + 1) // 2)) or (mn is not None and mn.size != scales.size):
-            raise ValueError(f"MatMulNBits weight of K={k}, N={n} has B {b.size} bytes, scales {scales.size}, "
+        blocks = k // BLOCK
+        zp_size = n * ((blocks + 1) // 2) if bits == 4 else n * blocks
+        if bits not in (4, 8) or b.size != n * k * bits // 8 or scales.size != n * blocks or (
+                zp is not None and zp.size != zp_size) or (mn is not None and mn.size != scales.size):
+            raise ValueError(f"MatMulNBits weight of {bits} bits, K={k}, N={n} has B {b.size} bytes, scales {scales.size}, "
                              f"zero points {zp.size if zp is not None else 0}, minimums {mn.size if mn is not None else 0}")
         address = lambda a: None if a is None else a.ctypes.data  # noqa: E731
-        handle = self._lib.q4_pack(b.ctypes.data, scales.ctypes.data, address(zp), address(mn), k, n)
+        packer = self._lib.q4_pack if bits == 4 else self._lib.q8_pack
+        handle = packer(b.ctypes.data, scales.ctypes.data, address(zp), address(mn), k, n)
         if handle < 0:
             raise MemoryError(f"packing an int4 weight of {k} x {n} for {SOURCE.name}: out of memory")
         self._cols[int(handle)] = n
@@ -161,7 +166,7 @@ class Kernel:
 
 
 def eligible(node, inits: dict) -> bool:
-    """Whether a MatMulNBits node computes what Q4MatMul does: 4 bits, blocks of 32, int8
+    """Whether a MatMulNBits node computes what Q4MatMul does: 4 or 8 bits, blocks of 32, int8
     activations (accuracy level 4), constant weights and uint8 zero points (or none), no g_idx or
     bias."""
     import onnx
@@ -170,7 +175,7 @@ def eligible(node, inits: dict) -> bool:
         return False
     attrs = {a.name: a.i for a in node.attribute}
     inputs = list(node.input) + [""] * (6 - len(node.input))
-    if attrs.get("bits", 4) != 4 or attrs.get("block_size") != BLOCK or attrs.get("accuracy_level", 0) != 4:
+    if attrs.get("bits", 4) not in (4, 8) or attrs.get("block_size") != BLOCK or attrs.get("accuracy_level", 0) != 4:
         return False
     if any(inputs[4:6]) or inputs[1] not in inits or inputs[2] not in inits:
         return False
@@ -217,7 +222,7 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
         zp = read(node.input[3]) if len(node.input) > 3 and node.input[3] else None
         term = _minimums_term(graph, node, inits)
         mins = None if term is None else read(term[2].input[1]).T  # (n, k/32)
-        handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n, mins)
+        handle = kernel.pack(read(node.input[1]), read(node.input[2]), zp, k, n, mins, attrs.get("bits", 4))
         handles.append(handle)
         outputs = list(node.output) if term is None else list(term[-1].output)
         folded.update(t.name for t in term or [])

@@ -29,11 +29,12 @@
 #define GROUP 16
 #define BLOCK 32
 #define GROUP_BLOCK (256 + 32 + 8)
+#define GROUP_BLOCK8 (512 + 32 + 16) /* 8-bit weights: the same, a byte a weight and a byte a zero point */
 #define M_TILE 4 /* activation rows that share one unpacking of a group's block */
 
 typedef struct {
-    int64_t k, n, blocks, groups;
-    uint8_t *data; /* groups x blocks x GROUP_BLOCK, 2 MiB aligned */
+    int64_t k, n, blocks, groups, bits, stride; /* stride: GROUP_BLOCK (4 bits) or GROUP_BLOCK8 (8 bits) */
+    uint8_t *data; /* groups x blocks x stride, 2 MiB aligned */
     uint16_t *mins; /* groups x blocks x 16 float16 (a GGUF Q4_1's minimums: w = d q + m), or NULL */
     size_t bytes;
 } q4_weight;
@@ -56,15 +57,51 @@ static uint8_t *alloc_huge(size_t bytes) {
     return (uint8_t *)p;
 }
 
-/* Packs a MatMulNBits weight (b: n x blocks x 16 bytes, s: n x blocks floats, z: n x
- * ceil(blocks/2) bytes or NULL) and its minimums (mn: n x blocks floats, added as mn * the
- * block's sum of a; NULL: none) into the table; returns its handle, -1 when out of memory. */
+/* Packs a MatMulNBits weight of 4 bits (b: n x blocks x 16 bytes, z: n x ceil(blocks/2) bytes
+ * or NULL) or 8 bits (b: n x blocks x 32 bytes, z: n x blocks bytes or NULL), s: n x blocks
+ * floats, and its minimums (mn: n x blocks floats, added as mn * the block's sum of a; NULL: none)
+ * into the table; returns its handle, -1 when out of memory.
+ *
+ * 8 bits: per group, per block, eight 64-byte vectors, vector q < 4, lane r = row r's weights of
+ * inputs 2(4q)..2(4q+3) (the even ones), vector 4 + q the odd ones: the partners of the same
+ * quantized activations as the 4-bit layout's low and high nibbles; then the 16 scales (float16)
+ * and the 16 zero points (a byte each; 128 where MatMulNBits has none). */
+static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const float *mn, int64_t k, int64_t n,
+                    int64_t bits);
+
 int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, const float *mn, int64_t k, int64_t n) {
+    return pack(b, s, z, mn, k, n, 4);
+}
+
+int64_t q8_pack(const uint8_t *b, const float *s, const uint8_t *z, const float *mn, int64_t k, int64_t n) {
+    return pack(b, s, z, mn, k, n, 8);
+}
+
+static void pack_block8(uint8_t *p, const uint8_t *b, const float *s, const uint8_t *z, int64_t g, int64_t j,
+                        int64_t blocks, int64_t n) {
+    for (int r = 0; r < GROUP; r++) {
+        int64_t row = g * GROUP + r;
+        if (row >= n) { p[544 + r] = 128; continue; } /* padding rows */
+        const uint8_t *src = b + ((size_t)row * blocks + j) * BLOCK;
+        for (int q = 0; q < 4; q++)
+            for (int i = 0; i < 4; i++) {
+                p[q * 64 + r * 4 + i] = src[2 * (4 * q + i)];
+                p[(4 + q) * 64 + r * 4 + i] = src[2 * (4 * q + i) + 1];
+            }
+        uint16_t h = _cvtss_sh(s[(size_t)row * blocks + j], 0);
+        memcpy(p + 512 + r * 2, &h, 2);
+        p[544 + r] = z ? z[(size_t)row * blocks + j] : 128;
+    }
+}
+
+static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const float *mn, int64_t k, int64_t n,
+                    int64_t bits) {
     int64_t blocks = k / BLOCK, zbytes = (blocks + 1) / 2, groups = (n + GROUP - 1) / GROUP;
     q4_weight *w = calloc(1, sizeof *w);
     if (!w) return -1;
-    w->k = k; w->n = n; w->blocks = blocks; w->groups = groups;
-    w->bytes = (size_t)groups * blocks * GROUP_BLOCK;
+    w->k = k; w->n = n; w->blocks = blocks; w->groups = groups; w->bits = bits;
+    w->stride = bits == 8 ? GROUP_BLOCK8 : GROUP_BLOCK;
+    w->bytes = (size_t)groups * blocks * w->stride;
     w->data = alloc_huge(w->bytes);
     if (!w->data) { free(w); return -1; }
     memset(w->data, 0, w->bytes);
@@ -77,7 +114,8 @@ int64_t q4_pack(const uint8_t *b, const float *s, const uint8_t *z, const float 
     }
     for (int64_t g = 0; g < groups; g++)
         for (int64_t j = 0; j < blocks; j++) {
-            uint8_t *p = w->data + ((size_t)g * blocks + j) * GROUP_BLOCK;
+            uint8_t *p = w->data + ((size_t)g * blocks + j) * w->stride;
+            if (bits == 8) { pack_block8(p, b, s, z, g, j, blocks, n); continue; }
             for (int r = 0; r < GROUP; r++) {
                 int64_t row = g * GROUP + r;
                 if (row >= n) { p[288 + r / 2] |= (uint8_t)(8 << ((r & 1) * 4)); continue; } /* padding rows */
@@ -164,24 +202,31 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 f[M_TILE];
     for (int t = 0; t < M_TILE; t++) f[t] = _mm512_setzero_ps();
-    const uint8_t *p = w->data + (size_t)g * w->blocks * GROUP_BLOCK;
+    const uint8_t *p = w->data + (size_t)g * w->blocks * w->stride;
     const uint16_t *mins = w->mins ? w->mins + (size_t)g * w->blocks * GROUP : NULL;
-    for (int64_t j = 0; j < w->blocks; j++, p += GROUP_BLOCK) {
-        _mm_prefetch((const char *)(p + 4096), _MM_HINT_T0); /* ~14 blocks ahead */
-        _mm_prefetch((const char *)(p + 4096 + 64), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + 4096 + 128), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + 4096 + 192), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p + 4096 + 256), _MM_HINT_T0);
-        __m512i lo[4], hi[4];
-        for (int q = 0; q < 4; q++) {
-            __m512i x = _mm512_loadu_si512(p + q * 64);
-            lo[q] = _mm512_and_si512(x, low);
-            hi[q] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    for (int64_t j = 0; j < w->blocks; j++, p += w->stride) {
+        for (int64_t o = 0; o < w->stride; o += 64) /* ~14 (4 bits) or ~7 (8 bits) blocks ahead */
+            _mm_prefetch((const char *)(p + 4096 + o), _MM_HINT_T0);
+        __m512i lo[4], hi[4], zp;
+        __m512 scale;
+        if (w->bits == 8) { /* the even inputs' weights, then the odd ones', a byte each */
+            for (int q = 0; q < 4; q++) {
+                lo[q] = _mm512_loadu_si512(p + q * 64);
+                hi[q] = _mm512_loadu_si512(p + (4 + q) * 64);
+            }
+            zp = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 544)));
+            scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 512)));
+        } else {
+            for (int q = 0; q < 4; q++) {
+                __m512i x = _mm512_loadu_si512(p + q * 64);
+                lo[q] = _mm512_and_si512(x, low);
+                hi[q] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+            }
+            __m128i z8 = _mm_loadl_epi64((const __m128i *)(p + 288));
+            __m128i zlo = _mm_and_si128(z8, _mm_set1_epi8(0x0F)), zhi = _mm_and_si128(_mm_srli_epi16(z8, 4), _mm_set1_epi8(0x0F));
+            zp = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(zlo, zhi));
+            scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 256)));
         }
-        __m128i z8 = _mm_loadl_epi64((const __m128i *)(p + 288));
-        __m128i zlo = _mm_and_si128(z8, _mm_set1_epi8(0x0F)), zhi = _mm_and_si128(_mm_srli_epi16(z8, 4), _mm_set1_epi8(0x0F));
-        __m512i zp = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(zlo, zhi));
-        __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 256)));
         for (int t = 0; t < mt; t++) {
             const act_block *a = act + (m0 + t) * w->blocks + j;
             const int32_t *e = (const int32_t *)a->even, *o = (const int32_t *)a->odd;

@@ -94,6 +94,44 @@ def test_products_match_matmulnbits(kernel, k, n, m, zp):
     assert np.abs(ours - theirs).max() / scale < 0.02
 
 
+def random_weight8(rng, k, n, zero_points=True):
+    """An 8-bit MatMulNBits weight: B (n, k/32, 32), scales (n * k/32), zero points (n * k/32) or None."""
+    blocks = k // 32
+    b = rng.integers(0, 256, (n, blocks, 32), dtype=np.uint8)
+    scales = rng.random(n * blocks, dtype=np.float32) * 0.002 + 0.0001
+    zp = rng.integers(0, 256, n * blocks, dtype=np.uint8) if zero_points else None
+    return b, scales, zp
+
+
+def matmulnbits8_model(k, n, b, scales, zp):
+    model = matmulnbits_model(k, n, b, scales, zp)
+    for a in model.graph.node[0].attribute:
+        if a.name == "bits":
+            a.i = 8
+    return model
+
+
+@pytest.mark.parametrize("k,n,m,zp", SHAPES)
+def test_8_bit_products_match_matmulnbits(kernel, k, n, m, zp):
+    """The Q8_0 head a GGUF keeps (export.gguf_blocks) and int8 artifacts: the same kernel, a byte
+    a weight."""
+    rng = np.random.default_rng(k + n + m + 8)
+    b, scales, zero_points = random_weight8(rng, k, n, zp)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    z = (np.full(n * (k // 32), 128.0, np.float32) if zero_points is None else zero_points.astype(np.float32))
+    weight = (b.reshape(n, -1, 32) - z.reshape(n, -1, 1)) * scales.reshape(n, -1, 1)  # (n, blocks, 32)
+    exact = a @ weight.reshape(n, k).T
+    model = matmulnbits8_model(k, n, b, scales, zero_points)
+    theirs = session(model).run(None, {"A": a})[0]
+    ours = kernel.matmul(kernel.pack(b, scales, zero_points, k, n, bits=8), a)
+    scale = np.abs(exact).max()
+    assert np.abs(ours - exact).max() / scale < 0.02
+    assert np.abs(theirs - exact).max() / scale < 0.02
+    assert np.abs(ours - theirs).max() / scale < 0.02
+    assert len(kernels.rewrite(model, kernel)) == 1 and [nd.op_type for nd in model.graph.node] == ["Q4MatMul"]
+    np.testing.assert_allclose(session(model, library=kernel.path).run(None, {"A": a})[0], ours, rtol=1e-6, atol=1e-6)
+
+
 def test_weights_packed_from_many_threads_at_once_each_keep_their_own_entry(kernel):
     """ctypes lets go of the GIL: packs from several threads (two models loading at once) race for
     the table, and a session may read it meanwhile; every handle must stay its own weight's."""
