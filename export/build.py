@@ -213,12 +213,12 @@ def build(options: BuildOptions, log=print) -> Manifest:
     index = BlockIndex.from_gguf(base.location) if carry else None
     if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
         config = replace(config, blocks=index)
-        if options.head_weights is None and quant.head_weights == "int4" and index.head_type == "Q8_0":
+        if options.head_weights is None and quant.head_weights == "int4" and index.head_bits == 8:
             # never below the file: its Q8_0 head carried (next-token top-1 agreement with the float
             # export 0.88 against 0.70 requantized to int4 on SmolLM2-135M-Instruct, docs/quality.md)
             quant = replace(quant, head_weights="int8")
             config = replace(config, quant=quant)
-            log("head: int8, the file's own Q8_0 blocks (--head-weights int4 requantizes it smaller)")
+            log(f"head: int8, the file's own {index.head_type} blocks (--head-weights int4 requantizes it smaller)")
     if quant.quantized:
         c = hf_model.config
         quant.check_sizes(c.hidden_size, getattr(c, "ffn_dim", None) or c.intermediate_size,

@@ -16,11 +16,17 @@ the blocks themselves:
   the minimums (K/32, N), added: plain ONNX that every runtime runs (runtime.manifest.MINS names its
   nodes; this project's int4 kernel folds it into its own product).
 * Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128.
+* The K-quants, per sub-block (the super-block's scale times the sub-block's 6 or 8 bits, in
+  float32 as gguf computes it): Q4_K (``s * q - m``) as Q4_1; Q5_K likewise at 8 bits (levels
+  0..31); Q6_K (``s * (q - 32)``, sub-blocks of 16) 8-bit MatMulNBits of block_size 16. A product
+  of mixed types (Q4_K_M's q and k beside a Q6_K v) is requantized. This project's int4 kernel
+  keeps scales and minimums in float16: the file's exactly for Q4_0/Q4_1/Q8_0, within 2^-11 for a
+  K-quant's products of two scales (ONNX Runtime's MatMulNBits keeps them in float32).
 
-A product is carried when every one of its columns is found in blocks of one bit width that its
-graph's weights ask for (int4: Q4_0 and Q4_1; int8: Q8_0) and the rebuilt weights equal the traced
-ones; anything else is quantized as before (``quantize.quantize_graph``). The blocks are GGML's
-(32 weights); an export with another ``--block-size`` requantizes.
+A product is carried when every one of its columns is found in blocks of the bit width its graph's
+weights ask for (int4: Q4_0, Q4_1, Q4_K; int8: Q8_0, Q5_K, Q6_K) and the rebuilt weights equal the
+traced ones; anything else is quantized as before (``quantize.quantize_graph``). An export with
+another ``--block-size`` than GGML's 32 requantizes.
 """
 
 from __future__ import annotations
@@ -33,40 +39,80 @@ import numpy as np
 from runtime.manifest import MINS
 
 GGML_BLOCK = 32
-TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # the GGML types carried, and the MatMulNBits bits each becomes
+# the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)
+TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False),
+         "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
+SUPER = 256  # the K-quants' super-block: 8 (16 for Q6_K) sub-blocks, each with its own scale
 
 
 @dataclass
 class Rows:
-    """One GGUF tensor's blocks, decoded: (rows, blocks, 32) levels, scales and minimums."""
+    """One GGUF tensor's blocks, decoded as MatMulNBits reads them: per block of ``block`` weights,
+    levels ``q`` and a scale ``d``, and where the type has them a minimum ``m``:
+    w = d * (q - z) + m, z MatMulNBits' default zero point (8 at 4 bits, 128 at 8) where the type
+    has no minimums, else 0 (its zero points written as 0)."""
     ggml_type: str
-    q: np.ndarray  # (R, nb, 32) uint8: 0..15 (Q4_x) or q + 128 (Q8_0), as MatMulNBits reads them
-    d: np.ndarray  # (R, nb) float32 (the file's float16)
-    m: np.ndarray | None  # (R, nb) float32: Q4_1's minimums (None: Q4_0 and Q8_0 have none)
+    q: np.ndarray  # (R, nb, block) uint8
+    d: np.ndarray  # (R, nb) float32 (the file's float16, or a K-quant's super-block scale times its 6 or 8 bits)
+    m: np.ndarray | None  # (R, nb) float32, or None
+
+    @property
+    def bits(self) -> int:
+        return TYPES[self.ggml_type][0]
+
+    @property
+    def block(self) -> int:
+        return TYPES[self.ggml_type][1]
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """(..., 2) bytes -> (...) float32 of the float16 they hold."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
 
 
 def decode(ggml_type: str, raw: np.ndarray) -> Rows:
-    """The blocks of ``raw`` (rows, bytes per row) uint8, GGML's layout, as Rows."""
+    """The blocks of ``raw`` (rows, bytes per row) uint8, GGML's layout, as Rows (the arithmetic of
+    gguf's quants.py, so that dequantize gives its floats bit for bit)."""
     R = raw.shape[0]
-    size = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[ggml_type]
-    blocks = raw.reshape(R, -1, size)  # (R, nb, bytes)
-    d = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (R, nb)
-    if ggml_type == "Q8_0":
-        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # (R, nb, 32)
-        return Rows(ggml_type, q, d, None)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if ggml_type == "Q4_1" else None
-    qs = blocks[..., size - 16:]  # (R, nb, 16): weight j in the low nibble of byte j, j + 16 in the high one
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (R, nb, 32)
-    return Rows(ggml_type, q, d, m)
+    if ggml_type in ("Q4_0", "Q4_1", "Q8_0"):
+        size = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[ggml_type]
+        blocks = raw.reshape(R, -1, size)  # (R, nb, bytes)
+        d = _f16(blocks[..., :2])  # (R, nb)
+        if ggml_type == "Q8_0":
+            q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # (R, nb, 32)
+            return Rows(ggml_type, q, d, None)
+        m = _f16(blocks[..., 2:4]) if ggml_type == "Q4_1" else None
+        qs = blocks[..., size - 16:]  # (R, nb, 16): weight j in the low nibble of byte j, j + 16 in the high one
+        return Rows(ggml_type, np.concatenate([qs & 0x0F, qs >> 4], axis=-1), d, m)
+    import gguf
+
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[ggml_type]
+    sb = raw.reshape(-1, size)  # (R * ns, bytes): super-blocks of 256 weights
+    if ggml_type == "Q6_K":
+        ql, qh = sb[:, :128], sb[:, 128:192]
+        scales = sb[:, 192:208].view(np.int8).astype(np.float32)  # (R ns, 16)
+        d = _f16(sb[:, 208:210])[:, None] * scales  # (R ns, 16)
+        low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+        high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+        q = (low.reshape(-1, 8, 32) | (high.reshape(-1, 8, 32) << 4)) + 96  # (R ns, 8, 32): q - 32 + 128
+        return Rows(ggml_type, q.reshape(R, -1, 16).astype(np.uint8), d.reshape(R, -1), None)
+    d, dmin = _f16(sb[:, 0:2]), _f16(sb[:, 2:4])  # (R ns,)
+    sc, mn = gguf.quants.Q4_K.get_scale_min(sb[:, 4:16])  # (R ns, 8) each
+    qs = sb[:, 16:144] if ggml_type == "Q4_K" else sb[:, 48:176]
+    q = ((qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, 8, 32)
+    if ggml_type == "Q5_K":
+        qh = (sb[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 0x01
+        q = q | (qh << 4)
+    scale = (d[:, None] * sc.astype(np.float32)).reshape(R, -1)  # (R, nb)
+    minimum = -(dmin[:, None] * mn.astype(np.float32)).reshape(R, -1)
+    return Rows(ggml_type, q.reshape(R, -1, 32).astype(np.uint8), scale, minimum)
 
 
 def dequantize(rows: Rows) -> np.ndarray:
-    """(R, nb * 32) float32: what gguf's dequantize makes of the blocks (the formulas of its quants.py)."""
+    """(R, nb * block) float32: what gguf's dequantize makes of the blocks."""
     levels = rows.q.astype(np.float32)
-    if rows.ggml_type == "Q8_0":
-        w = rows.d[..., None] * (levels - 128)
-    elif rows.ggml_type == "Q4_0":
-        w = rows.d[..., None] * (levels - 8)
+    if rows.m is None:
+        w = rows.d[..., None] * (levels - (8 if rows.bits == 4 else 128))
     else:
         w = rows.d[..., None] * levels + rows.m[..., None]
     return w.reshape(w.shape[0], -1)
@@ -91,7 +137,7 @@ class BlockIndex:
         index.head_type = heads.get("output.weight", heads.get("token_embd.weight"))
         for tensor in tensors:
             name = tensor.tensor_type.name
-            if name not in TYPES or tensor.data.ndim != 2:
+            if name not in TYPES or tensor.data.ndim != 2 or int(tensor.shape[0]) % TYPES[name][1]:
                 continue
             rows = decode(name, np.asarray(tensor.data))
             floats = dequantize(rows)
@@ -101,32 +147,37 @@ class BlockIndex:
                 index.where.setdefault(hash(floats[r].tobytes()), (t, r))
         return index
 
+    @property
+    def head_bits(self) -> int | None:
+        """The MatMulNBits bits the head's type is carried at (None: a type not carried)."""
+        return TYPES[self.head_type][0] if self.head_type in TYPES else None
+
     def __bool__(self) -> bool:
         return bool(self.tensors)
 
     def find(self, weight: np.ndarray, bits: int) -> Rows | None:
         """The blocks of ``weight`` (K, N) float32, a graph's MatMul weight (its columns are the
-        file's rows), when every column is a row of a type of ``bits`` bits and the blocks give
-        back exactly ``weight``; else None."""
-        if weight.dtype != np.float32 or weight.shape[0] % GGML_BLOCK:
+        file's rows), when every column is a row of one type of ``bits`` bits (or of Q4_0 and Q4_1
+        both) and the blocks give back exactly ``weight``; else None."""
+        if weight.dtype != np.float32:
             return None
         columns = np.ascontiguousarray(weight.T)  # (N, K)
         found = [self.where.get(hash(c.tobytes())) for c in columns]
-        if any(f is None or TYPES[self.tensors[f[0]].ggml_type] != bits for f in found):
+        if any(f is None or self.tensors[f[0]].bits != bits for f in found):
             return None
         parts = [self.tensors[t] for t, _ in found]
         rows = [r for _, r in found]
-        if any(p.q.shape[1] * GGML_BLOCK != weight.shape[0] for p in parts):
-            return None
         types = {p.ggml_type for p in parts}
-        q = np.stack([p.q[r] for p, r in zip(parts, rows)])  # (N, nb, 32)
+        if len(types) > 1 and types != {"Q4_0", "Q4_1"}:
+            return None  # (Q4_K_M's q/k in Q4_K beside a Q6_K v: no one MatMulNBits holds both)
+        q = np.stack([p.q[r] for p, r in zip(parts, rows)])  # (N, nb, block)
         d = np.stack([p.d[r] for p, r in zip(parts, rows)])  # (N, nb)
         if types == {"Q4_0", "Q4_1"}:  # one product of both: Q4_0's rows as minimums -8 d, levels as they are
             m = np.stack([p.m[r] if p.m is not None else -8 * p.d[r] for p, r in zip(parts, rows)])
             ggml_type = "Q4_1"
         else:
             ggml_type = types.pop()
-            m = np.stack([p.m[r] for p, r in zip(parts, rows)]) if ggml_type == "Q4_1" else None
+            m = np.stack([p.m[r] for p, r in zip(parts, rows)]) if TYPES[ggml_type][2] else None
         out = Rows(ggml_type, q, d, m)
         return out if np.array_equal(dequantize(out), columns) else None
 
@@ -149,25 +200,27 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         if rows is None or (rows.m is not None and not ranks.get(node.input[0])):
             continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
         name, (K, N) = node.input[1], weight.shape
-        nb = K // GGML_BLOCK
+        nb = K // rows.block
         if bits == 4:
-            b = (rows.q[..., 0::2] | (rows.q[..., 1::2] << 4)).astype(np.uint8)  # (N, nb, 16): MatMulNBits' order
+            b = (rows.q[..., 0::2] | (rows.q[..., 1::2] << 4)).astype(np.uint8)  # (N, nb, block/2): MatMulNBits' order
         else:
-            b = rows.q  # (N, nb, 32)
+            b = rows.q  # (N, nb, block)
         new = [numpy_helper.from_array(b, f"{name}_Q{bits}"),
                numpy_helper.from_array(rows.d.reshape(-1), f"{name}_scales")]
         inputs = [node.input[0], new[0].name, new[1].name]
         if rows.m is not None:  # levels against zero: the minimums come in their own term
-            new.append(numpy_helper.from_array(np.zeros(N * ((nb + 1) // 2), np.uint8), f"{name}_zero_points"))
+            zero = np.zeros(N * ((nb + 1) // 2 if bits == 4 else nb), np.uint8)  # 4 bits: two a byte
+            new.append(numpy_helper.from_array(zero, f"{name}_zero_points"))
             inputs.append(new[2].name)
         at = list(graph.node).index(node)
         out = node.output[0]
         product = out if rows.m is None else f"{node.name or name}/nbits"
         nodes = [helper.make_node("MatMulNBits", inputs, [product], name=node.name or f"{name}/MatMulNBits",
-                                  domain="com.microsoft", K=K, N=N, bits=bits, block_size=GGML_BLOCK,
+                                  domain="com.microsoft", K=K, N=N, bits=bits, block_size=rows.block,
                                   accuracy_level=accuracy_level)]
         if rows.m is not None:
-            nodes += _mins_nodes(nodes[0].name, node.input[0], ranks[node.input[0]], product, out, rows.m, new)
+            nodes += _mins_nodes(nodes[0].name, node.input[0], ranks[node.input[0]], product, out, rows.m,
+                                 rows.block, new)
         graph.node.remove(node)
         for k, n in enumerate(nodes):
             graph.node.insert(at + k, n)
@@ -187,14 +240,15 @@ def _ranks(proto) -> dict[str, int]:
             if v.type.tensor_type.HasField("shape")}
 
 
-def _mins_nodes(product_name: str, x: str, rank: int, product: str, out: str, m: np.ndarray, new: list) -> list:
-    """out = product + (x's block sums) @ m.T: Q4_1's ``m * sum(x)`` over each block. x (..., K) is
-    reshaped to (..., nb, 32) (Reshape's 0s keep the leading dimensions) and summed over its blocks."""
+def _mins_nodes(product_name: str, x: str, rank: int, product: str, out: str, m: np.ndarray, block: int,
+                new: list) -> list:
+    """out = product + (x's block sums) @ m.T: the minimums' ``m * sum(x)`` over each block. x (..., K)
+    is reshaped to (..., nb, block) (Reshape's 0s keep the leading dimensions) and summed over its blocks."""
     from onnx import helper, numpy_helper
 
     nb = m.shape[1]
     p = f"{product_name}{MINS}"
-    shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [nb, GGML_BLOCK], np.int64), f"{p}/shape")
+    shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [nb, block], np.int64), f"{p}/shape")
     axes = numpy_helper.from_array(np.array([-1], np.int64), f"{p}/axes")
     mins = numpy_helper.from_array(np.ascontiguousarray(m.T), f"{p}/m")  # (nb, N)
     new += [shape, axes, mins]

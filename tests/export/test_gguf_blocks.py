@@ -2,6 +2,7 @@
 tiny Llama-family checkpoints written at each carried type with gguf's own quantizer; every product
 of the artifact multiplies by exactly what transformers dequantizes from the file."""
 
+import itertools
 import json
 
 import numpy as np
@@ -33,8 +34,38 @@ def test_decode_gives_what_gguf_dequantizes(ggml_type):
     assert np.array_equal(dequantize(decode(ggml_type, raw)), expected)
 
 
-def _write(tmp_path, matrices: str, embedding: str = "Q8_0"):
-    model = tiny_model("smollm2", **SHAPE)
+K_SIZES = {"Q4_K": (144, [(0, 4)]), "Q5_K": (176, [(0, 4)]), "Q6_K": (210, [(208, 210)])}  # bytes, float16 fields
+
+
+def random_k_blocks(shape, ggml_type: str, seed: int = 0) -> np.ndarray:
+    """Valid K-quant blocks of random levels and scales for a (rows, K) matrix (gguf has no K-quant
+    quantizer): random bytes, their float16 scales set to small finite values."""
+    size, fields = K_SIZES[ggml_type]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (shape[0], shape[1] // 256, size), dtype=np.uint8)
+    for start, end in fields:
+        halves = (rng.random((shape[0], shape[1] // 256, (end - start) // 2)) * 1e-4 + 1e-5).astype(np.float16)
+        raw[..., start:end] = halves.view(np.uint8)
+    return raw.reshape(shape[0], -1)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_K", "Q5_K", "Q6_K"])
+def test_decode_gives_what_gguf_dequantizes_of_k_quants(ggml_type):
+    raw = random_k_blocks((3, 512), ggml_type)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ggml_type])
+    rows = decode(ggml_type, raw)
+    assert rows.q.shape == (3, 512 // rows.block, rows.block)
+    assert np.array_equal(dequantize(rows), expected)
+
+
+def _write(tmp_path, matrices: str, embedding: str = "Q8_0", shape=SHAPE, monkeypatch=None):
+    model = tiny_model("smollm2", **shape)
+    if matrices in K_SIZES:  # gguf's quantize knows no K-quant: random blocks stand for the weights
+        plain = gguf.quants.quantize
+        qtype = gguf.GGMLQuantizationType[matrices]
+        seeds = itertools.count()  # each matrix its own blocks (equal ones would share one initializer)
+        monkeypatch.setattr(gguf.quants, "quantize", lambda t, q: random_k_blocks(t.shape, matrices, next(seeds))
+                            if q == qtype else plain(t, q))
     return write_checkpoint_gguf(model, checkpoint.build_tokenizer(), tmp_path / f"{matrices}.gguf",
                                  matrices=matrices, embedding=embedding)
 
@@ -86,6 +117,28 @@ def test_this_projects_int4_kernel_folds_the_minimums_of_plain_and_fused_graphs(
         model = onnx.load(str(out / file))
         assert len(kernels.rewrite(model, kernel)) == 4, file  # q/k/v, o, gate/up, down
         assert not [n.name for n in model.graph.node if "/mins/" in n.name], file
+
+
+# K-quants need rows of whole super-blocks (256); head_dim 16
+K_SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=16, num_key_value_heads=4, head_dim=16,
+               num_hidden_layers=1)
+
+
+@pytest.mark.parametrize("matrices, weights", [("Q4_K", "int4"), ("Q5_K", "int8"), ("Q6_K", "int8")])
+def test_a_k_quant_gguf_is_carried_exactly(tmp_path, monkeypatch, matrices, weights):
+    path = _write(tmp_path, matrices, shape=K_SHAPE, monkeypatch=monkeypatch)
+    out = tmp_path / "art"
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights=weights), log=lambda *_: None)
+    assert manifest.weights["from_gguf"] == {"carried": 5, "requantized": []}
+    expected = _file_weights(path)
+    for file in ("layer_00.onnx", "layer_00.gqa.onnx"):
+        proto = onnx.load(str(out / file))
+        blocks = {a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+        assert blocks == {16 if matrices == "Q6_K" else 32}
+        used = split_fused(dequantized_weights(proto, onnx.load(str(out / "layer_00.onnx"))))
+        for key, w in used.items():  # read back through int8 activations of an identity: to ~1e-5
+            target = expected[f"model.layers.0.{key.removesuffix(TRANSPOSED)}"].T
+            np.testing.assert_allclose(w, target, rtol=2e-5, atol=2e-7, err_msg=f"{file} {key}")
 
 
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):

@@ -56,7 +56,9 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
     w.add_value_length(head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrices == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrices}"])
+    # Q4_K and Q5_K alone name no file type (llama.cpp's are the _S/_M mixes): the _S one
+    names = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}
+    w.add_file_type(gguf.LlamaFileType[names.get(matrices, f"MOSTLY_{matrices}")])
     data = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
     special = {t["id"] for t in data["added_tokens"]}
