@@ -173,8 +173,9 @@ def carried_line(blocks: BlockIndex, gguf_entry: dict) -> str:
             f"{len(blocks.requantized)} requantized")
     if blocks.requantized:
         shown = ", ".join(blocks.requantized[:3]) + (" ..." if len(blocks.requantized) > 3 else "")
-        line += (f" ({shown}: the file holds them at another bit width, a merged adapter changed them, or "
-                 f"--block-size is not the file's {GGML_BLOCK})")
+        line += (f" ({shown}: the file holds them at another bit width or in types of different widths, a "
+                 f"merged adapter changed them, --block-size is not the file's {GGML_BLOCK}, or --quant-format "
+                 f"is qdq)")
     return line
 
 

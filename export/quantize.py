@@ -198,7 +198,7 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
 
     ``weights`` "float" returns ``proto`` unchanged. ``blocks``: a GGUF's BlockIndex
     (export.gguf_blocks): the products it holds at this bit width are written from the file's own
-    blocks (MatMulNBits form, blocks of 32), the rest quantized. Raises InvalidArgumentError when a
+    blocks (MatMulNBits form, at the file's block size), the rest quantized. Raises InvalidArgumentError when a
     MatMul's K is not a whole number of blocks (rather than leave it float without a word).
     """
     if weights == "float":

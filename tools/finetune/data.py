@@ -132,7 +132,7 @@ def common_words(targets: list[str], share: float = COMMON_SHARE) -> set[str]:
     """The words found in at least ``share`` of ``targets``: what every answer of the task says."""
     counts: dict[str, int] = defaultdict(int)
     for t in targets:
-        for w in {_word(t, i, i) for i in range(len(t)) if not t[i].isspace()}:
+        for w in {word.rstrip(".,;:!?") for word in t.split()}:  # as _word reads them
             counts[w] += 1
     return {w for w, c in counts.items() if c >= share * len(targets)}
 
