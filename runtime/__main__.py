@@ -184,7 +184,8 @@ def _run(args) -> int:
     s = result.stats
     # The figures go to stderr: stdout holds the texts alone (`| head -1`, a file, another tool)
     kernel, note = getattr(gen.backend, "int4_kernel", None), getattr(gen.backend, "int4_kernel_note", "")
-    print(f"weights: {gen.manifest.weights_label}" + (f"; int4 products on {KERNEL_LABELS[kernel]}" if kernel else "")
+    bits = "int4" if "int4" in gen.manifest.weights.values() else "int8"
+    print(f"weights: {gen.manifest.weights_label}" + (f"; {bits} products on {KERNEL_LABELS[kernel]}" if kernel else "")
           + (f" ({note})" if kernel and note else ""), file=sys.stderr)
     if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)

@@ -197,7 +197,7 @@ class OnnxRuntimeBackend(Backend):
                           stacklevel=_outside_runtime())
         use_fused = wants_fused and self.fused_note is None
         directory = Path(directory)
-        # int4_kernel: the int4 products on this project's kernel (runtime/kernels) or ONNX Runtime's
+        # int4_kernel: the int4 (and int8) products on this project's kernel (runtime/kernels) or ONNX Runtime's
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
         if self._q4 is not None:
@@ -221,7 +221,7 @@ class OnnxRuntimeBackend(Backend):
         self.huge_page_bytes = hugepages.collapse_new(before)
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
             self._q4, self.int4_kernel = None, "onnxruntime"
-            self.int4_kernel_note = "no MatMulNBits of 4 bits, blocks of 32 and int8 activations to take"
+            self.int4_kernel_note = "no MatMulNBits of 4 or 8 bits, blocks of 32 and int8 activations to take"
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
@@ -244,7 +244,7 @@ class OnnxRuntimeBackend(Backend):
 
         if choice not in kernels.CHOICES:
             raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(kernels.CHOICES)}, got {choice!r}")
-        if "int4" not in manifest.weights.values():
+        if not any(v in ("int4", "int8") for v in manifest.weights.values()):  # it takes 4- and 8-bit products
             return None, None, ""
         if choice == "onnxruntime":
             return None, "onnxruntime", "int4_kernel='onnxruntime'"
@@ -258,7 +258,7 @@ class OnnxRuntimeBackend(Backend):
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         source = str(directory / spec.file)
-        # an int4 artifact's int8 graphs too (a GGUF's Q8_0 head: export.gguf_blocks): the kernel takes 8 bits
+        # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
         if self._q4 is not None and self.manifest.graph_weights(spec.name) in ("int4", "int8"):
             import onnx
 

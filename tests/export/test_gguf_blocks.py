@@ -141,6 +141,26 @@ def test_a_k_quant_gguf_is_carried_exactly(tmp_path, monkeypatch, matrices, weig
             np.testing.assert_allclose(w, target, rtol=2e-5, atol=2e-7, err_msg=f"{file} {key}")
 
 
+def test_a_carried_artifact_generates_on_either_kernel(tmp_path):
+    """The runtime loads what export wrote from a GGUF's blocks (its manifest's from_gguf entry,
+    a dict among the weights' strings, too) and generates on this project's kernel and on
+    MatMulNBits (tests/runtime/test_kernels.py compares their products)."""
+    import runtime
+
+    path = _write(tmp_path, "Q4_1")
+    out = tmp_path / "art"
+    build(BuildOptions(model=str(path), out=str(out), progress=False, weights="int4", check=False),
+          log=lambda *_: None)
+    texts = {}
+    for kernel in ("auto", "onnxruntime"):
+        gen = runtime.load(out, threads=1, int4_kernel=kernel)
+        try:
+            texts[kernel] = gen.generate(["the quick brown fox"], 6, ignore_eos=True).token_ids[0]
+        finally:
+            gen.close()
+    assert len(texts["auto"]) == len(texts["onnxruntime"]) == 6
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""
