@@ -36,13 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.manifest import MINS
+from runtime.manifest import MINS, minimums_term
 
 GGML_BLOCK = 32
 # the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)
 TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False),
          "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
-SUPER = 256  # the K-quants' super-block: 8 (16 for Q6_K) sub-blocks, each with its own scale
 
 
 @dataclass
@@ -190,13 +189,15 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
 
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    ranks = _ranks(proto)
+    ranks = None  # x's rank, for a minimums' term: shape inference once, where one is needed
     carried = []
     for node in list(graph.node):
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
             continue
         weight = numpy_helper.to_array(inits[node.input[1]])
         rows = index.find(weight, bits) if weight.ndim == 2 else None
+        if rows is not None and rows.m is not None:
+            ranks = _ranks(proto) if ranks is None else ranks
         if rows is None or (rows.m is not None and not ranks.get(node.input[0])):
             continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
         name, (K, N) = node.input[1], weight.shape
@@ -265,8 +266,7 @@ def is_minimums(node) -> bool:
 
 def product_nodes(graph, node) -> list:
     """``node``, a product of a graph, with the nodes of its minimums' term (``carry``) after it, in order."""
-    prefix = f"{node.name}{MINS}/"
-    return [node] + [n for n in graph.node if n.name.startswith(prefix)]
+    return [node] + minimums_term(graph.node, node.name)
 
 
 __all__ = ["BlockIndex", "GGML_BLOCK", "Rows", "TYPES", "carry", "decode", "dequantize", "is_minimums",

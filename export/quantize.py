@@ -232,7 +232,9 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
         accuracy_level=accuracy_level or None, quant_format=qformat, op_types_to_quantize=("MatMul",),
         bits=bits)
     quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=block_size, algo_config=algo,
-                                     quant_format=qformat, nodes_to_exclude=_minimums_nodes(proto))
+                                     quant_format=qformat,
+                                     # carried products' minimums' terms: exact already
+                                     nodes_to_exclude=[n.name for n in proto.graph.node if is_minimums(n)])
     log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = log.level
     log.setLevel(logging.ERROR)  # it logs every node it visits at INFO
@@ -273,19 +275,13 @@ def _axes_as_inputs(proto) -> None:
             node.input.append(name)
 
 
-def _minimums_nodes(proto) -> list[str]:
-    """The nodes of carried Q4_1 products' minimums' terms (gguf_blocks.carry): exact already."""
-    return [n.name for n in proto.graph.node if is_minimums(n)]
-
-
 def _constant_matmuls(proto) -> list[tuple]:
     """(node, K) of every MatMul whose second input is a 2-D float initializer (a carried Q4_1
     product's minimums' term aside)."""
     inits = {t.name: t for t in proto.graph.initializer}
     out = []
-    exact = set(_minimums_nodes(proto))
     for n in proto.graph.node:
-        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits and n.name not in exact:
+        if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in inits and not is_minimums(n):
             dims = list(inits[n.input[1]].dims)
             if len(dims) == 2:
                 out.append((n, dims[0]))

@@ -37,6 +37,13 @@ WIDTHS = ":widths"
 # "/add": the block sums of x times the minimums (blocks, N) float32, added); runtime.kernels folds
 # the term into its own product.
 MINS = "/mins"
+
+
+def minimums_term(nodes, product_name: str) -> list:
+    """The nodes of product ``product_name``'s minimums' term (MINS), in ``nodes``' order: what
+    export.gguf_blocks writes after the product and runtime.kernels folds into its own."""
+    prefix = f"{product_name}{MINS}/"
+    return [n for n in nodes if n.name.startswith(prefix)]
 MANIFEST_NAME = "manifest.json"
 DRAFT_HEAD = "head_draft"  # the graph name (and file stem) of export's --draft-head
 DRAFT_LAYERS = "layers_draft"  # the weights entry of export's --draft-layers

@@ -244,7 +244,7 @@ class OnnxRuntimeBackend(Backend):
 
         if choice not in kernels.CHOICES:
             raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(kernels.CHOICES)}, got {choice!r}")
-        if not any(v in ("int4", "int8") for v in manifest.weights.values()):  # it takes 4- and 8-bit products
+        if not any(v in kernels.WEIGHTS for v in manifest.weights.values()):
             return None, None, ""
         if choice == "onnxruntime":
             return None, "onnxruntime", "int4_kernel='onnxruntime'"
@@ -258,11 +258,11 @@ class OnnxRuntimeBackend(Backend):
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         source = str(directory / spec.file)
-        # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
-        if self._q4 is not None and self.manifest.graph_weights(spec.name) in ("int4", "int8"):
-            import onnx
+        from .. import kernels
 
-            from .. import kernels
+        # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
+        if self._q4 is not None and self.manifest.graph_weights(spec.name) in kernels.WEIGHTS:
+            import onnx
 
             model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs
             handles = kernels.rewrite(model, self._q4, str(directory))

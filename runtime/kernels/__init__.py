@@ -26,10 +26,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-from runtime.manifest import MINS
+from runtime.manifest import MINS, minimums_term
 
 SOURCE = Path(__file__).with_name("q4_vnni.c")
 CHOICES = ("auto", "skipdecode", "onnxruntime")  # int4_kernel: auto = skipdecode where it can run
+WEIGHTS = ("int4", "int8")  # the manifest's weights whose MatMulNBits products it takes (4 and 8 bits)
 DOMAIN = "skipdecode"
 OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
@@ -144,7 +145,7 @@ class Kernel:
         packer = self._lib.q4_pack if bits == 4 else self._lib.q8_pack
         handle = packer(b.ctypes.data, scales.ctypes.data, address(zp), address(mn), k, n)
         if handle < 0:
-            raise MemoryError(f"packing an int4 weight of {k} x {n} for {SOURCE.name}: out of memory")
+            raise MemoryError(f"packing a {bits}-bit weight of {k} x {n} for {SOURCE.name}: out of memory")
         self._cols[int(handle)] = n
         return int(handle)
 
@@ -189,7 +190,7 @@ def _minimums_term(graph, node, inits) -> list | None:
     order, when they read ``node``'s input and output as export writes them; else None. The
     minimums are the term's MatMul's initializer (a fused layer graph renames the nodes, not it)."""
     p = f"{node.name}{MINS}"
-    found = {n.name: n for n in graph.node if n.name.startswith(p + "/")}
+    found = {n.name: n for n in minimums_term(graph.node, node.name)}
     term = [found.get(f"{p}/{part}") for part in ("reshape", "sum", "term", "add")]
     if any(t is None for t in term) or len(found) != 4:
         return None

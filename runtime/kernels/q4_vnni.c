@@ -169,7 +169,7 @@ typedef struct {
     float fsum;
 } act_block;
 
-static void quantize(const float *a, int64_t blocks, act_block *out) {
+static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
     for (int64_t j = 0; j < blocks; j++) {
         __m512 v0 = _mm512_loadu_ps(a + j * BLOCK), v1 = _mm512_loadu_ps(a + j * BLOCK + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -185,15 +185,16 @@ static void quantize(const float *a, int64_t blocks, act_block *out) {
         }
         out[j].scale = amax / 127.f;
         out[j].sum = sum;
-        out[j].fsum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+        out[j].fsum = float_sums ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : 0.f; /* read by minimums alone */
     }
 }
 
-/* Every activation row of a (m x k) quantized for weight w; NULL when out of memory. */
+/* Every activation row of a (m x k) quantized for weight w (their float sums where it has
+ * minimums); NULL when out of memory. */
 static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m) {
     act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
     if (act)
-        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, act + i * w->blocks);
+        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, w->mins != NULL, act + i * w->blocks);
     return act;
 }
 

@@ -301,6 +301,12 @@ def test_bad_speedup_fails_before_training(tiny_dir, tmp_path):
     assert not (tmp_path / "out" / "config.json").exists()
 
 
+def test_a_copy_weight_that_is_no_weight_fails_before_training(tiny_dir, tmp_path):
+    with pytest.raises(TrainError, match=r"--copy-weight 0: a loss weight is positive"):
+        train(_config(tiny_dir, tmp_path, copy_weight=0.0))
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
 def test_export_build_keeps_the_trained_horizon(tiny_dir, tmp_path):
     import runtime
     from export.build import BuildOptions, build

@@ -261,6 +261,9 @@ def train(cfg: TrainConfig) -> Path:
     if cfg.skipping_only and all(s == 1 for s in cfg.speedups):
         raise TrainError("--skipping-only trains the adapters on the tokens that skip layers, and --speedups "
                          "has no policy that skips; add one (--speedups 1.5 2)")
+    if cfg.copy_weight <= 0:
+        raise TrainError(f"--copy-weight {cfg.copy_weight:g}: a loss weight is positive (1: copied tokens weigh "
+                         f"as the others)")
     if cfg.distill and not cfg.lora_rank:
         raise TrainError("--distill needs --lora-rank: the teacher is the starting model, which the run "
                          "reads with its adapters off (full fine-tuning keeps no copy of it); add --lora-rank 16")
@@ -284,9 +287,6 @@ def train(cfg: TrainConfig) -> Path:
         pairs = faithful_pairs(pairs, cfg.train)
     if cfg.max_train is not None and cfg.max_train < len(pairs):
         pairs = random.Random(cfg.seed).sample(pairs, cfg.max_train)  # the same subset on resume
-    if cfg.copy_weight <= 0:
-        raise TrainError(f"--copy-weight {cfg.copy_weight:g}: a loss weight is positive (1: copied tokens weigh "
-                         f"as the others)")
     common = common_words([ex.target for ex in pairs]) if cfg.copy_weight != 1.0 else frozenset()
     train_items = [encode(tokenizer, ex, cfg.separator, limit, cfg.copy_weight, common) for ex in pairs]
     val_items = ([encode(tokenizer, ex, cfg.separator, limit)
