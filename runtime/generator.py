@@ -1,7 +1,7 @@
 """The user-facing generator: ``runtime.load`` / ``runtime.generate`` and ``Generator``.
 
 A Generator is thread-safe: every ``generate``/``stream`` call becomes a request of its engine
-(runtime/engine.py), which batches the calls step by step with per-row SkipDecode budgets."""
+(runtime/engine/), which batches the calls step by step with per-row SkipDecode budgets."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
 # Prompt tokens a joining request runs per round while other rows decode: "auto" sizes them to
-# about a decode step each (runtime/engine.py), so a running row's longest wait stays near two
+# about a decode step each (runtime/engine/), so a running row's longest wait stays near two
 # steps (docs/benchmarks.md, "A prompt joins")
 DEFAULT_PREFILL_CHUNK = AUTO
 
@@ -122,13 +122,13 @@ class Generator:
         # int8/int4 layers quantize their activations, where float noise shifts a rounding and then
         # the text: each row's prompt runs alone (no other prompt's padding), in chunks that end at
         # its own pages alone as under load (no chunk sized by the load), where reused prefixes end
-        self.batch_invariant = self.engine.batch_invariant = (manifest.quantized if batch_invariant is None
+        self.batch_invariant = self.engine.scheduler.batch_invariant = (manifest.quantized if batch_invariant is None
                                                                else batch_invariant)
         if prefix_cache_mb and type(self.engine.cache.storage).read is KVStorage.read:
             warnings.warn(f"prefix_cache_mb={prefix_cache_mb:g}: the {type(backend).__name__}'s KV storage cannot copy a "
                           f"row's K/V out, so prompts are not reused on it", stacklevel=3)
         elif prefix_cache_mb:  # whole pages of prompts that ran, for the rows that start with them
-            self.engine.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), manifest.page_size)
+            self.engine.scheduler.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), manifest.page_size)
         # json_schema's compiler, over the artifact's tokenizer; llguidance loads on the first schema
         self.structured = Structured(self.directory / manifest.tokenizer_dir / "tokenizer.json",
                                      manifest.model.vocab_size, manifest.model.eos_ids)

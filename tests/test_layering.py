@@ -5,7 +5,9 @@ another's private name. tests/runtime/test_layering.py keeps runtime free of exp
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +114,42 @@ def test_the_server_maps_errors_by_type_and_param_never_by_message_text():
                for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                if re.search(r"str\(exc\)\.(startswith|endswith)|in str\(exc\)|re\.\w+\(.*str\(exc\)", line)]
     assert matched == []
+
+
+MAX_MODULE, MAX_CLASS = 420, 250  # lines of code (issue 59: a newcomer reads one job at a time)
+
+
+def _code_lines(source: str) -> set[int]:
+    """The lines holding code: not blank, not a comment alone, not a docstring."""
+    docs = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docs.update(range(first.lineno, first.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    return {line for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type not in skip
+            for line in range(tok.start[0], tok.end[0] + 1) if line not in docs}
+
+
+def test_modules_and_classes_stay_small():
+    too_big = []
+    for name, path in MODULES.items():
+        source = path.read_text(encoding="utf-8")
+        lines = _code_lines(source)
+        if len(lines) > MAX_MODULE:
+            too_big.append(f"{name}: {len(lines)} lines of code (at most {MAX_MODULE})")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                n = sum(node.lineno <= line <= node.end_lineno for line in lines)
+                if n > MAX_CLASS:
+                    too_big.append(f"{name}.{node.name}: {n} lines of code (at most {MAX_CLASS})")
+    assert too_big == [], "split by job: " + "; ".join(too_big)
+
+
+def test_the_size_check_counts_code_only():
+    source = 'class A:\n    """Doc.\n\n    More."""\n\n    # why\n    x = 1\n\n    def f(self):\n        return 2\n'
+    assert sorted(_code_lines(source)) == [1, 7, 9, 10]
 
 
 def test_the_check_finds_a_cycle():

@@ -2,7 +2,7 @@
 
 A backend runs graphs and knows nothing of policies, rows or positions: the KV cache
 (runtime/kvcache.py) owns the rows, their lengths and masks and the width a step binds, and the
-backend gives it a ``KVStorage`` for its device. The engine (runtime/engine.py) decides which rows
+backend gives it a ``KVStorage`` for its device. The engine (runtime/engine/) decides which rows
 run which layers.
 
 - ``embed(ids, mask)``, ``head(hidden, rows)``: the embedding and head graphs (``head_all``: every

@@ -18,7 +18,7 @@ from export.build import BuildOptions, build
 from runtime.backends.base import run_verify
 from runtime.backends.cuda_graphs import EagerCapture, tokens_bucket
 from runtime.errors import InvalidArgumentError
-from runtime.sampling import verify_draft
+from runtime.lossless import verify_draft
 from tests.conftest import PROMPTS
 from tests.families import save_tiny_checkpoint
 from tests.runtime.test_engine import stepped
@@ -127,7 +127,7 @@ class LayerClock:
     steps, a pass one), the same on every machine and under any load."""
 
     def __init__(self, backend, monkeypatch):
-        import runtime.engine
+        import runtime.engine.runner
 
         self.now = 0.0
         decode, verify = backend.decode, backend.verify
@@ -142,7 +142,7 @@ class LayerClock:
 
         monkeypatch.setattr(backend, "decode", counted_decode)
         monkeypatch.setattr(backend, "verify", counted_verify)
-        monkeypatch.setattr(runtime.engine, "time", self)
+        monkeypatch.setattr(runtime.engine.runner, "time", self)
 
     def perf_counter(self) -> float:
         self.now += 1e-6  # a prefill chunk takes a little time too
@@ -200,7 +200,7 @@ def test_what_captures_take_is_not_a_steps_cost(artifact_dir, full):
         captures = t.backend.graphs.captures
         assert result.stats.verify_passes > 0 and captures >= 3
         e = t.engine
-        costs = [e.step_seconds, e.full_seconds, e.draft_seconds, e.verify_seconds]
+        costs = [e.timings.step, e.timings.full, e.timings.draft, e.timings.verify]
         assert None not in costs and max(costs) < 0.1, costs
         assert result.stats.decode_seconds > 0.3 * captures
         assert t.backend.setup_seconds() >= 0.3 * captures
@@ -249,11 +249,11 @@ def ride_along_at_the_capacity(gen, full, monkeypatch):
     dropped). When the lossless row starts is swept, so that some pass's drafts reach past the
     capacity for the riding row (costs as layer counts: the same passes on every machine)."""
     verify, drafted, overflows = gen.backend.verify, [], []
-    engine_verify = gen.engine._verify
+    plan_verify = gen.engine.scheduler._verify_plan
 
     def counting(seqs, ready):  # the tokens the pass would have had for its drafts
         drafted.append(1 + max(len(s.drafts) for s in ready))
-        return engine_verify(seqs, ready)
+        return plan_verify(seqs, ready)
 
     def recording(check, cache):  # whether a riding row's length + the pass's drafts pass the capacity
         riding = int(cache.length[: check.rows][~check.updates].max(initial=0))
@@ -261,7 +261,7 @@ def ride_along_at_the_capacity(gen, full, monkeypatch):
         overflows.append(riding + drafted[-1] > cache.capacity)
         return verify(check, cache)
 
-    monkeypatch.setattr(gen.engine, "_verify", counting)
+    monkeypatch.setattr(gen.engine.scheduler, "_verify_plan", counting)
     monkeypatch.setattr(gen.backend, "verify", recording)
     LayerClock(gen.backend, monkeypatch)
     want = None

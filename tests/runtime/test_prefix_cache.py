@@ -46,7 +46,7 @@ def test_a_reused_prefix_gives_the_tokens_it_would_have(artifact_dir, backend, d
     reusing = runtime.load(artifact_dir, backend=backend, check_hashes=False, prefix_cache_mb=1, **on)
     try:
         first, _ = _run(reusing, [7, 8, 9])
-        assert first.stats.cached_tokens == 0 and len(reusing.engine.prefix_cache) == 1  # it left its page
+        assert first.stats.cached_tokens == 0 and len(reusing.engine.scheduler.prefix_cache) == 1  # it left its page
         for tail in ([7, 8, 9], [11, 12], [13]):
             ours, ours_logits = _run(reusing, tail)
             theirs, their_logits = _run(plain, tail)
@@ -69,7 +69,7 @@ def test_nothing_is_reused_where_it_would_not_be_exact_or_simple(artifact_dir):
         assert two_rows.stats.cached_tokens == 0
         short = gen.generate([SHARED[:PAGE]], NEW, ignore_eos=True)  # no token would be left to run
         assert short.stats.cached_tokens == 0
-        assert gen.engine.prefix_cache.hits == 0
+        assert gen.engine.scheduler.prefix_cache.hits == 0
     finally:
         gen.close()
 
@@ -95,7 +95,7 @@ def test_a_storage_that_cannot_copy_rows_says_so(artifact_dir):
     with pytest.warns(UserWarning, match="KV storage cannot copy a row's K/V out, so prompts are not reused on it"):
         gen = runtime.load(artifact_dir, check_hashes=False, device="cpu", prefix_cache_mb=1)  # IOBinding storage
     try:
-        assert gen.engine.prefix_cache is None
+        assert gen.engine.scheduler.prefix_cache is None
     finally:
         gen.close()
 

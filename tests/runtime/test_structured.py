@@ -54,7 +54,7 @@ def test_every_constrained_text_validates(gen, name, speedup):
 @pytest.mark.parametrize("name", ["enum and integer range", "nested object and array"])
 def test_lossless_rows_keep_the_schema(gen, name):
     """A lossless row's drafts are unconstrained proposals; the verify pass judges each against the
-    mask at its position (runtime.engine._emit): full depth's constrained tokens, exactly; sampled
+    mask at its position (runtime.engine.output.emit_step): full depth's constrained tokens, exactly; sampled
     rows still validate."""
     schema = SCHEMAS[name]
     want = gen.generate(PROMPTS, NEW, json_schema=schema)

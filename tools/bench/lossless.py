@@ -95,10 +95,10 @@ def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_toke
 def engine_costs(gen) -> tuple[float | None, float | None] | None:
     """What the engine weighed drafting with (runtime.lossless): a step of drafts' and a verify
     pass's time in full-depth steps, as smoothed at the end of a row's last run."""
-    e = gen.engine
-    if not e.full_seconds:
+    t = gen.engine.timings
+    if not t.full:
         return None
-    return tuple(None if x is None else x / e.full_seconds for x in (e.draft_seconds, e.verify_seconds))
+    return tuple(None if x is None else x / t.full for x in (t.draft, t.verify))
 
 
 def render(results: list[dict], header: str) -> str:

@@ -13,7 +13,7 @@ ignored, so every mode generates exactly the same tokens. Output lengths (``--le
 Three ways to serve it on one artifact:
 
 - engine: one Generator; each request is submitted at its arrival, joins the running batch
-  after its own prefill and leaves when done (runtime/engine.py);
+  after its own prefill and leaves when done (runtime/engine/);
 - static: requests that arrived while a batch ran wait; the next batch takes up to max_batch of
   them and runs until its longest request ends (no joining), as a static batcher does;
 - serial: one request at a time (a Generator with max_batch=1).

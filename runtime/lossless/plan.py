@@ -1,23 +1,5 @@
-"""How many tokens a lossless row drafts before each verify pass, and when it stops drafting.
-
-Lossless decoding (runtime.engine): a row drafts k tokens with its policy's layers, then one
-full-depth pass over them keeps the agreeing prefix and full depth's own next token. Whether that
-beats plain full-depth steps depends on the model and the text, so each row measures it: the
-drafts' acceptance a (kept / made, with half a kept draft of one as the prior), a draft step's time r and a
-verify pass's time v, both in full-depth steps. If each draft is kept with probability a, a pass of
-k drafts gives (1 - a^(k+1)) / (1 - a) tokens in k r + v steps' time. While some k beats full depth
-(the rows one pass verifies are judged together: the pass costs the same whichever of them drafted
-well), each row's k follows its runs of kept drafts (+2 after a pass that kept all, -1 after one
-that did not). A row drafts first at its policy's smallest active set (the cheapest: every verify
-pass leaves every layer's K/V complete, so drafts need not decay); when no k beats full depth
-there, a model fine-tuned under the policy drafts at the row's own decaying set instead, the one
-it was trained on at that step (a model trained on a long horizon and short texts never ran the
-smallest set), its counts started afresh; an untuned model, whose own set drafts no better than
-its smallest, skips this trial. When no k beats full depth at the set it drafts with, the rows
-pause: plain full-depth steps for ``PAUSE_START`` tokens, then it drafts again (k = 1), each pause
-twice the last (up to ``PAUSE_MAX``) and its counts halved, so a model that drafts badly costs a
-pass now and then, and one that drafts well again (another part of the text) is found again.
-"""
+"""A lossless row's k and pauses: how many tokens it drafts before each verify pass, and when
+it stops drafting (the package's docstring says why)."""
 
 from __future__ import annotations
 
@@ -85,5 +67,3 @@ def best_draft(kept: int, made: int, r: float, v: float) -> int:
             best_k, best = k, speed
     return best_k
 
-
-__all__ = ["DRAFT_MAX", "DRAFT_START", "DraftPlan", "PAUSE_MAX", "PAUSE_START", "best_draft", "pays_off"]

@@ -1,0 +1,99 @@
+"""The runner: what the scheduler chose, run on the backend (a prefill chunk, a decode step, a
+verify pass), the cache's lengths moved on after it, and its time measured. The only part of the
+engine that calls the backend."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..backends import Backend
+from ..backends.base import DecodeStep, VerifyPass
+from ..kvcache import KVCache
+from .scheduler import DecodePlan, VerifyPlan
+from .state import Prefill, Timings
+
+
+class Runner:
+    def __init__(self, backend: Backend, cache: KVCache, num_layers: int, timings: Timings):
+        self.backend, self.cache, self.num_layers, self.timings = backend, cache, num_layers, timings
+
+    def prefill(self, p: Prefill, chunk: int) -> tuple[np.ndarray | None, float]:
+        """``chunk`` more tokens of the joining rows' prompt through the policy's prefill layers (all,
+        or step 0's active set, which holds every later step's); K/V to the rows' next positions.
+        Returns the rows' logits (k, V) once the prompt is done (else None), in the order of
+        ``p.seqs``, and the seconds it took."""
+        backend, cache = self.backend, self.cache
+        seqs = sorted(p.seqs, key=lambda s: s.row)  # departures may have reordered the block
+        order = [p.seqs.index(s) for s in seqs]
+        start, k = seqs[0].row, len(seqs)
+        cols = slice(p.done, p.done + chunk)
+        ids, new = p.input_ids[order, cols], p.attention_mask[order, cols]  # (k, T)
+        began = time.perf_counter()
+        cache.reserve(start, start + k, chunk)  # the width grows with the prompt, a page at a time
+        mask = cache.mask(start, start + k, new)  # (k, W + T)
+        hidden = backend.embed(ids, mask)  # (k, T, D)
+        hidden = backend.run_layers(cache, start, k, hidden, mask, p.request.policy.prefill_layers())
+        cache.advance(start, start + k, new)
+        p.done += chunk
+        logits = None
+        if p.done == p.input_ids.shape[1]:
+            logits = backend.head(hidden)[np.argsort(order)]  # (k, V), back in the order of p.seqs
+        return logits, time.perf_counter() - began
+
+    def decode(self, plan: DecodePlan) -> tuple[np.ndarray, float]:
+        """One decode step of every decoding row as planned: embed, the union of the rows' sets,
+        head. Returns the logits (R, V) and the seconds it took."""
+        cache, R = self.cache, len(plan.seqs)
+        layers = plan.layers
+        ids = np.array([[s.token] for s in plan.seqs], dtype=np.int64)  # (R, 1)
+        began, setup = time.perf_counter(), self.backend.setup_seconds()
+        cache.reserve(0, R, 1)
+        new = np.ones((R, 1), dtype=np.int64)
+        new[plan.waiting] = 0
+        step = DecodeStep(ids, cache.mask(0, R, new), layers, plan.updates, plan.draft_only)
+        logits = self.backend.decode(step, cache)  # (R, V)
+        cache.advance(0, R, new)
+        for s, h, length in zip(plan.seqs, plan.held, plan.lengths):
+            if h:
+                cache.rewind(s.row, int(length))
+        seconds = time.perf_counter() - began
+        if not any(plan.held):  # a round of some rows alone is not what a round costs
+            t = self.timings
+            cost = seconds - (self.backend.setup_seconds() - setup)  # what this step costs the next time
+            t.step = t.smoothed(t.step, cost)
+            if len(layers) == self.num_layers:
+                t.full = t.smoothed(t.full, cost)
+            elif all(plan.drafting):
+                t.draft = t.smoothed(t.draft, cost)
+        return logits, seconds
+
+    def verify(self, plan: VerifyPlan) -> tuple[np.ndarray, float]:
+        """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most
+        drafts; rows with fewer are padded, the other decoding rows ride along unchanged): K/V of
+        every layer at those positions and every position's logits (len(ready), T, V), and the
+        seconds it took. The ready rows' lengths end past all their drafts (the engine rewinds the
+        rejected ones)."""
+        cache, T, R = self.cache, plan.T, len(plan.seqs)
+        began, setup = time.perf_counter(), self.backend.setup_seconds()
+        for s in plan.ready:
+            cache.rewind(s.row, s.draft.base)  # the drafts' positions, written again at every layer
+        ids = np.zeros((R, T), dtype=np.int64)
+        new = np.zeros((R, T), dtype=np.int64)
+        update = np.zeros(R, dtype=bool)
+        for s in plan.ready:
+            n = len(s.drafts)
+            ids[s.row, : n + 1] = [s.draft.first, *(d for d, _ in s.drafts)]
+            new[s.row, : n + 1] = 1
+            update[s.row] = True
+        cache.reserve(0, R, T)
+        check = VerifyPass(ids, cache.mask(0, R, new), update, np.array([s.row for s in plan.ready]),
+                           self.num_layers)
+        logits = self.backend.verify(check, cache)  # (len(ready), T, V)
+        for s in plan.ready:
+            cache.grow(s.row, len(s.drafts) + 1)
+        seconds = time.perf_counter() - began
+        t = self.timings
+        t.verify = t.smoothed(t.verify, seconds - (self.backend.setup_seconds() - setup))
+        return logits, seconds
