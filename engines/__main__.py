@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from runtime import cli
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 
 from .config import EngineBuildConfig, parse_size
 from .manifest import DEFAULT_ENGINE_DIR

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.artifact.manifest import GraphSpec, Manifest
 from runtime.backends.base import Backend
 from runtime.errors import ArtifactError, SkipDecodeError
 from runtime.kvcache import ArrayStorage, pages_width
-from runtime.manifest import GraphSpec, Manifest
 
 from .errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
 from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate

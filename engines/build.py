@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 
 from .atomic import write_bytes_atomic
 from .config import EngineBuildConfig, format_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from runtime.manifest import ModelInfo
+from runtime.artifact.manifest import ModelInfo
 
 from .errors import EngineConfigError
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from runtime.manifest import GraphSpec, Manifest
-from runtime.paths import confined
+from runtime.artifact.manifest import GraphSpec, Manifest
+from runtime.artifact.paths import confined
 
 from .atomic import write_text_atomic
 from .device import DeviceInfo

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.artifact.manifest import GraphSpec
 from runtime.kvcache import bound_width, pages_width
-from runtime.manifest import GraphSpec
 
 from .config import EngineBuildConfig
 from .errors import EngineConfigError, EngineLimitError

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.manifest import GraphSpec, load_manifest
+from runtime.artifact.manifest import GraphSpec, load_manifest
 
 from .errors import EngineConfigError
 from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest

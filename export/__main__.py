@@ -14,8 +14,7 @@ from runtime.models.published import OPT_ALIASES as ALIASES
 from .checkpoint import DEMO_MODEL, TINY_RANDOM
 from .gguf import INSTALL_COMMAND, INSTRUCT_ALIAS
 from runtime.models.published import ALIASES as LLAMA_ALIASES
-from .quantize import BLOCK_SIZE
-from .quantize import FORMATS, WEIGHTS
+from .quantize import BLOCK_SIZE, FORMATS, WEIGHTS
 
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 
@@ -215,7 +214,7 @@ def _plan(args) -> int:
         arch = pm.resolve_arch(spec)
         page, formats, fixed = args.page_size, None, {}
         if Path(spec).is_dir():
-            from runtime.manifest import load_manifest
+            from runtime.artifact.manifest import load_manifest
 
             manifest = load_manifest(spec, check_hashes=False)
             page = page or manifest.page_size

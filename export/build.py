@@ -2,7 +2,7 @@
 
 The artifact is assembled in a temporary sibling directory and swapped into place only once every
 graph is exported, hashed and checked, and the manifest (written last) is in; the swap is atomic
-where the filesystem can exchange two directories, and recoverable where it cannot (runtime.swap).
+where the filesystem can exchange two directories, and recoverable where it cannot (runtime.artifact.swap).
 A build killed at any step leaves ``--out`` as the old or the new artifact (restored by the next
 build or load if the kill fell between two renames), and the next build deletes the
 ``.NAME.tmp-PID`` / ``.NAME.old-PID`` leftovers of builds whose process is gone.
@@ -17,21 +17,20 @@ from pathlib import Path
 
 import torch
 
+from runtime.artifact.integrity import record_hashes
+from runtime.artifact.manifest import (DRAFT_HEAD, DRAFT_LAYERS, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo,
+                                       file_entry)
+from runtime.artifact.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 from runtime.errors import ArtifactError, InvalidArgumentError
-from runtime.manifest import DRAFT_HEAD, DRAFT_LAYERS, KV_LAYOUT, MANIFEST_NAME, Manifest, ModelInfo, file_entry
 from runtime.policy import SkipPolicy, speedup_policies
-from runtime.integrity import record_hashes
-from runtime.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 
-from . import checkpoint, gguf, parity
-from . import fused as fused_layers
+from . import checkpoint, fused as fused_layers, gguf, parity
 from runtime.models import family_of, head_dim, kv_heads, skip_model
 from .onnx_export import (ExportConfig, draft_head_spec, draft_layer_spec, embed_table_entry, export_graph,
                           graph_specs)
 from .gguf_blocks import GGML_BLOCK, BlockIndex
+from .quantize import BLOCK_SIZE, QuantConfig, tensorrt_readers
 from .weights import SharedWeights
-from .quantize import BLOCK_SIZE
-from .quantize import QuantConfig, tensorrt_readers
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -269,7 +268,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]
         log(f"fused layer graphs for ONNX Runtime: {'none, ' + why_not if why_not else len(fused)}")
-        # the embedding as a lookup of its table where it is one (runtime.embed_table)
+        # the embedding as a lookup of its table where it is one (runtime.artifact.embed_table)
         embed_table = embed_table_entry(model, specs[0], tmp)
         if embed_table is not None:
             log(f"embedding: a lookup of its table in {embed_table['file']} (the runtime's, on ONNX Runtime)")

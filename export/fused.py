@@ -40,10 +40,10 @@ import re
 
 import numpy as np
 
-from runtime.models import head_dim, kv_heads
 from runtime import gqa
+from runtime.artifact.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
 from runtime.gqa import FUSED_INPUTS, FUSED_OUTPUTS
-from runtime.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
+from runtime.models import head_dim, kv_heads
 
 from .gguf_blocks import is_minimums, product_nodes
 

@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.artifact.integrity import sha256_file
 from runtime.errors import CorruptCheckpointError, ModelNotFoundError, UnsupportedModelError, first_line
-from runtime.integrity import sha256_file
 
 SUFFIX = ".gguf"
 # GGUF's general.architecture -> the transformers model_type of the family (runtime.models)

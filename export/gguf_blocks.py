@@ -13,7 +13,7 @@ the blocks themselves:
   zero point is 8): the same weights.
 * Q4_1 (``d * q + m``): MatMulNBits with the file's scales and zero points 0, plus the minimums'
   term ``sum over blocks of m * (the block's sum of x)``: x's block sums (Reshape, ReduceSum) times
-  the minimums (K/32, N), added: plain ONNX that every runtime runs (runtime.manifest.MINS names its
+  the minimums (K/32, N), added: plain ONNX that every runtime runs (runtime.artifact.manifest.MINS names its
   nodes; this project's int4 kernel folds it into its own product).
 * Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128.
 * The K-quants, per sub-block (the super-block's scale times the sub-block's 6 or 8 bits, in
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.manifest import MINS, minimums_term
+from runtime.artifact.manifest import MINS, minimums_term
 
 GGML_BLOCK = 32
 # the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from runtime.models import head_dim, kv_heads
+from runtime.artifact.manifest import DRAFT_HEAD, DRAFT_LAYER_SUFFIX, GraphSpec, TensorSpec, layer_name
 from runtime.errors import InvalidArgumentError
 from runtime.kvcache import bound_width
-from runtime.manifest import DRAFT_HEAD, DRAFT_LAYER_SUFFIX, GraphSpec, TensorSpec, layer_name
+from runtime.models import head_dim, kv_heads
 
 from runtime.models.base import SkipModel, graph_module
 
@@ -243,7 +243,7 @@ def _trace(model: SkipModel, module, spec: GraphSpec, directory: Path, config: E
 
 
 def embed_table_entry(model: SkipModel, spec: GraphSpec, directory: Path) -> dict | None:
-    """The manifest's ``embed_table`` (runtime.embed_table) for the exported embedding graph
+    """The manifest's ``embed_table`` (runtime.artifact.embed_table) for the exported embedding graph
     ``spec``: where its one table lies in the shared weights file, if the family's embedding is a
     plain lookup (``plain_lookup``) and the table is there; else None (the runtime runs the graph).
     export's checks hold the lookup to the graph, value for value (export.parity.compare_embed_table)."""

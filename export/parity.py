@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from runtime.artifact.manifest import GraphSpec
 from runtime.compare import compare_func, ort_session, polygraphy_version, tolerance  # noqa: F401 - export's API too
 from runtime.errors import VerificationError
-from runtime.manifest import GraphSpec
 
 if TYPE_CHECKING:
     from runtime.models.base import SkipModel
@@ -105,7 +105,7 @@ def with_graph_weights(module, path: Path, widths_from: Path | None = None):
     import onnx
     import torch
 
-    from runtime.manifest import TRANSPOSED
+    from runtime.artifact.manifest import TRANSPOSED
 
     from .quantize import dequantized_weights
 
@@ -320,10 +320,10 @@ def compare_fused(fused: GraphSpec, cases: list[Case], directory, dtype: str, pa
 
 def compare_embed_table(spec: GraphSpec, entry: dict, cases: list[Case], directory, dtype: str,
                         vocab_size: int) -> GraphCheck:
-    """The runtime's lookup of the manifest's ``embed_table`` (runtime.embed_table) against the
+    """The runtime's lookup of the manifest's ``embed_table`` (runtime.artifact.embed_table) against the
     embedding graph ``spec`` in ONNX Runtime, on ``cases``' inputs and on the vocabulary's first and
     last ids: value for value, since the runtime runs the lookup in the graph's stead."""
-    from runtime.embed_table import EmbedTable
+    from runtime.artifact.embed_table import EmbedTable
 
     table = EmbedTable(directory, entry, dtype)
     session = ort_session(Path(directory) / spec.file)

@@ -261,7 +261,7 @@ def arch_from_alias(name: str) -> Arch:
 def arch_from_artifact(directory) -> Arch:
     """The manifest's model fields plus ffn_dim and word_embed_proj_dim from the hf_config/ the
     export writes beside it (the manifest has no FFN width)."""
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     directory = Path(directory)
     m = load_manifest(directory, check_hashes=False).model

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.artifact.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 from runtime.errors import InvalidArgumentError
-from runtime.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 
 from .gguf_blocks import GGML_BLOCK, carry, is_minimums, product_nodes
 

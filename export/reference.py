@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.artifact.manifest import DRAFT_LAYERS, load_manifest
 from runtime.errors import HubDownloadError, ModelNotFoundError, SkipDecodeError, VerificationError
-from runtime.manifest import DRAFT_LAYERS, load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from runtime.artifact.manifest import load_manifest
 from runtime.errors import InvalidArgumentError, SkipDecodeError
-from runtime.manifest import load_manifest
 
 ONNX_DOMAINS = ("", "ai.onnx")
 # ONNX tensor element types -> the names operators.md uses in its "Supported Types" column.

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime.artifact.manifest import DRAFT_LAYERS, load_manifest
 from runtime.generator import load
-from runtime.manifest import DRAFT_LAYERS, load_manifest
 
 from . import parity, reference
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime.manifest import FUSED, TRANSPOSED, WIDTHS
+from runtime.artifact.manifest import FUSED, TRANSPOSED, WIDTHS
 
 WEIGHTS_FILE = "weights.bin"  # one file for the whole artifact, beside the graphs
 ALIGNMENT = 4096  # each tensor starts on a page: mappable in place, and aligned for SIMD loads
@@ -158,7 +158,7 @@ def fuse_sibling_matmuls(model: onnx.ModelProto) -> int:
     v_proj: 320 columns at SmolLM2-360M) reads below the bandwidth a wide one reaches. Measured with
     tools.bench.graphs on SmolLM2-360M shapes: an int4 layer 10% faster, fp32 6% (docs/benchmarks.md).
     The values are the same products, and MatMul + Split is plain ONNX: TensorRT parses it, and
-    the torch backend reads the parts back by name (runtime.manifest.split_fused)."""
+    the torch backend reads the parts back by name (runtime.artifact.manifest.split_fused)."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     groups: dict[str, list[onnx.NodeProto]] = {}

@@ -18,7 +18,7 @@ from .generation_config import GenerationConfig
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
-KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
+KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/platform/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
 SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
 MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 32, 256  # a chat's answers run to EOS: a paragraph fits
 

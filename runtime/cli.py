@@ -143,7 +143,7 @@ def add_batch_invariant(group) -> None:
 def add_spin(group) -> None:
     """--spin / --no-spin, the same in ``python -m runtime`` and ``python -m runtime serve``: a
     command line's process is its own, so it may make ONNX Runtime's process-wide spinning pool
-    where the cores are free (runtime.cpu_idle); a library caller's default stays sleeping."""
+    where the cores are free (runtime.platform.cpu_idle); a library caller's default stays sleeping."""
     spin = group.add_mutually_exclusive_group()
     spin.add_argument("--spin", dest="spin", action="store_const", const=True, default="auto",
                       help="onnxruntime: worker threads busy-wait for the next operator instead of "
@@ -174,7 +174,7 @@ def add_fused(group) -> None:
 
 def add_int4_kernel(group) -> None:
     """--int4-kernel, the same in ``python -m runtime`` and ``python -m runtime serve``."""
-    from .kernels import CHOICES
+    from .platform.kernels import CHOICES
 
     group.add_argument("--int4-kernel", choices=CHOICES, default="auto",
                        help="onnxruntime on the CPU, int4 artifacts: the products on this project's AVX-512 VNNI "

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .decoding.sampling import SamplingConfig
 from .errors import InvalidArgumentError
-from .sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class GenerationConfig:
     prefill: str | None = None  # "full" | "policy": the prompt's layers; None: the artifact's
     # True: the policy's layers only draft; every token is full depth's (self-speculative decoding)
     lossless: bool = False
-    # -- sampling (runtime.sampling.SamplingConfig; transformers' names and defaults)
+    # -- sampling (runtime.decoding.sampling.SamplingConfig; transformers' names and defaults)
     do_sample: bool = False  # False: greedy
     temperature: float = 1.0  # divides the logits; < 1 sharpens
     top_k: int = 50  # keep the k most likely tokens; 0 disables (transformers' default, 50)

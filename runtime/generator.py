@@ -13,18 +13,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backends import Backend, create_backend
-from .detokenize import IncrementalDetokenizer
 from . import validate
+from .artifact.manifest import Manifest, load_manifest
+from .backends import Backend, create_backend
+from .decoding.detokenize import IncrementalDetokenizer
+from .decoding.structured import Structured
 from .engine import DONE, AUTO, Engine, EngineClosedError, Request
 from .errors import InvalidArgumentError, PolicyError
-from .manifest import Manifest, load_manifest
-from .policy import SkipPolicy
 from .generation_config import FIELDS, GenerationConfig
-from .stats import GenerationResult, TokenEvent
-from .structured import Structured
 from .kvcache import KVStorage
+from .policy import SkipPolicy
 from .prefix_cache import PrefixCache
+from .stats import GenerationResult, TokenEvent
 from .tokenizer import load_tokenizer
 
 DEFAULT_MAX_BATCH = 8  # KV rows when load() is not told; a TensorRT build may allow fewer
@@ -421,8 +421,8 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
 
     Validates the manifest and every file's size and sha256, opens the graphs on ``backend`` and
     checks their I/O names against the manifest. ``check_hashes``: True hashes only the files
-    changed since they were last verified (runtime.integrity: an untouched artifact loads without
-    hashing), "full" hashes every file, False none (see ``runtime.manifest.load_manifest``).
+    changed since they were last verified (runtime.artifact.integrity: an untouched artifact loads without
+    hashing), "full" hashes every file, False none (see ``runtime.artifact.manifest.load_manifest``).
     max_batch: rows decoded together (KV rows); calls from any thread share them (default 8, or
         the backend's limit if lower, e.g. TensorRT engines built for fewer). A step costs what
         its running rows cost, so a lone request runs as fast on 8 rows as on 1; a call of more
@@ -446,12 +446,12 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
     ``backend_options`` go to the backend (onnxruntime: ``providers``, ``threads``, and ``spin``:
         False, the default, makes its worker threads sleep whenever they wait; True lets them
         busy-wait, for a device whose cores no other process uses; "auto" (the command lines'
-        default) spins where no other process uses the cores at load (runtime.cpu_idle): spinning
+        default) spins where no other process uses the cores at load (runtime.platform.cpu_idle): spinning
         runs every ONNX Runtime session of the process on one shared pool; ``huge_pages``: True
         moves the weights it packed onto 2 MiB pages where Linux allows, ~2 ms per MiB at load
-        for a faster decode, runtime/hugepages.py; ``int4_kernel``: "auto", the default, runs an
+        for a faster decode, runtime/platform/hugepages.py; ``int4_kernel``: "auto", the default, runs an
         int4 artifact's products on this project's AVX-512 VNNI kernel where it can run (x86-64
-        Linux, a C compiler: runtime/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
+        Linux, a C compiler: runtime/platform/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
         insists on the former, "onnxruntime" on the latter).
     """
     validate.check_backend_options(backend_options)

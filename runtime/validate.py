@@ -233,7 +233,7 @@ def check_backend_options(options: dict) -> None:
     """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers
     (int4_kernel: the ONNX Runtime backend checks it)."""
     check_threads(options.get("threads"))
-    if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.cpu_idle)
+    if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.platform.cpu_idle)
         check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",
                    "they sleep: the default; or 'auto': spin where no other process uses the cores at load")
     check_flag("huge_pages", options.get("huge_pages"),

@@ -28,9 +28,9 @@ def _auto_spin_finds_the_cores_taken(monkeypatch):
     ONNX Runtime's process-wide spinning pool, on which every later session of the process would then
     run. Here "auto" finds the cores taken (sleeping workers, as a library load's); the free case runs
     in processes of their own (tests/runtime/test_cpu_idle.py)."""
-    import runtime.cpu_idle
+    import runtime.platform.cpu_idle
 
-    monkeypatch.setattr(runtime.cpu_idle, "cores_free", lambda *args, **kwargs: False)
+    monkeypatch.setattr(runtime.platform.cpu_idle, "cores_free", lambda *args, **kwargs: False)
 
 
 @pytest.fixture(autouse=True)

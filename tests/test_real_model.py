@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("gguf")
 
 from export import gguf as gguf_import  # noqa: E402
+from runtime.artifact.integrity import sha256_file  # noqa: E402
 from runtime.errors import ModelNotFoundError  # noqa: E402
-from runtime.integrity import sha256_file  # noqa: E402
 
 ALIAS = gguf_import.INSTRUCT_ALIAS
 QUESTIONS = ["What is the capital of France?", "Give me three tips for staying healthy.",

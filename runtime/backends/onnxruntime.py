@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import cpu_idle, gqa, hugepages
-from ..embed_table import EmbedTable
+from .. import gqa
+from ..artifact.embed_table import EmbedTable
+from ..artifact.manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..errors import ArtifactError, InvalidArgumentError
-from ..manifest import DRAFT_HEAD, GraphSpec, Manifest
 from ..kvcache import ArrayStorage
+from ..platform import cpu_idle, hugepages
 from .base import Backend
 from .fused_layers import FusedLayers
 
@@ -152,7 +153,7 @@ def session_options(ort, threads: int | None = None, spin: bool = False):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    looks_up_embeddings = True  # where the manifest records the embedding's table (runtime.embed_table)
+    looks_up_embeddings = True  # where the manifest records the embedding's table (runtime.artifact.embed_table)
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
@@ -197,7 +198,7 @@ class OnnxRuntimeBackend(Backend):
                           stacklevel=_outside_runtime())
         use_fused = wants_fused and self.fused_note is None
         directory = Path(directory)
-        # int4_kernel: the int4 (and int8) products on this project's kernel (runtime/kernels) or ONNX Runtime's
+        # int4_kernel: the int4 (and int8) products on this project's kernel (runtime/platform/kernels) or ONNX Runtime's
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
         if self._q4 is not None:
@@ -209,7 +210,7 @@ class OnnxRuntimeBackend(Backend):
         # moment both exist. The head's matrix is the largest (vocab x hidden), so its moment
         # comes while nothing else is resident, and the peak stays at the packed weights.
         layers = manifest.fused if use_fused else manifest.layers
-        # the embedding looked up where it is a plain table (runtime.embed_table): no graph to open
+        # the embedding looked up where it is a plain table (runtime.artifact.embed_table): no graph to open
         lookup = manifest.embed_table is not None and self.looks_up_embeddings
         self._table = EmbedTable(directory, manifest.embed_table, manifest.dtype) if lookup else None
         graphs = [manifest.head, *([] if lookup else [manifest.embed]), *layers, *filter(None, [manifest.draft_head])]
@@ -217,7 +218,7 @@ class OnnxRuntimeBackend(Backend):
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
         draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
-        # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/hugepages.py)
+        # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/platform/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
             self._q4, self.int4_kernel = None, "onnxruntime"
@@ -240,7 +241,7 @@ class OnnxRuntimeBackend(Backend):
     def _int4_kernel(choice: str, manifest: Manifest, cpu_only: bool):
         """(the loaded kernel or None, which kernel the int4 products run on: "skipdecode",
         "onnxruntime", or None for an artifact without int4 weights, and why not ours, or "")."""
-        from .. import kernels
+        from ..platform import kernels
 
         if choice not in kernels.CHOICES:
             raise InvalidArgumentError(f"int4_kernel must be one of {', '.join(kernels.CHOICES)}, got {choice!r}")
@@ -253,12 +254,12 @@ class OnnxRuntimeBackend(Backend):
             if choice == "skipdecode":
                 raise InvalidArgumentError(f"int4_kernel='skipdecode' cannot run here: {reason}; load with "
                                            f"int4_kernel='auto' or 'onnxruntime' (ONNX Runtime's MatMulNBits)")
-            return None, "onnxruntime", f"runtime/kernels cannot run here: {reason}"
+            return None, "onnxruntime", f"runtime/platform/kernels cannot run here: {reason}"
         return kernels.Kernel(path), "skipdecode", ""
 
     def _open(self, ort, directory: Path, spec: GraphSpec, opts):
         source = str(directory / spec.file)
-        from .. import kernels
+        from ..platform import kernels
 
         # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
         if self._q4 is not None and self.manifest.graph_weights(spec.name) in kernels.WEIGHTS:

@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifact.manifest import Manifest
 from ..errors import InvalidArgumentError, SkipDecodeError
 from ..kvcache import KVCache, KVStorage
-from ..manifest import Manifest
 from .base import DecodeStep, run_layers
 from .onnxruntime import OnnxRuntimeBackend, import_ort, new_session_options
 

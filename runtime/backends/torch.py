@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..artifact.manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
 from ..errors import ArtifactError, InvalidArgumentError
-from ..models import family_named
 from ..kvcache import ArrayStorage, KVCache
-from ..manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
+from ..models import family_named
 from .base import Backend, DecodeStep, VerifyPass, run_decode, run_verify
 from .cuda_graphs import GraphCache, GraphKey, batch_bucket, default_capture, tokens_bucket, width_bucket
 
@@ -46,7 +46,7 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
     The exporter keeps one initializer per distinct tensor value and names the others as outputs of
     ``Identity(kept)`` nodes (e.g. ``Identity(q_proj.bias) -> k_proj.bias`` when both are zero);
     a linear weight is stored transposed as ``W.T`` (the layout MatMul reads), sibling ones fused
-    into one (``runtime.manifest.split_fused``). External data files are read from the graph's own
+    into one (``runtime.artifact.manifest.split_fused``). External data files are read from the graph's own
     directory (the artifact directory).
     """
     import onnx

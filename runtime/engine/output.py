@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..decoding.sampling import penalize, probabilities, select, token_logprob
 from ..lossless import verify_draft
-from ..sampling import penalize, probabilities, select, token_logprob
 from ..stats import GenerationResult, TokenEvent
 from .state import Request, Sequence
 

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..detokenize import IncrementalDetokenizer
+from ..decoding.detokenize import IncrementalDetokenizer
+from ..decoding.sampling import SamplingConfig
 from ..errors import SkipDecodeError
 from ..generation_config import GenerationConfig
 from ..lossless import DraftPlan, DraftState
 from ..policy import SkipPolicy
-from ..sampling import SamplingConfig
 from ..stats import GenerationStats
 
 
@@ -41,7 +41,7 @@ class Sequence:
     text: str = ""
     reason: str | None = None  # why it stopped: "eos", "stop" or "length"
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
-    matcher: object = None  # runtime.structured.RowMatcher of a constrained row
+    matcher: object = None  # runtime.decoding.structured.RowMatcher of a constrained row
     draft: DraftState | None = None  # a lossless row's drafting (runtime.lossless); None: a plain row
 
     @property
@@ -64,7 +64,7 @@ class Request:
     detok: list[IncrementalDetokenizer]
     logprobs: int | None = None  # record each token's log-probability and its k most likely alternatives
     config: GenerationConfig | None = None  # what it was made from, as the caller gave it
-    constraint: object = None  # runtime.structured.Constraint: every row's output matches its schema
+    constraint: object = None  # runtime.decoding.structured.Constraint: every row's output matches its schema
     lossless: bool = False  # its rows draft with the policy's layers and keep only full depth's tokens
     trained: bool = False  # the model was fine-tuned under SkipDecode: lossless rows may draft at their own set
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE

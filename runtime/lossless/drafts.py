@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import SamplingConfig, draw, penalize, probabilities
+from ..decoding.sampling import SamplingConfig, draw, penalize, probabilities
 from .plan import DraftPlan
 
 

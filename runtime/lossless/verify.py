@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import draw
+from ..decoding.sampling import draw
 
 
 def verify_draft(p: np.ndarray, draft: int, q: np.ndarray, rng: np.random.Generator) -> int:

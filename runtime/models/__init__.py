@@ -10,7 +10,7 @@ A ``Family`` says what differs between architectures and nothing else: which tra
 checkpoint's state_dict, and which config features it does not support. Export (checkpoint checks,
 manifest fields), the torch backend (rebuilding the model from an artifact) and tools.finetune read
 it from here; the decode loop and the other backends know no family: the manifest tells them the
-KV heads and head size (``runtime.manifest.ModelInfo``), and every graph derives positions from the
+KV heads and head size (``runtime.artifact.manifest.ModelInfo``), and every graph derives positions from the
 attention mask it is given, so the graph contract is the same for all families.
 
 Like optimum's per-architecture export configs, adding a Llama-like architecture is one entry in

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..manifest import DRAFT_HEAD
+from ..artifact.manifest import DRAFT_HEAD
 from ..policy import SkipPolicy
 
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import head_dim, kv_heads
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
+from . import head_dim, kv_heads
 from .base import SkipModel
 from .step import StepInputs, fuse_linears, step_attention, step_inputs
 
@@ -48,7 +48,7 @@ class LlamaEmbed(nn.Module):
     here positions are applied in the layers, so it only shapes the graph's input list."""
 
     plain_lookup = True  # its graph only gathers rows of embed_tokens: export records the table, which
-    # the ONNX Runtime backend looks up instead of running the graph (runtime.embed_table)
+    # the ONNX Runtime backend looks up instead of running the graph (runtime.artifact.embed_table)
 
     def __init__(self, model: nn.Module):
         super().__init__()

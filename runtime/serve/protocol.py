@@ -12,13 +12,13 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 
-from ..detokenize import IncrementalDetokenizer
+from ..decoding.detokenize import IncrementalDetokenizer
+from ..decoding.sampling import PENALTY_RANGE
+from ..decoding.structured import JSON_OBJECT
 from ..errors import SkipDecodeError
 from ..generation_config import GenerationConfig
 from ..policy import POLICY_FIELDS
-from ..sampling import PENALTY_RANGE
 from ..stats import GenerationResult, TokenLogprob
-from ..structured import JSON_OBJECT
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on `stop`
 

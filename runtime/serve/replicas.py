@@ -189,7 +189,7 @@ def main(args) -> int:
     """``python -m runtime serve ART --replicas N [--ray-address ADDR]``: deploy, serve until
     SIGTERM/Ctrl-C, then shut the application down. Checks what it can before starting Ray."""
     from ..generator import policy_for
-    from ..manifest import load_manifest
+    from ..artifact.manifest import load_manifest
     from .options import bind, check_args
 
     check_args(args)

@@ -19,7 +19,7 @@ import numpy as np
 
 from engines.device import DeviceInfo
 from engines.profiles import Profile
-from runtime.manifest import GraphSpec
+from runtime.artifact.manifest import GraphSpec
 
 ORIN = DeviceInfo("Orin", "8.7")
 NUMPY = {"FLOAT": np.float32, "HALF": np.float16, "INT32": np.int32, "INT64": np.int64}

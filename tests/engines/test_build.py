@@ -13,8 +13,8 @@ from engines.config import EngineBuildConfig
 from engines.errors import EngineConfigError
 from engines.manifest import ENGINE_MANIFEST, TIMING_CACHE, read_engine_manifest, validate
 from engines.profiles import graph_profiles
+from runtime.artifact.manifest import Manifest, file_entry, load_manifest, sha256_file
 from runtime.errors import ArtifactError
-from runtime.manifest import Manifest, file_entry, load_manifest, sha256_file
 from tests.engines.fakes import ORIN, FakeToolchain, SimulatedCrash
 
 LIMITS = dict(max_batch=4, max_seq=32, max_prompt=16)

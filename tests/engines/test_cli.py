@@ -47,7 +47,7 @@ def test_default_max_seq_fits_the_model_and_an_explicit_one_past_it_is_refused(a
     """engines build's default --max-seq (1024) is capped at the model's positions (the demo model
     has 256), so `engines build DIR` works on every artifact; an explicit one past them is an error."""
     import engines.build
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     limit = load_manifest(artifact_dir, check_hashes=False).model.max_position_embeddings
     assert limit < 1024

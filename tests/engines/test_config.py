@@ -2,7 +2,7 @@ import pytest
 
 from engines.config import GiB, EngineBuildConfig, format_size, parse_size
 from engines.errors import EngineConfigError
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 
 
 @pytest.mark.parametrize("text, expected", [

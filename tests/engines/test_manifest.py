@@ -12,8 +12,8 @@ from engines.device import DeviceInfo
 from engines.errors import EngineMismatchError
 from engines.manifest import (ENGINE_MANIFEST, EngineManifest, build_decision, read_engine_manifest,
                               reusable_timing_cache, settings_key, validate)
+from runtime.artifact.manifest import load_manifest
 from runtime.errors import ArtifactError
-from runtime.manifest import load_manifest
 from tests.engines.fakes import ORIN, FakeToolchain
 
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0")

@@ -3,8 +3,8 @@ import pytest
 from engines.config import EngineBuildConfig
 from engines.errors import EngineConfigError, EngineLimitError
 from engines.profiles import DECODE, PREFILL, Profile, ShapeRange, choose_profile, dim_ranges, graph_profiles
+from runtime.artifact.manifest import GraphSpec, TensorSpec, load_manifest
 from runtime.kvcache import pages_width
-from runtime.manifest import GraphSpec, TensorSpec, load_manifest
 
 SMALL = EngineBuildConfig(max_batch=4, max_seq=48, max_prompt=16)  # 2 pages of 32
 

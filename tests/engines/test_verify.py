@@ -15,7 +15,7 @@ from engines.__main__ import main
 from engines.errors import EngineConfigError
 from engines.verify import TOLERANCE, verify_engines
 from export.parity import ort_session
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 from tests.engines.fakes import FakeTensorRT, FakeToolchain, fake_trt_runner
 from tests.engines.test_build import build
 

@@ -11,8 +11,8 @@ import runtime
 from export import build as build_module
 from export.__main__ import main as export_main
 from export.build import BuildOptions, build
+from runtime.artifact.manifest import MANIFEST_NAME, load_manifest, sha256_file
 from runtime.errors import ArtifactError
-from runtime.manifest import MANIFEST_NAME, load_manifest, sha256_file
 from tests.conftest import PROMPTS, save_tiny_checkpoint
 
 quiet = dict(log=lambda *_: None)
@@ -247,8 +247,8 @@ def test_cli_engine_trt_without_tensorrt_fails_before_exporting(checkpoint_dir, 
 
 KILLED_BUILD = """
 import os, signal, sys
-from runtime import swap
 from export.build import BuildOptions, build
+from runtime.artifact import swap
 swap._exchange = lambda a, b: False  # the two-rename path: the one with a moment without --out
 swap._hook = lambda step: step == "moved-old" and os.kill(os.getpid(), signal.SIGKILL)
 build(BuildOptions(model=sys.argv[1], out=sys.argv[2], progress=False, check=False), log=lambda *_: None)

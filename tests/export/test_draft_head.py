@@ -11,7 +11,7 @@ import runtime
 from export.__main__ import main as export_main
 from export.build import BuildOptions, build
 from export.verify import verify
-from runtime.manifest import DRAFT_HEAD, load_manifest
+from runtime.artifact.manifest import DRAFT_HEAD, load_manifest
 from tests.conftest import PROMPTS
 from tests.families import save_tiny_checkpoint
 

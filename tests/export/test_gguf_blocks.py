@@ -14,7 +14,7 @@ from export import checkpoint
 from export.build import BuildOptions, build
 from export.gguf_blocks import BlockIndex, decode, dequantize
 from export.quantize import dequantized_weights
-from runtime.manifest import TRANSPOSED, split_fused
+from runtime.artifact.manifest import TRANSPOSED, split_fused
 from tests.families import tiny_model
 from tools.bench.gguf_file import write_checkpoint_gguf
 
@@ -104,10 +104,10 @@ def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
 
 
 def test_this_projects_int4_kernel_folds_the_minimums_of_plain_and_fused_graphs(tmp_path):
-    from runtime import kernels
+    from runtime.platform import kernels
 
     if kernels.why_not() is not None:
-        pytest.skip(f"runtime.kernels cannot run here: {kernels.why_not()}")
+        pytest.skip(f"runtime.platform.kernels cannot run here: {kernels.why_not()}")
     path = _write(tmp_path, "Q4_1")
     out = tmp_path / "art"
     build(BuildOptions(model=str(path), out=str(out), progress=False, weights="int4", check=False),

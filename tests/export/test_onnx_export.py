@@ -9,8 +9,8 @@ from transformers import OPTForCausalLM
 
 from export.onnx_export import ExportConfig, export_graph, graph_specs
 from export.trt_compat import check_graph
-from runtime.models import skip_model
 from runtime.graph_ops import reshape
+from runtime.models import skip_model
 from tests.conftest import tiny_config
 from tests.families import tiny_model
 
@@ -89,7 +89,7 @@ def test_sibling_projections_are_one_matmul_whose_parts_read_back_as_the_modules
 
 def test_a_fused_weight_without_its_widths_is_refused():
     from runtime.errors import ArtifactError
-    from runtime.manifest import split_fused
+    from runtime.artifact.manifest import split_fused
 
     w = np.zeros((4, 6), np.float32)
     assert [a.shape for a in split_fused({"a.T+b.T": w, "a.T+b.T:widths": np.array([2, 4])}).values()] \

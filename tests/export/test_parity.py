@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from export import parity
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 from runtime.models.opt import SkipOPT
 
 

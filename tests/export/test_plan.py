@@ -205,7 +205,7 @@ def test_cli_defaults_work_on_a_short_model_and_say_the_shape(artifact_dir, caps
 def test_cli_plans_a_quantized_artifact_at_its_real_size(tmp_path, capsys):
     """An int4 artifact is planned as int4 (its block, zero points and dtype), near its files' bytes."""
     from export.build import BuildOptions, build
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
     from tests.conftest import save_tiny_checkpoint
 
     out = tmp_path / "int4"

@@ -15,10 +15,10 @@ from export.build import BuildOptions, build
 from export.parity import QUANT_TOLERANCES, check_graph
 from export.quantize import QuantConfig, dequantized_weights
 from export.trt_compat import check_model
+from runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 from runtime.errors import ArtifactError, InvalidArgumentError
-from runtime.manifest import MANIFEST_NAME, load_manifest
-from runtime.models.opt import SkipOPT
 from runtime.models.base import graph_module
+from runtime.models.opt import SkipOPT
 from tests.conftest import PROMPTS, first_logits, save_tiny_checkpoint
 
 quiet = dict(log=lambda *_: None)

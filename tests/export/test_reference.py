@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from export import parity, reference
+from runtime.artifact.manifest import load_manifest
 from runtime.errors import ModelNotFoundError, VerificationError
 from runtime.generator import policy_for
-from runtime.manifest import load_manifest
 from tests.conftest import PROMPTS
 
 REPO_ROOT = reference.REPO

@@ -21,8 +21,8 @@ from export.trt_compat import (
     check_model,
     load_support,
 )
+from runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 from runtime.errors import SkipDecodeError
-from runtime.manifest import MANIFEST_NAME, load_manifest
 
 SUPPORT = load_support()
 VERSIONS = list(SUPPORT.versions)

@@ -122,7 +122,7 @@ def test_huge_pages_reach_the_backend_and_change_no_token(artifact_dir, capsys, 
     """--huge-pages moves the packed weights' memory, not their values: the same text, and a summary
     line with what the backend moved (a tiny model's weights fill no 2 MiB page: the count is the
     backend's, faked here)."""
-    from runtime import hugepages
+    from runtime.platform import hugepages
 
     argv = [str(artifact_dir), "Hello, my name is", "--max-new-tokens", "6", "--ignore-eos", "--no-check-hashes"]
     assert main(argv) == 0

@@ -1,4 +1,4 @@
-"""runtime.cpu_idle: what other processes do on this process's cores, which spin="auto" (the command
+"""runtime.platform.cpu_idle: what other processes do on this process's cores, which spin="auto" (the command
 lines' default) reads once at load to choose spinning or sleeping ONNX Runtime workers."""
 
 import json
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from runtime import cpu_idle
-from runtime.cpu_idle import cores_free, others_busy_cores  # the real ones: conftest patches the module's
+from runtime.platform import cpu_idle
+from runtime.platform.cpu_idle import cores_free, others_busy_cores  # the real ones: conftest patches the module's
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not os.path.exists("/proc/stat"),
                            reason="/proc/stat and sched_getaffinity are Linux's")
@@ -71,8 +71,8 @@ def test_a_busy_process_beside_takes_the_cores():
 
 _AUTO = """
 import json, sys
-import runtime, runtime.cpu_idle
-runtime.cpu_idle.cores_free = lambda *a, **k: sys.argv[2] == "free"
+import runtime, runtime.platform.cpu_idle
+runtime.platform.cpu_idle.cores_free = lambda *a, **k: sys.argv[2] == "free"
 with runtime.load(sys.argv[1], check_hashes=False, max_batch=1, threads=1, spin="auto") as g:
     pools = sorted({s.get_session_options().use_per_session_threads for s in g.backend._sessions.values()})
     print(json.dumps([g.backend.spin, pools, g.generate("Hello, my name is", 6, ignore_eos=True).token_ids]))

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from export.checkpoint import build_tokenizer
-from runtime.detokenize import IncrementalDetokenizer
+from runtime.decoding.detokenize import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The embedding as a row lookup (runtime.embed_table): export records the table of a Llama-family
+"""The embedding as a row lookup (runtime.artifact.embed_table): export records the table of a Llama-family
 embedding, checks the lookup against the graph, and the ONNX Runtime backend looks rows up instead
 of running the graph, giving the graph's values and the same tokens; a manifest whose entry does
 not fit its file is refused; OPT's embedding (positions from the mask) stays a graph."""

@@ -1,11 +1,11 @@
-"""runtime.hugepages: the packed weights onto 2 MiB pages, nothing else touched."""
+"""runtime.platform.hugepages: the packed weights onto 2 MiB pages, nothing else touched."""
 
 import platform
 
 import numpy as np
 import pytest
 
-from runtime import hugepages
+from runtime.platform import hugepages
 
 
 def _kernel() -> tuple[int, int]:

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 import runtime
-from runtime import integrity
+from runtime.artifact import integrity
+from runtime.artifact.manifest import MANIFEST_NAME, load_manifest
 from runtime.errors import ArtifactError
-from runtime.manifest import MANIFEST_NAME, load_manifest
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""runtime.kernels: this project's int4 kernel computes what ONNX Runtime's MatMulNBits computes
+"""runtime.platform.kernels: this project's int4 kernel computes what ONNX Runtime's MatMulNBits computes
 (bits 4, blocks of 32, int8 activations), alone, inside a session in place of MatMulNBits, and
 under the ONNX Runtime backend, where the tokens stay those of MatMulNBits; machines that cannot
 build or run it fall back to MatMulNBits with the reason, and a request for it there is refused."""
@@ -8,11 +8,11 @@ import pytest
 
 import runtime
 from tests.conftest import first_logits as first_logits_of
-from runtime import kernels
 from runtime.errors import InvalidArgumentError
+from runtime.platform import kernels
 
 HERE_WHY_NOT = kernels.why_not()
-needs_kernel = pytest.mark.skipif(HERE_WHY_NOT is not None, reason=f"runtime.kernels cannot run here: {HERE_WHY_NOT}")
+needs_kernel = pytest.mark.skipif(HERE_WHY_NOT is not None, reason=f"runtime.platform.kernels cannot run here: {HERE_WHY_NOT}")
 
 
 def random_weight(rng, k, n, zero_points=True):
@@ -67,7 +67,7 @@ def session(model, threads=2, library=None):
 @pytest.fixture(scope="module")
 def kernel():
     if HERE_WHY_NOT is not None:
-        pytest.skip(f"runtime.kernels cannot run here: {HERE_WHY_NOT}")
+        pytest.skip(f"runtime.platform.kernels cannot run here: {HERE_WHY_NOT}")
     path, reason = kernels.library()
     assert path is not None, reason
     return kernels.Kernel(path)
@@ -392,7 +392,7 @@ def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_ref
     gen = runtime.load(int4_artifact, threads=1)
     try:
         assert gen.backend.int4_kernel == "onnxruntime"
-        assert gen.backend.int4_kernel_note == "runtime/kernels cannot run here: this CPU lacks avx512_vnni"
+        assert gen.backend.int4_kernel_note == "runtime/platform/kernels cannot run here: this CPU lacks avx512_vnni"
         assert len(gen.generate("hello", 3, ignore_eos=True).token_ids[0]) == 3
     finally:
         gen.close()
@@ -413,10 +413,10 @@ def test_the_command_line_says_which_kernel_ran_the_int4_products_and_why(int4_a
     if HERE_WHY_NOT is None:
         assert main(argv) == 0
         err = capsys.readouterr().err
-        assert "int4 products on the AVX-512 VNNI kernel of runtime/kernels\n" in err
+        assert "int4 products on the AVX-512 VNNI kernel of runtime/platform/kernels\n" in err
     monkeypatch.setattr(kernels, "library", lambda: (None, "this CPU lacks avx512_vnni"))
     assert main(argv) == 0
-    assert ("int4 products on ONNX Runtime's MatMulNBits (runtime/kernels cannot run here: this CPU lacks "
+    assert ("int4 products on ONNX Runtime's MatMulNBits (runtime/platform/kernels cannot run here: this CPU lacks "
             "avx512_vnni)" in capsys.readouterr().err)
     assert main([*argv, "--int4-kernel", "skipdecode"]) == 2
     assert "error: int4_kernel='skipdecode' cannot run here: this CPU lacks avx512_vnni" in capsys.readouterr().err

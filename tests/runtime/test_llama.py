@@ -78,7 +78,7 @@ def test_unsupported_family_names_the_supported_ones():
 
 
 def test_manifest_model_before_the_llama_family_reads_as_opt():
-    from runtime.manifest import ModelInfo
+    from runtime.artifact.manifest import ModelInfo
 
     old = dict(num_layers=2, hidden_size=32, num_heads=4, head_dim=8, vocab_size=512, max_position_embeddings=64,
                pre_layer_norm=True, bos_token_id=2, eos_token_id=2, pad_token_id=1)  # no architecture, num_kv_heads

@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 import runtime
+from runtime.artifact.manifest import MANIFEST_NAME
 from runtime.backends.onnxruntime import SPIN_US
 from runtime.errors import ArtifactError, InvalidArgumentError
-from runtime.manifest import MANIFEST_NAME
 
 
 @pytest.fixture

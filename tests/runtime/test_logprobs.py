@@ -4,8 +4,8 @@ presence/frequency penalties, in the Python API."""
 import numpy as np
 import pytest
 
+from runtime.decoding.sampling import SamplingConfig, penalize
 from runtime.errors import InvalidArgumentError
-from runtime.sampling import SamplingConfig, penalize
 from tests.conftest import PROMPTS
 
 NEW = 8

@@ -13,8 +13,8 @@ from runtime.backends import create_backend
 from runtime.backends.onnxruntime import OnnxRuntimeBackend
 from runtime.backends.onnxruntime_cuda import (HELPERS, IOBindingDeviceError, OnnxRuntimeIOBindingBackend,
                                                OrtValueStorage, build_helper_graphs, helper_graph_file)
+from runtime.artifact.manifest import load_manifest
 from runtime.kvcache import ArrayStorage
-from runtime.manifest import load_manifest
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.runtime.test_generate import assert_same_steps

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from runtime.decoding.sampling import SamplingConfig, select
 from runtime.errors import SkipDecodeError
-from runtime.sampling import SamplingConfig, select
 
 LOGITS = np.log(np.array([[0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]], dtype=np.float32))
 

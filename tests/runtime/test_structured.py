@@ -1,4 +1,4 @@
-"""Structured output (runtime.structured, llguidance): every constrained text parses and validates
+"""Structured output (runtime.decoding.structured, llguidance): every constrained text parses and validates
 against its schema, at full depth and under a skip policy, beside free rows; the errors say what
 was wrong; the server's response_format and the CLI's --json-schema reach the same path."""
 
@@ -99,7 +99,7 @@ def test_a_bad_schema_is_refused_before_any_work(gen, schema, message):
 
 
 def test_without_llguidance_the_error_names_the_extra(gen, monkeypatch):
-    from runtime.structured import Structured
+    from runtime.decoding.structured import Structured
 
     monkeypatch.setitem(sys.modules, "llguidance", None)
     fresh = Structured(gen.structured.tokenizer_json, gen.structured.vocab_size, gen.structured.eos_ids)
@@ -210,7 +210,7 @@ def test_response_format_text_is_free_text(server, gen):
 def test_greedy_rows_skip_the_mask_exactly_when_their_argmax_is_allowed(gen, monkeypatch):
     """Greedy decoding checks its argmax against the grammar before computing a mask: the same
     tokens as masking every step, and most steps compute none."""
-    from runtime.structured import RowMatcher
+    from runtime.decoding.structured import RowMatcher
 
     schema = {"type": "string", "maxLength": 24}  # inside a string most of a random model's argmaxes are allowed
     lazy = gen.generate(PROMPTS, NEW, json_schema=schema)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from runtime import swap
+from runtime.artifact import swap
 
 MARKER = "manifest.json"
 # Runs swap_into_place in a child that SIGKILLs itself at one step (no cleanup can run, as in a
@@ -17,7 +17,7 @@ MARKER = "manifest.json"
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from runtime import swap
+    from runtime.artifact import swap
     mode, step, out = sys.argv[1:]
     out = Path(out)
     if mode == "fallback":

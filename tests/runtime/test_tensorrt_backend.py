@@ -18,10 +18,10 @@ from engines.build import build_engines
 from engines.config import EngineBuildConfig
 from engines.device import DeviceInfo
 from engines.errors import EngineLimitError, EngineMismatchError, TensorRTMissingError
+from runtime.artifact.manifest import load_manifest
 from runtime.backends.base import run_layers
 from runtime.errors import ArtifactError, SkipDecodeError
 from runtime.kvcache import KVCache
-from runtime.manifest import load_manifest
 from tests.conftest import PROMPTS
 from tests.engines.fakes import ORIN, FakeTensorRT, FakeToolchain
 from tests.runtime.test_generate import SpyBackend

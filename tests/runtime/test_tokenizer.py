@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer, GPT2Tokenizer
 
 from export.checkpoint import build_tokenizer
-from runtime.detokenize import IncrementalDetokenizer
+from runtime.decoding.detokenize import IncrementalDetokenizer
 from runtime.errors import InvalidArgumentError
 from runtime.tokenizer import Tokenizer, UnsupportedTokenizerError, load_tokenizer
 

@@ -11,12 +11,12 @@ import torch
 
 import runtime
 from export.build import BuildOptions, build
+from runtime.artifact.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.backends.base import run_layers
 from runtime.backends.torch import TorchBackend
+from runtime.errors import ArtifactError
 from runtime.kvcache import KVCache
 from runtime.models.opt import CachedOPTLayer, OPTLayer, SkipOPT
-from runtime.errors import ArtifactError
-from runtime.manifest import MANIFEST_NAME, file_entry, load_manifest
 from runtime.policy import SkipPolicy
 from tests.conftest import PROMPTS
 from tests.runtime.test_generate import hf_generate, padded, spying

@@ -415,7 +415,7 @@ def test_worker_loads_the_onnxruntime_rows_on_huge_pages_where_the_bench_asks(ti
 
 
 def test_the_int4_rows_choose_their_kernel_and_share_one_export(tiny, monkeypatch):
-    """ort-int4 runs int4_kernel='auto' (runtime/kernels' VNNI kernel where it runs), ort-int4-mlas
+    """ort-int4 runs int4_kernel='auto' (runtime/platform/kernels' VNNI kernel where it runs), ort-int4-mlas
     the same export on ONNX Runtime's MatMulNBits: one export, two kernels, side by side."""
     import runtime
     from tools.bench.prepare import block_suffix

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.manifest import load_manifest
+from runtime.artifact.manifest import load_manifest
 from tools.trtexec import (Limits, PrecisionError, ProfileLimitError, TrtexecError, TrtexecNotFoundError,
                            TrtexecOutputError, TrtVersion, detect_version, parse_banner, parse_size_mib,
                            precision_flags, read_profile, read_times, resolve_profile, workspace_flag)
-from tools.trtexec import run as run_mod
-from tools.trtexec import version as version_mod
+from tools.trtexec import run as run_mod, version as version_mod
 from tools.trtexec.cli import main
 from tools.trtexec.report import GraphResult, latency_table, markdown_report, percentile
 from tools.trtexec.shapes import shape_spec

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime import cli, hugepages
+from runtime import cli
 from runtime.errors import InvalidArgumentError
+from runtime.platform import hugepages
 
 OPTIONS = ("noprepack", "spin", "huge", "bind")
 

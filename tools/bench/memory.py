@@ -51,7 +51,7 @@ def weight_bytes(directory: Path) -> int:
     import onnx
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     packed = (onnx.TensorProto.UINT4, onnx.TensorProto.INT4)  # two values a byte
 
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     for art in args.artifacts:  # every argument before the first measurement (sizes, not hashes)
         load_manifest(art, check_hashes=False)

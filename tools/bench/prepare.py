@@ -59,7 +59,7 @@ def prepare(arch: str, root: Path, seed: int = 0, log=print, variants=(), block_
     from export.build import BuildOptions, build
     from export.checkpoint import build_random
     from export.quantize import DEFAULT_ACCURACY_LEVEL
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     base = Path(root) / arch
     hf_dir, artifact_dir = base / "hf", base / "artifact"

@@ -23,7 +23,7 @@ BACKENDS = {
     "ort-nospin": "this project, ONNX Runtime backend, allow_spinning=0 (now the default: as ort)",
     "optimum": "Optimum ORTModelForCausalLM",
     "ort-int4": "this project, ONNX Runtime backend, int4 weights (layers and head; MatMulNBits, block {block}), "
-                "the products on runtime/kernels' VNNI kernel where it runs (int4_kernel='auto')",
+                "the products on runtime/platform/kernels' VNNI kernel where it runs (int4_kernel='auto')",
     "ort-int4-mlas": "this project, ONNX Runtime backend, the ort-int4 export on ONNX Runtime's own MatMulNBits kernel "
                      "(int4_kernel='onnxruntime')",
     "ort-int4head": "this project, ONNX Runtime backend, int4 head, float layers",

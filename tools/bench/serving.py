@@ -197,7 +197,7 @@ def main(argv=None) -> int:
 
     import runtime
     from runtime.tokenizer import load_tokenizer
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     if args.artifact:
         artifact = Path(args.artifact)

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     checkouts = args.checkout or [REPO]
 
     def body():
-        from runtime.manifest import load_manifest
+        from runtime.artifact.manifest import load_manifest
 
         load_manifest(args.artifact, check_hashes=False)  # the argument before the first measured process
         for checkout in checkouts * args.warmup:

@@ -1,7 +1,7 @@
 """``python -m tools.bench.structured ARTIFACT``: what structured output costs a decode step.
 
 For each batch size, the same prompts decode ``--new-tokens`` tokens free and under a JSON schema
-(``runtime.structured``: llguidance's token mask per row, then its matcher advanced by the token),
+(``runtime.decoding.structured``: llguidance's token mask per row, then its matcher advanced by the token),
 in interleaved rounds on one loaded Generator. A step's time is a whole ``generate``'s wall clock
 over the decode steps: (time of N tokens - time of 1) / (N - 1), each the faster of two runs, so the
 prefill drops out and the mask, the sampling and everything else per step stay in. The schema is a top-level string of at
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> int:
-        from runtime.manifest import load_manifest
+        from runtime.artifact.manifest import load_manifest
 
         rows = measure(args.artifact, args.batch, args.max_new_tokens, args.rounds, args.threads,
                        log=lambda line: print(line, file=sys.stderr, flush=True))

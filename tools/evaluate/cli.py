@@ -94,7 +94,7 @@ def parse_model(spec: str) -> ModelSpec:
 
 def check_models(specs: list[ModelSpec]) -> None:
     """Fail before generating anything: duplicate names, missing or incomplete artifacts."""
-    from runtime.manifest import load_manifest
+    from runtime.artifact.manifest import load_manifest
 
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

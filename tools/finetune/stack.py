@@ -30,7 +30,7 @@ def stack(adapters: list[Path], out: Path, dtype: str = "float16") -> int:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from runtime.swap import swap_into_place
+    from runtime.artifact.swap import swap_into_place
 
     configs = [read_config(a) for a in adapters]
     tensors = [load_file(Path(a) / ADAPTER_WEIGHTS) for a in adapters]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime import cli
-from runtime.manifest import GraphSpec, Manifest, load_manifest
+from runtime.artifact.manifest import GraphSpec, Manifest, load_manifest
 
 from .command import OutputPaths, RunSettings, build_command, format_command, parse_size_mib
 from .errors import UnknownGraphError

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.manifest import GraphSpec
+from runtime.artifact.manifest import GraphSpec
 
 from .errors import TrtexecError
 from .flags import Precision, workspace_flag

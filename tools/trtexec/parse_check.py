@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.manifest import GraphSpec
+from runtime.artifact.manifest import GraphSpec
 
 from .errors import UnparsableGraphError
 from .version import TrtVersion

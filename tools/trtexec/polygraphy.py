@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engines.verify import TOLERANCE as ENGINE_TOLERANCE
-from engines.verify import value_ranges as engine_value_ranges
-from runtime.manifest import GraphSpec
+from engines.verify import TOLERANCE as ENGINE_TOLERANCE, value_ranges as engine_value_ranges
+from runtime.artifact.manifest import GraphSpec
 
 from .flags import Precision
 from .shapes import Profile, input_dims

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.artifact.manifest import GraphSpec
 from runtime.kvcache import bound_width
-from runtime.manifest import GraphSpec
 
 from .errors import ProfileLimitError
 

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from runtime.manifest import MINS, minimums_term
+from runtime.artifact.manifest import MINS, minimums_term
 
 SOURCE = Path(__file__).with_name("q4_vnni.c")
 CHOICES = ("auto", "skipdecode", "onnxruntime")  # int4_kernel: auto = skipdecode where it can run
@@ -186,7 +186,7 @@ def eligible(node, inits: dict) -> bool:
 
 
 def _minimums_term(graph, node, inits) -> list | None:
-    """The nodes of ``node``'s minimums' term (a GGUF Q4_1 product: runtime.manifest.MINS), in
+    """The nodes of ``node``'s minimums' term (a GGUF Q4_1 product: runtime.artifact.manifest.MINS), in
     order, when they read ``node``'s input and output as export writes them; else None. The
     minimums are the term's MatMul's initializer (a fused layer graph renames the nodes, not it)."""
     p = f"{node.name}{MINS}"

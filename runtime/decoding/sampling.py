@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import validate
-from .errors import InvalidArgumentError
-from .stats import TokenLogprob
+from .. import validate
+from ..errors import InvalidArgumentError
+from ..stats import TokenLogprob
 
 PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range of presence_penalty and frequency_penalty
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 
 def confined(directory, rel, named_in, hint: str) -> Path:

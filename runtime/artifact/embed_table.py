@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ArtifactError
+from ..errors import ArtifactError
 
 
 def entry_problem(entry, files: dict, vocab_size: int, hidden_size: int, dtype: str) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 JSON_OBJECT = {"type": "object"}  # OpenAI's response_format {"type": "json_object"}: any JSON object
 # The layout of the text (a schema's own "x-guidance" wins): separators as Python's json.dumps and

@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..errors import ArtifactError
 from .embed_table import entry_problem
-from .errors import ArtifactError
 from .integrity import hash_files, record_hashes, sha256_file, stale_files
 from .paths import confined
 from .swap import recover
@@ -34,14 +34,14 @@ FUSED = "+"
 WIDTHS = ":widths"
 # A product carried from a GGUF's Q4_1 blocks (export.gguf_blocks) is MatMulNBits at zero points 0
 # plus its minimums' term, nodes named PRODUCT + MINS + "/..." ("/reshape", "/sum", "/term",
-# "/add": the block sums of x times the minimums (blocks, N) float32, added); runtime.kernels folds
+# "/add": the block sums of x times the minimums (blocks, N) float32, added); runtime.platform.kernels folds
 # the term into its own product.
 MINS = "/mins"
 
 
 def minimums_term(nodes, product_name: str) -> list:
     """The nodes of product ``product_name``'s minimums' term (MINS), in ``nodes``' order: what
-    export.gguf_blocks writes after the product and runtime.kernels folds into its own."""
+    export.gguf_blocks writes after the product and runtime.platform.kernels folds into its own."""
     prefix = f"{product_name}{MINS}/"
     return [n for n in nodes if n.name.startswith(prefix)]
 MANIFEST_NAME = "manifest.json"
@@ -149,7 +149,7 @@ class Manifest:
     # Runtime's CPU provider; empty: none (drafts run the fused layers)
     embed_table: dict | None = None  # {"file", "offset", "shape": [vocab, hidden]}: the embedding
     # graph only gathers rows of this table of ``dtype`` values in ``file``, which the ONNX Runtime
-    # backend looks up instead of running it (runtime.embed_table); None: run the graph
+    # backend looks up instead of running it (runtime.artifact.embed_table); None: run the graph
     producer: str = "skipdecode-edge"
     schema_version: int = SCHEMA_VERSION
     format: str = FORMAT
@@ -256,7 +256,7 @@ def load_manifest(directory, check_hashes: bool | str = True) -> Manifest:
     Sizes are always checked. ``check_hashes``:
 
     * ``True`` (default): the sha256 of every file whose fingerprint (size, mtime, inode, ctime)
-      changed since it was last verified (at export, or an earlier load; see runtime.integrity),
+      changed since it was last verified (at export, or an earlier load; see runtime.artifact.integrity),
       so a load hashes nothing of an untouched artifact and a modified file is still caught;
     * ``"full"``: the sha256 of every file, whatever the record says (``export verify`` does);
     * ``False``: no hashing at all.
@@ -321,8 +321,8 @@ def _is_count(value) -> bool:
 def _check_model(m: Manifest, path: Path) -> None:
     """The model entry is one the graphs can run: positive sizes, token ids inside the vocabulary,
     the layers' declared K/V and hidden shapes those sizes, a default policy SkipPolicy accepts."""
-    from .errors import PolicyError
-    from .policy import SkipPolicy, speedup_policies
+    from ..errors import PolicyError
+    from ..policy import SkipPolicy, speedup_policies
 
     info = m.model
     sizes = {k: getattr(info, k) for k in ("num_layers", "hidden_size", "num_heads", "head_dim", "vocab_size",
