@@ -105,6 +105,7 @@ def _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, spe
     import torch
     from transformers import AutoTokenizer
 
+    from runtime.generation_config import GenerationConfig
     from runtime.generator import policy_for
 
     m = manifest.model
@@ -118,7 +119,7 @@ def _references(directory, manifest, hf_model, ref, prompts, max_new_tokens, spe
         hf = hf_model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                eos_token_id=m.eos_ids, pad_token_id=m.pad_token_id,
                                output_logits=True, return_dict_in_generate=True)
-    policy = policy_for(manifest, max_new_tokens, speedup=speedup)
+    policy = policy_for(manifest, GenerationConfig(max_new_tokens=max_new_tokens, speedup=speedup))
     expected = ref.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens, policy,
                           eos_token_id=m.eos_ids, pad_token_id=m.pad_token_id)
     return References(prompts, max_new_tokens, hf.sequences[:, enc["input_ids"].shape[1]:].tolist(),

@@ -137,13 +137,14 @@ class Generator:
     def num_layers(self) -> int:
         return self.manifest.model.num_layers
 
-    def policy_for(self, max_new_tokens: int, policy=None, speedup: float | None = None, *,
-                   decay: str | None = None, exponent: float | None = None,
-                   prefill: str | None = None) -> SkipPolicy:
-        """The policy a call runs: explicit ``policy``, a ``speedup`` target, or the manifest
-        default (see the module-level ``policy_for``)."""
-        return policy_for(self.manifest, max_new_tokens, policy, speedup, decay=decay,
-                          exponent=exponent, prefill=prefill)
+    def policy_for(self, max_new_tokens: int | None = None, policy=None, speedup: float | None = None, *,
+                   config: GenerationConfig | None = None, **fields) -> SkipPolicy:
+        """The policy a call with these arguments runs (``config`` with ``max_new_tokens``,
+        ``policy``, ``speedup`` and GenerationConfig's other ``fields`` over it): the module-level
+        ``policy_for``, the one route from a call's arguments to its SkipPolicy."""
+        given = {"max_new_tokens": max_new_tokens, "policy": policy, "speedup": speedup}
+        return policy_for(self.manifest, GenerationConfig.build(
+            config, **{k: v for k, v in given.items() if v is not None}, **fields))
 
     def stream(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, **kwargs) -> GenerationStream:
         """Like ``generate``, but yields a TokenEvent per step as tokens are produced."""
@@ -173,10 +174,7 @@ class Generator:
                                        or not 0 <= c.logprobs <= vocab):
             raise InvalidArgumentError(f"logprobs must be None or an int in [0, {vocab}] (the vocabulary), "
                                        f"got {c.logprobs!r}", param="logprobs")
-        chosen = self.policy_for(max_new_tokens, c.policy, c.speedup, decay=c.decay, exponent=c.exponent,
-                                 prefill=c.prefill)
-        if c.lossless and chosen.prefill != "full":  # the artifact's default: verify passes read every layer
-            chosen = dataclasses.replace(chosen, prefill="full")
+        chosen = policy_for(self.manifest, c)
         constraint = None if c.json_schema is None else self.structured.compile(c.json_schema)
         if ids is not None:
             width = max(map(len, ids))
@@ -360,24 +358,33 @@ def _token_id_rows(prompts, vocab_size: int) -> list[list[int]] | None:
     return rows
 
 
-def policy_for(manifest: Manifest, max_new_tokens: int, policy=None, speedup: float | None = None, *,
-               decay: str | None = None, exponent: float | None = None,
-               prefill: str | None = None) -> SkipPolicy:
-    """The policy a call runs: explicit ``policy`` (a SkipPolicy, or a dict of its fields or of
-    ``speedup`` and the shape: SkipPolicy.from_fields), a ``speedup`` target, or the manifest default.
+def policy_for(manifest: Manifest, config: GenerationConfig) -> SkipPolicy:
+    """The policy a call runs, from its GenerationConfig and the artifact's manifest: the one route
+    from the API's arguments, the CLI's flags and the server's fields to a SkipPolicy. Explicit
+    ``policy`` (a SkipPolicy, or a dict of its fields or of ``speedup`` and the shape:
+    SkipPolicy.from_fields), a ``speedup`` target, or the manifest default.
 
     A policy's horizon is the one the manifest records (a model fine-tuned under SkipDecode
     must decay as in training), else the decode steps of the call (``max_new_tokens - 1``: the
     first new token comes from the full-depth prompt pass), so the decay spans the generation.
     ``decay``, ``exponent`` and ``prefill`` (SkipPolicy's fields) override the manifest's; a
-    speedup target is then met under that decay curve.
+    speedup target is then met under that decay curve. A lossless call's prompt runs at full depth
+    (its verify passes read every layer's K/V).
     """
+    chosen = _policy(manifest, config)
+    if config.lossless and chosen.prefill != "full":  # the artifact's default: verify passes read every layer
+        chosen = dataclasses.replace(chosen, prefill="full")
+    return chosen
+
+
+def _policy(manifest: Manifest, c: GenerationConfig) -> SkipPolicy:
     L = manifest.model.num_layers
     default = manifest.policy
-    horizon = default.get("horizon") or max(max_new_tokens - 1, 1)
+    horizon = default.get("horizon") or max(c.max_new_tokens - 1, 1)
+    policy, speedup = c.policy, c.speedup
     if policy is not None and speedup is not None:
         raise PolicyError("pass either policy= or speedup=, not both", param="speedup")
-    given = {k: v for k, v in (("decay", decay), ("exponent", exponent), ("prefill", prefill))
+    given = {k: v for k, v in (("decay", c.decay), ("exponent", c.exponent), ("prefill", c.prefill))
              if v is not None}
     shape = {k: default[k] for k in ("decay", "exponent", "prefill") if k in default} | given
     if shape.get("decay", "linear") == "linear" and "exponent" not in given:

@@ -188,8 +188,9 @@ def build_app(args: dict):
 def main(args) -> int:
     """``python -m runtime serve ART --replicas N [--ray-address ADDR]``: deploy, serve until
     SIGTERM/Ctrl-C, then shut the application down. Checks what it can before starting Ray."""
-    from ..generator import policy_for
     from ..artifact.manifest import load_manifest
+    from ..generation_config import GenerationConfig
+    from ..generator import policy_for
     from .options import bind, check_args
 
     check_args(args)
@@ -199,7 +200,7 @@ def main(args) -> int:
     manifest = load_manifest(args.directory, check_hashes=False)  # the replicas check the hashes
     if args.speedup is not None:
         try:
-            policy_for(manifest, 16, speedup=args.speedup)
+            policy_for(manifest, GenerationConfig(max_new_tokens=16, speedup=args.speedup))
         except SkipDecodeError as exc:
             raise SkipDecodeError(f"--speedup: {exc}") from None
     try:

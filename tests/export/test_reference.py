@@ -10,6 +10,7 @@ import pytest
 from export import parity, reference
 from runtime.artifact.manifest import load_manifest
 from runtime.errors import ModelNotFoundError, VerificationError
+from runtime.generation_config import GenerationConfig
 from runtime.generator import policy_for
 from tests.conftest import PROMPTS
 
@@ -49,7 +50,7 @@ def test_child_cases_equal_the_in_process_reference(artifact_dir, hf_model):
             for x, y in zip([*a.inputs.values(), *a.expected], [*b.inputs.values(), *b.expected]):
                 np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
     assert len(side.references.hf_tokens) == len(PROMPTS)
-    assert side.references.policy == policy_for(manifest, 4, speedup=2.0)
+    assert side.references.policy == policy_for(manifest, GenerationConfig(max_new_tokens=4, speedup=2.0))
 
 
 def test_an_error_in_the_child_comes_back_with_its_type_and_message(artifact_dir, tmp_path):
