@@ -18,7 +18,6 @@ from .generation_config import GenerationConfig
 from .generator import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, load
 from .policy import DECAYS, PREFILLS
 
-KERNEL_LABELS = {"skipdecode": "the AVX-512 VNNI kernel of runtime/platform/kernels", "onnxruntime": "ONNX Runtime's MatMulNBits"}
 SAMPLING = ("temperature", "top_k", "top_p")  # the options that only apply with --do-sample
 MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 32, 256  # a chat's answers run to EOS: a paragraph fits
 
@@ -185,7 +184,7 @@ def _run(args) -> int:
     # The figures go to stderr: stdout holds the texts alone (`| head -1`, a file, another tool)
     kernel, note = getattr(gen.backend, "int4_kernel", None), getattr(gen.backend, "int4_kernel_note", "")
     bits = "int4" if "int4" in gen.manifest.weights.values() else "int8"
-    print(f"weights: {gen.manifest.weights_label}" + (f"; {bits} products on {KERNEL_LABELS[kernel]}" if kernel else "")
+    print(f"weights: {gen.manifest.weights_label}" + (f"; {bits} products on {_kernel_label(kernel)}" if kernel else "")
           + (f" ({note})" if kernel and note else ""), file=sys.stderr)
     if isinstance(getattr(gen.backend, "spin", None), bool):  # onnxruntime: what its workers do
         print(f"workers: {_workers(gen.backend.spin, args.spin)}", file=sys.stderr)
@@ -282,5 +281,15 @@ def main(argv=None) -> int:
     return cli.run(lambda: _run(args))
 
 
+def _kernel_label(kernel: str) -> str:
+    """Which kernel ran an artifact's int4/int8 products, as the time line names it."""
+    if kernel == "onnxruntime":
+        return "ONNX Runtime's MatMulNBits"
+    from .platform import kernels
+
+    return f"{kernels.label()} of runtime/platform/kernels"
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -177,8 +177,9 @@ def add_int4_kernel(group) -> None:
     from .platform.kernels import CHOICES
 
     group.add_argument("--int4-kernel", choices=CHOICES, default="auto",
-                       help="onnxruntime on the CPU, int4 artifacts: the products on this project's AVX-512 VNNI "
-                            "kernel (skipdecode, built with the machine's C compiler at first use) or ONNX "
+                       help="onnxruntime on the CPU, int4 artifacts: the products on this project's kernel "
+                            "(skipdecode: AVX-512 VNNI or AVX2, built with the machine's C compiler at first "
+                            "use) or ONNX "
                             "Runtime's MatMulNBits; auto: skipdecode where it can run")
 
 

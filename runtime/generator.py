@@ -457,8 +457,8 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         runs every ONNX Runtime session of the process on one shared pool; ``huge_pages``: True
         moves the weights it packed onto 2 MiB pages where Linux allows, ~2 ms per MiB at load
         for a faster decode, runtime/platform/hugepages.py; ``int4_kernel``: "auto", the default, runs an
-        int4 artifact's products on this project's AVX-512 VNNI kernel where it can run (x86-64
-        Linux, a C compiler: runtime/platform/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
+        int4 artifact's products on this project's kernel where it can run (x86-64 Linux with
+        AVX-512 VNNI or AVX2, a C compiler: runtime/platform/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
         insists on the former, "onnxruntime" on the latter).
     """
     validate.check_backend_options(backend_options)

@@ -133,7 +133,7 @@ def generator(artifact_dir):
 # above all, fails the run: it would otherwise turn green with hundreds of tests skipped.
 EXPECTED_SKIPS = re.compile(
     r"CUDA|GPU|TensorRT|could not import 'tensorrt'|MADV_COLLAPSE|/dev/full|ARM64|/proc/stat|renameat2|"
-    r"runtime\.kernels cannot run here|written for x86-64|this CPU lacks|no C compiler|predates|"
+    r"runtime\.platform\.kernels cannot run here|written for x86-64|this CPU lacks|no C compiler|predates|"
     r"did not grow one region|no second 2x policy")
 
 

@@ -64,13 +64,24 @@ def session(model, threads=2, library=None):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-@pytest.fixture(scope="module")
-def kernel():
+def built(isa: str):
+    """The library built for instruction set ``isa`` (skips where this CPU lacks it)."""
     if HERE_WHY_NOT is not None:
         pytest.skip(f"runtime.platform.kernels cannot run here: {HERE_WHY_NOT}")
-    path, reason = kernels.library()
-    assert path is not None, reason
-    return kernels.Kernel(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(kernels.ISA_ENV, isa)
+        found, reason = kernels.isa()
+        if found is None:
+            pytest.skip(f"runtime.platform.kernels cannot run here for {isa}: {reason}")
+        path, reason = kernels.library()
+    assert path is not None and path.name.startswith(f"q4_vnni-{isa}-"), reason
+    return path
+
+
+@pytest.fixture(scope="module", params=list(kernels.ISAS))
+def kernel(request):
+    """The kernel built for each instruction set this CPU has: every product test runs on each."""
+    return kernels.Kernel(built(request.param))
 
 
 # (k, n, m, zero points): n not a multiple of 16 (a padded group), k not a multiple of 128, batches
@@ -235,19 +246,65 @@ def test_what_the_kernel_does_not_compute_stays_matmulnbits(kernel, what):
     assert [nd.op_type for nd in model.graph.node] == ["MatMulNBits"] and len(model.graph.initializer) == 3
 
 
-@pytest.mark.parametrize("system,machine,flags,reason", [
-    ("Linux", "aarch64", "fp asimd asimddp", "it is written for x86-64 Linux, not Linux aarch64"),
-    ("Linux", "x86_64", "fpu sse avx2 avx512f avx512bw avx512vl avx512dq f16c",
-     "this CPU lacks avx512_vnni"),
-    ("Linux", "x86_64", "fpu avx2 f16c", "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni"),
-])
-def test_a_cpu_the_kernel_is_not_written_for_is_named(monkeypatch, system, machine, flags, reason):
+def fake_cpu(monkeypatch, system, machine, flags):
     real_read = kernels.Path.read_text
     monkeypatch.setattr(kernels.platform, "system", lambda: system)
     monkeypatch.setattr(kernels.platform, "machine", lambda: machine)
     monkeypatch.setattr(kernels.Path, "read_text", lambda self, *a, **k: f"processor\t: 0\nflags\t\t: {flags}\n"
                         if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k))
-    assert kernels.why_not() == reason
+
+
+@pytest.mark.parametrize("system,machine,flags,reason", [
+    ("Linux", "aarch64", "fp asimd asimddp", "it is written for x86-64 Linux, not Linux aarch64"),
+    ("Linux", "x86_64", "fpu sse avx2 avx512f avx512bw avx512vl avx512dq f16c",
+     "this CPU lacks avx512_vnni (AVX-512 VNNI); fma (AVX2)"),
+    ("Linux", "x86_64", "fpu avx f16c",
+     "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni (AVX-512 VNNI); avx2, fma (AVX2)"),
+])
+def test_a_cpu_the_kernel_is_not_written_for_is_named(monkeypatch, system, machine, flags, reason):
+    fake_cpu(monkeypatch, system, machine, flags)
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    assert kernels.why_not() == reason and kernels.isa() == (None, reason)
+
+
+@pytest.mark.parametrize("flags,isa,label", [
+    ("fpu avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni", "avx512vnni", "the AVX-512 VNNI kernel"),
+    ("fpu avx2 fma f16c avx512f", "avx2", "the AVX2 kernel"),  # a laptop's CPU, or AVX-512 without VNNI
+])
+def test_the_best_instruction_set_the_cpu_has_is_built(monkeypatch, flags, isa, label):
+    fake_cpu(monkeypatch, "Linux", "x86_64", flags)
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    assert kernels.isa() == (isa, "") and kernels.label() == label
+
+
+def test_the_instruction_set_asked_for_is_checked(monkeypatch):
+    fake_cpu(monkeypatch, "Linux", "x86_64", "fpu avx2 fma f16c")
+    monkeypatch.setenv(kernels.ISA_ENV, "avx512vnni")
+    assert kernels.isa() == (None, "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni (AVX-512 VNNI)")
+    monkeypatch.setenv(kernels.ISA_ENV, "neon")
+    assert kernels.isa() == (None, f"{kernels.ISA_ENV}=neon names no instruction set it is written for "
+                                   f"(avx512vnni, avx2)")
+    monkeypatch.setenv(kernels.ISA_ENV, "avx2")
+    assert kernels.isa() == ("avx2", "")
+
+
+def test_every_instruction_set_computes_the_same_products_to_the_bit():
+    """AVX2 computes vpdpbusd's integer sums with maddubs/madd (8-bit weights as signed bytes) and
+    every float step in the AVX-512 path's order, so its products are that path's exactly."""
+    built_for = {isa: kernels.Kernel(built(isa)) for isa in kernels.ISAS}
+    rng = np.random.default_rng(7)
+    for bits in (4, 8):
+        for k, n, m, zero_points, minimums in [(960, 100, 1, True, False), (2560, 33, 3, True, True),
+                                               (64, 8, 5, False, True)]:
+            blocks = k // 32
+            b = rng.integers(0, 256, (n, blocks, 16 if bits == 4 else 32), dtype=np.uint8)
+            scales = rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001
+            zp = (rng.integers(0, 256, n * ((blocks + 1) // 2) if bits == 4 else n * blocks, dtype=np.uint8)
+                  if zero_points else None)
+            mins = rng.standard_normal(n * blocks).astype(np.float32) * 0.01 if minimums else None
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            ys = [kn.matmul(kn.pack(b, scales, zp, k, n, mins, bits), a) for kn in built_for.values()]
+            assert all(np.array_equal(ys[0], y) for y in ys[1:]), (bits, k, n, m)
 
 
 def test_a_machine_without_a_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):
@@ -368,6 +425,20 @@ def test_the_backend_gives_matmulnbits_tokens_but_for_near_ties(int4_artifact, f
             break
         agreed += 1
     assert agreed >= 3  # the same model: its first steps agree outright
+
+
+def test_the_backend_on_each_instruction_set_gives_the_same_logits_to_the_bit(int4_artifact, monkeypatch):
+    runs = []
+    for isa in kernels.ISAS:
+        built(isa)  # (skips where this CPU lacks one)
+        monkeypatch.setenv(kernels.ISA_ENV, isa)
+        gen = runtime.load(int4_artifact, threads=2, int4_kernel="skipdecode")
+        try:
+            runs.append([(e.token_ids, e.logits) for e in gen.stream(PROMPTS, 8, ignore_eos=True)])
+        finally:
+            gen.close()
+    for steps in zip(*runs):
+        assert all(ids == steps[0][0] and np.array_equal(logits, steps[0][1]) for ids, logits in steps[1:])
 
 
 @needs_kernel

@@ -6,12 +6,15 @@ re-measured"): at batch 1 the int4 products are compute-bound there. ``q4_vnni.c
 MatMulNBits computes for bits=4, block_size=32 at accuracy level 4 (int8 activations, the same
 weights, zero points or none; its scales kept as float16) from a layout that feeds 16 output rows
 per 64-byte load: int4 steps 1.3x-1.6x faster there (docs/benchmarks.md, "This project's int4
-kernel").
+kernel"). It is written for two x86-64 instruction sets (``ISAS``): AVX-512 VNNI (Zen 4/5, Intel
+server CPUs) and AVX2 with FMA and F16C (every x86-64 laptop and desktop CPU since 2013-2015), whose
+products are the same to the bit; the best one the CPU has is built (``SKIPDECODE_KERNEL_ISA=avx2``
+builds the other, to measure or test it on a CPU that has both).
 
 ``rewrite`` swaps a graph's eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes whose
 weights it packed into the library's table (the graph keeps no copy of them); ``library`` builds
 the library with the machine's C compiler once, into a cache folder, and says why not where it
-cannot (not x86-64 Linux, no AVX-512 VNNI, no compiler, an ONNX Runtime too old for its API).
+cannot (not x86-64 Linux, neither instruction set, no compiler, an ONNX Runtime too old for its API).
 """
 
 from __future__ import annotations
@@ -35,8 +38,15 @@ DOMAIN = "skipdecode"
 OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
 MIN_ORT = (1, 17)  # KernelContext_ParallelFor: the kernel runs on the session's own threads
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c")
-CFLAGS = ("-O3", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-fPIC", "-shared")
+# The instruction sets q4_vnni.c is written for, best first: (its name, the CPU flags it needs as
+# /proc/cpuinfo spells them, the compiler flags that select its code)
+ISAS = {
+    "avx512vnni": ("AVX-512 VNNI", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
+                   ("-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
+    "avx2": ("AVX2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+}
+CFLAGS = ("-O3", "-fPIC", "-shared")
+ISA_ENV = "SKIPDECODE_KERNEL_ISA"
 
 _LOCK = threading.Lock()
 _BUILT: dict[str, tuple[Path | None, str]] = {}
@@ -50,18 +60,46 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "skipdecode" / "kernels"
 
 
-def why_not() -> str | None:
-    """Why this machine cannot run the kernel (None: it can, once built)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"it is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
+def _cpu_flags() -> list[str] | str:
+    """The CPU's flags, or why they cannot be read."""
     try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
+        return next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")), [])
     except OSError as exc:
         return f"/proc/cpuinfo unreadable ({exc})"
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}"
+
+
+def isa() -> tuple[str | None, str]:
+    """(the instruction set to build the kernel for, "") or (None, why none): the best one the CPU
+    has, or the one $SKIPDECODE_KERNEL_ISA names."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, f"it is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
+    flags = _cpu_flags()
+    if isinstance(flags, str):
+        return None, flags
+    asked = os.environ.get(ISA_ENV)
+    if asked and asked not in ISAS:
+        return None, f"{ISA_ENV}={asked} names no instruction set it is written for ({', '.join(ISAS)})"
+    lacking = {name: [f for f in needs if f not in flags] for name, (_, needs, _) in ISAS.items()
+               if not asked or name == asked}
+    found = next((name for name, missing in lacking.items() if not missing), None)
+    if found:
+        return found, ""
+    return None, "this CPU lacks " + "; ".join(f"{', '.join(missing)} ({ISAS[name][0]})"
+                                               for name, missing in lacking.items())
+
+
+def label() -> str:
+    """The kernel as a user reads it: "the AVX2 kernel" (the instruction set it runs here)."""
+    found, _ = isa()
+    return f"the {ISAS[found][0]} kernel" if found else "this project's kernel"
+
+
+def why_not() -> str | None:
+    """Why this machine cannot run the kernel (None: it can, once built)."""
+    found, reason = isa()
+    if found is None:
+        return reason
     import onnxruntime
 
     version = tuple(int(p) for p in onnxruntime.__version__.split(".")[:2] if p.isdigit())
@@ -81,7 +119,9 @@ def library() -> tuple[Path | None, str]:
     cache_dir(); a build writes to a temporary name and renames, so concurrent processes never
     load half a file."""
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    found, _ = isa()
+    flags = (*CFLAGS, *(ISAS[found][2] if found else ()))
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     with _LOCK:
         if key in _BUILT:
             return _BUILT[key]
@@ -89,7 +129,7 @@ def library() -> tuple[Path | None, str]:
         if reason:
             _BUILT[key] = (None, reason)
             return _BUILT[key]
-        target = cache_dir() / f"q4_vnni-{key}.so"
+        target = cache_dir() / f"q4_vnni-{found}-{key}.so"
         if not target.is_file():
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +140,7 @@ def library() -> tuple[Path | None, str]:
                 return _BUILT[key]
             os.close(fd)
             cc = _compiler()
-            done = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            done = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
             if done.returncode != 0:
                 os.unlink(tmp)
                 _BUILT[key] = (None, f"{cc} failed to build {SOURCE.name}: {done.stderr.strip()[-500:]}")

@@ -1,5 +1,6 @@
-/* int4 weight x float activation products for x86 CPUs with AVX-512 VNNI, as an ONNX Runtime
- * custom operator (runtime/kernels/__init__.py builds and loads this file).
+/* int4 weight x float activation products for x86 CPUs with AVX-512 VNNI or AVX2 (+ FMA, F16C), as
+ * an ONNX Runtime custom operator (runtime/platform/kernels/__init__.py builds and loads this file,
+ * with the compiler flags of the best instruction set the CPU has).
  *
  * Computes what com.microsoft::MatMulNBits computes for bits=4, block_size=32 (its weights, with
  * or without zero points; plus, for a GGUF's Q4_1 blocks, their minimums' term) at accuracy level 4: the activations quantized to int8 per block of 32
@@ -18,6 +19,11 @@
  *
  * Weights are packed once, from Python, into a table of this library (q4_pack); a graph's node
  * names its entry by an attribute, so the graph holds no copy of them.
+ *
+ * AVX2 reads the same layout a 256-bit half (8 rows) at a time and sums the int8 products with
+ * vpmaddubsw + vpmaddwd instead of vpdpbusd (8-bit weights as signed bytes w - 128, so that the
+ * 16-bit pairs cannot saturate); the integer sums are the same, and every float step (scales,
+ * accumulation, a block's float sum) runs in the same order, so both give the same floats.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -169,6 +175,17 @@ typedef struct {
     float fsum;
 } act_block;
 
+/* a[0..7] + a[8..15] of two vectors of 8 partial sums, in one fixed order (the order GCC's
+ * _mm512_reduce_add_ps takes), so that both instruction sets sum a block alike */
+static inline float sum8(__m256 lo, __m256 hi) {
+    __m256 t3 = _mm256_add_ps(hi, lo);
+    __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+
 static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
     for (int64_t j = 0; j < blocks; j++) {
         __m512 v0 = _mm512_loadu_ps(a + j * BLOCK), v1 = _mm512_loadu_ps(a + j * BLOCK + 16);
@@ -185,17 +202,13 @@ static void quantize(const float *a, int64_t blocks, int float_sums, act_block *
         }
         out[j].scale = amax / 127.f;
         out[j].sum = sum;
-        out[j].fsum = float_sums ? _mm512_reduce_add_ps(_mm512_add_ps(v0, v1)) : 0.f; /* read by minimums alone */
+        if (float_sums) { /* read by minimums alone */
+            __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_castps512_ps256(v1));
+            __m256 t = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v0), 1)),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v1), 1)));
+            out[j].fsum = sum8(s, t);
+        } else out[j].fsum = 0.f;
     }
-}
-
-/* Every activation row of a (m x k) quantized for weight w (their float sums where it has
- * minimums); NULL when out of memory. */
-static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m) {
-    act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
-    if (act)
-        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, w->mins != NULL, act + i * w->blocks);
-    return act;
 }
 
 /* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
@@ -249,6 +262,124 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
     int64_t n0 = g * GROUP, left = w->n - n0 < GROUP ? w->n - n0 : GROUP;
     for (int t = 0; t < mt; t++)
         _mm512_mask_storeu_ps(y + (m0 + t) * w->n + n0, (__mmask16)((1u << left) - 1), f[t]);
+}
+
+#else /* AVX2 + FMA + F16C: the same products from the same layout, 8 rows a 256-bit half */
+
+static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    for (int64_t j = 0; j < blocks; j++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(a + j * BLOCK + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        __m256 inv = _mm256_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+        int32_t q[BLOCK];
+        for (int i = 0; i < 4; i++) /* rounds to nearest, as the AVX-512 path */
+            _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
+        int32_t sum = 0;
+        for (int i = 0; i < 16; i++) {
+            out[j].even[i] = (int8_t)q[2 * i];
+            out[j].odd[i] = (int8_t)q[2 * i + 1];
+            sum += q[2 * i] + q[2 * i + 1];
+        }
+        out[j].scale = amax / 127.f;
+        out[j].sum = sum;
+        out[j].fsum = float_sums ? sum8(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])) : 0.f;
+    }
+}
+
+/* sum_i w_i a_i over 4-byte lanes (vpdpbusd's product): unsigned w against signed a, two at a
+ * time in 16 bits; w <= 15 (4 bits) cannot saturate them */
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i a) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+}
+
+/* the same for 8-bit w as signed w' = w - 128 (|w'| <= 128: the 16-bit pairs cannot saturate);
+ * the caller adds 128 times the sum of a */
+static inline __m256i dot4s(__m256i acc, __m256i ws, __m256i a) {
+    return dot4(acc, _mm256_abs_epi8(ws), _mm256_sign_epi8(a, ws));
+}
+
+/* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
+static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, float *y) {
+    const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    __m256 f[M_TILE][2];
+    for (int t = 0; t < M_TILE; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    const uint8_t *p = w->data + (size_t)g * w->blocks * w->stride;
+    const uint16_t *mins = w->mins ? w->mins + (size_t)g * w->blocks * GROUP : NULL;
+    for (int64_t j = 0; j < w->blocks; j++, p += w->stride) {
+        for (int64_t o = 0; o < w->stride; o += 64)
+            _mm_prefetch((const char *)(p + 4096 + o), _MM_HINT_T0);
+        __m128i z16; /* the 16 rows' zero points, a byte each */
+        const uint8_t *scales;
+        if (w->bits == 8) {
+            z16 = _mm_loadu_si128((const __m128i *)(p + 544));
+            scales = p + 512;
+        } else {
+            __m128i z8 = _mm_loadl_epi64((const __m128i *)(p + 288));
+            z16 = _mm_unpacklo_epi8(_mm_and_si128(z8, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(z8, 4), _mm_set1_epi8(0x0F)));
+            scales = p + 256;
+        }
+        for (int h = 0; h < 2; h++) { /* rows 8h .. 8h+7: bytes 32h .. 32h+31 of every vector */
+            __m256i lo[4], hi[4];
+            for (int q = 0; q < 4; q++) {
+                if (w->bits == 8) { /* as signed bytes w - 128 */
+                    lo[q] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + q * 64 + 32 * h)), flip);
+                    hi[q] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + (4 + q) * 64 + 32 * h)), flip);
+                } else {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(p + q * 64 + 32 * h));
+                    lo[q] = _mm256_and_si256(x, low);
+                    hi[q] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+                }
+            }
+            __m256i zp = _mm256_cvtepu8_epi32(h ? _mm_unpackhi_epi64(z16, z16) : z16); /* 8 bytes */
+            if (w->bits == 8) zp = _mm256_sub_epi32(zp, _mm256_set1_epi32(128)); /* w' + 128 - z */
+            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * h)));
+            for (int t = 0; t < mt; t++) {
+                const act_block *a = act + (m0 + t) * w->blocks + j;
+                const int32_t *e = (const int32_t *)a->even, *o = (const int32_t *)a->odd;
+                __m256i acc = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
+                for (int q = 0; q < 4; q++) {
+                    if (w->bits == 8) {
+                        acc = dot4s(acc, lo[q], _mm256_set1_epi32(e[q]));
+                        acc2 = dot4s(acc2, hi[q], _mm256_set1_epi32(o[q]));
+                    } else {
+                        acc = dot4(acc, lo[q], _mm256_set1_epi32(e[q]));
+                        acc2 = dot4(acc2, hi[q], _mm256_set1_epi32(o[q]));
+                    }
+                }
+                acc = _mm256_sub_epi32(_mm256_add_epi32(acc, acc2), _mm256_mullo_epi32(zp, _mm256_set1_epi32(a->sum)));
+                f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(scale, _mm256_set1_ps(a->scale)), f[t][h]);
+            }
+            if (mins) {
+                __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + j * GROUP + 8 * h)));
+                for (int t = 0; t < mt; t++)
+                    f[t][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(act[(m0 + t) * w->blocks + j].fsum), f[t][h]);
+            }
+        }
+    }
+    int64_t n0 = g * GROUP, left = w->n - n0 < GROUP ? w->n - n0 : GROUP;
+    for (int t = 0; t < mt; t++) {
+        float out[GROUP];
+        _mm256_storeu_ps(out, f[t][0]);
+        _mm256_storeu_ps(out + 8, f[t][1]);
+        memcpy(y + (m0 + t) * w->n + n0, out, (size_t)left * sizeof *out);
+    }
+}
+
+#endif
+
+/* Every activation row of a (m x k) quantized for weight w (their float sums where it has
+ * minimums); NULL when out of memory. */
+static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m) {
+    act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
+    if (act)
+        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, w->mins != NULL, act + i * w->blocks);
+    return act;
 }
 
 typedef struct {
