@@ -163,6 +163,8 @@ RULES = [
      REAL + " (the section's exports); tests/tools/test_bench_decode.py runs it on a tiny int4 export"),
     ("python -m tools.bench.decode before=artifacts/smollm2-int4-before ", "parse",
      REAL + " (the section's exports); tests/tools/test_bench_decode.py runs it on a tiny int4 export"),
+    ("python -m tools.bench.decode avx512=ART:skipdecode avx2=ART:skipdecode-avx2 ", "parse",
+     REAL + " (ART: the section's exports); tests/tools/test_bench_decode.py runs it on a tiny int4 export"),
     ("python -m export build --model smollm2-360m --random-weights --weights int4 --out A$", "parse",
      LONG + " (exports SmolLM2-360M's shape at int4, 425 MB)"),
     ("python -m export build --model WORK/ARCH/hf --out A$", "parse",

@@ -12,8 +12,21 @@ def test_specs_name_a_directory_and_its_int4_kernel():
     assert decode.parse_spec("a=/x/y") == ("a", "/x/y", "auto")
     assert decode.parse_spec("b=/x/y:onnxruntime") == ("b", "/x/y", "onnxruntime")
     assert decode.parse_spec("/x/y") == ("/x/y", "/x/y", "auto")
-    with pytest.raises(InvalidArgumentError, match="one of auto, skipdecode, onnxruntime, not 'mlas'"):
+    assert decode.parse_spec("d=/x/y:skipdecode-avx2") == ("d", "/x/y", "skipdecode-avx2")
+    with pytest.raises(InvalidArgumentError, match="one of auto, skipdecode, skipdecode-avx2, onnxruntime, not 'mlas'"):
         decode.parse_spec("c=/x/y:mlas")
+
+
+def test_the_avx2_kernel_is_asked_for_during_its_load_alone(monkeypatch):
+    from runtime.platform import kernels
+
+    seen = []
+    fake = type("R", (), {"load": staticmethod(lambda d, **kw: seen.append((kw, decode.os.environ.get(kernels.ISA_ENV))))})
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    decode._load(fake, "/x", 2, "skipdecode-avx2")
+    decode._load(fake, "/x", 2, "skipdecode")
+    assert seen == [({"threads": 2, "int4_kernel": "skipdecode"}, "avx2"), ({"threads": 2, "int4_kernel": "skipdecode"}, None)]
+    assert kernels.ISA_ENV not in decode.os.environ
 
 
 def test_a_run_times_every_artifact_each_round_and_compares_medians(tmp_path, capsys):

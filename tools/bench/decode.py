@@ -1,7 +1,8 @@
 """``python -m tools.bench.decode``: decode ms/token of artifacts side by side, in one process.
 
 Each artifact (``NAME=DIR``, or ``NAME=DIR:KERNEL`` to run its int4 products on ``KERNEL``:
-auto, skipdecode or onnxruntime) is loaded once; every round generates ``--tokens`` tokens of one
+auto, skipdecode, skipdecode-avx2 (this project's kernel built for AVX2, as on a CPU without
+AVX-512) or onnxruntime) is loaded once; every round generates ``--tokens`` tokens of one
 prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts in turn and in reverse
 order every other round (machines are noisy: ratios of one run, never of two). Prints a Markdown
 table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
@@ -14,7 +15,7 @@ Example (the int4 exports of the real SmolLM2-135M-Instruct, docs/quality.md "Th
 
 from __future__ import annotations
 
-import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -22,7 +23,7 @@ import sys
 from runtime import cli
 from runtime.errors import InvalidArgumentError
 
-KERNELS = ("auto", "skipdecode", "onnxruntime")
+KERNELS = ("auto", "skipdecode", "skipdecode-avx2", "onnxruntime")
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 WARMUP = 8
 
@@ -49,7 +50,7 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
     gens = {}
     try:
         for name, directory, kernel in parsed:
-            gens[name] = runtime.load(directory, threads=threads, int4_kernel=kernel)
+            gens[name] = _load(runtime, directory, threads, kernel)
         times = {name: [] for name in gens}
         for r in range(rounds):
             for name in (list(gens) if r % 2 == 0 else list(gens)[::-1]):
@@ -60,6 +61,24 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
     finally:
         for gen in gens.values():
             gen.close()
+
+
+def _load(runtime, directory: str, threads: int, kernel: str):
+    """The artifact loaded with its int4 products on ``kernel`` (skipdecode-avx2: the kernel built
+    for AVX2, which the load builds and loads while $SKIPDECODE_KERNEL_ISA says so)."""
+    if kernel != "skipdecode-avx2":
+        return runtime.load(directory, threads=threads, int4_kernel=kernel)
+    from runtime.platform import kernels
+
+    before = os.environ.get(kernels.ISA_ENV)
+    os.environ[kernels.ISA_ENV] = "avx2"
+    try:
+        return runtime.load(directory, threads=threads, int4_kernel="skipdecode")
+    finally:
+        if before is None:
+            del os.environ[kernels.ISA_ENV]
+        else:
+            os.environ[kernels.ISA_ENV] = before
 
 
 def table(times: dict[str, list[float]], command: str) -> str:
@@ -75,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("python -m tools.bench.decode",
                    "Decode ms/token of artifacts side by side in one process, batch 1, rounds in turn.")
     p.add_argument("artifacts", nargs="+", metavar="NAME=DIR[:KERNEL]",
-                   help="artifacts to time; KERNEL runs the int4 products on auto, skipdecode or onnxruntime")
+                   help="artifacts to time; KERNEL runs the int4 products on auto, skipdecode, skipdecode-avx2 or "
+                        "onnxruntime")
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per timed call (default 128)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; medians across them (default 5)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
