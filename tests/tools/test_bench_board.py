@@ -1,5 +1,6 @@
-"""``python -m tools.bench.board``: this toolkit's rows beside llama-bench's, with tegrastats' memory
-and watts per row (a fake tegrastats and a fake llama-bench stand in for a board's)."""
+"""``python -m tools.bench.board``: this toolkit's rows beside llama-bench's and TensorRT Edge-LLM's
+llm_bench's, with tegrastats' memory and watts per row (a fake tegrastats, llama-bench and llm_bench
+stand in for a board's)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,50 @@ def test_the_table_holds_our_rows_and_llama_bench_with_memory_and_watts(artifact
     assert (rows[2][2], rows[2][3]) == ("812.5", "97.2")  # llama-bench's own averages
 
 
+# llm_bench's summary as examples/utils/benchLogger.cpp prints it (through LOG_INFO): its E2E time
+# and tokens/s, prefill = inputLen / E2E, decode = (osl - 1) / E2E
+FAKE_LLM_BENCH = """
+import sys
+a = sys.argv
+assert a[a.index("--batchSize") + 1] == "1" and a[a.index("--engineDir") + 1].endswith("engine")
+mode = a[a.index("--mode") + 1]
+print("[TensorRT-Edge-LLM][INFO] Loading engine ...", file=sys.stderr)
+if mode == "prefill":
+    n = int(a[a.index("--inputLen") + 1])
+    print(f"[TensorRT-Edge-LLM][INFO] InputLen: {n}, ReuseKVLen: 0, ContextLen: {n}")
+    print(f"[TensorRT-Edge-LLM][INFO] E2E Time (actual performance): 20.0000 ms")
+    print(f"[TensorRT-Edge-LLM][INFO] Tokens/sec (E2E): {n * 1000 / 20.0:.1f}")
+else:
+    osl = int(a[a.index("--osl") + 1])
+    print(f"[TensorRT-Edge-LLM][INFO] PastKVLen: {a[a.index('--pastKVLen') + 1]}, OSL: {osl}")
+    print("[TensorRT-Edge-LLM][INFO] E2E Time (actual performance): 50.0000 ms")
+    print(f"[TensorRT-Edge-LLM][INFO] Tokens/sec (E2E): {(osl - 1) * 1000 / 50.0:.1f}")
+"""
+
+
+def test_edge_llms_llm_bench_gives_a_row_of_its_own_tokens_per_second(artifact_dir, tmp_path, capsys):
+    bench = _script(tmp_path / "llm_bench", FAKE_LLM_BENCH)
+    (tmp_path / "engine").mkdir()
+    assert board.main([str(artifact_dir), "--speedups", "1", "--prompt-tokens", "8", "--new-tokens", "6",
+                       "--rounds", "1", "--tegrastats", "none", "--edgellm-bench", str(bench),
+                       "--edgellm-engine", str(tmp_path / "engine")]) == 0
+    (row,) = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| TensorRT")]
+    assert row[1:4] == ["batch 1", "400.0", "100.0"]  # 8 tokens in 20 ms; 5 after the first in 50 ms
+    assert float(row[4]) > 0  # its own peak RSS
+
+
+def test_a_peer_that_fails_or_prints_nothing_readable_is_one_error(artifact_dir, tmp_path, capsys):
+    (tmp_path / "engine").mkdir()
+    common = [str(artifact_dir), "--speedups", "1", "--prompt-tokens", "4", "--new-tokens", "3", "--rounds", "1",
+              "--tegrastats", "none", "--edgellm-engine", str(tmp_path / "engine")]
+    failing = _script(tmp_path / "failing", "import sys; print('no engine here', file=sys.stderr); sys.exit(3)")
+    assert board.main([*common, "--edgellm-bench", str(failing)]) == 2
+    assert "error: llm_bench --mode prefill failed (exit 3)" in capsys.readouterr().err
+    mute = _script(tmp_path / "mute", "print('done')")
+    assert board.main([*common, "--edgellm-bench", str(mute)]) == 2
+    assert "printed no 'Tokens/sec (E2E): N' line" in capsys.readouterr().err
+
+
 def test_without_tegrastats_the_memory_is_peak_rss_and_no_watts(artifact_dir, capsys):
     assert board.main([str(artifact_dir), "--speedups", "1", "--prompt-tokens", "4", "--new-tokens", "3",
                        "--rounds", "1", "--tegrastats", "none"]) == 0
@@ -91,6 +136,10 @@ def test_options_that_do_not_go_together_are_refused(artifact_dir, tmp_path, cap
                                        "of the same model\n")
     assert board.main([str(artifact_dir), "--llama-bench", "x", "--gguf", str(tmp_path / "no.gguf")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert board.main([str(artifact_dir), "--edgellm-bench", "llm_bench"]) == 2
+    assert "--edgellm-bench and --edgellm-engine go together" in capsys.readouterr().err
+    assert board.main([str(artifact_dir), "--edgellm-bench", "x", "--edgellm-engine", str(tmp_path / "none")]) == 2
+    assert "--edgellm-engine " + str(tmp_path / "none") + ": no such directory" in capsys.readouterr().err
     silent = _script(tmp_path / "silent", "import time; time.sleep(30)")
     assert board.main([str(artifact_dir), "--tegrastats", str(silent), "--interval", "10"]) == 2
     assert "printed no 'RAM used/totalMB' line" in capsys.readouterr().err

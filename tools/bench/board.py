@@ -1,9 +1,10 @@
 """``python -m tools.bench.board ART``: the table a board's first run should produce (docs/jetson.md,
 "Measure on your board"): this toolkit's prompt and decode tokens/s at each speedup, beside llama.cpp's
-``llama-bench`` on the same board and the same prompt and generation lengths, with the memory each
-took and the watts the module drew while it ran.
+``llama-bench`` and TensorRT Edge-LLM's ``llm_bench`` on the same board and the same prompt and
+generation lengths, with the memory each took and the watts the module drew while it ran.
 
     python -m tools.bench.board ART --speedups 1 2 --llama-bench ~/llama.cpp/build/bin/llama-bench --gguf M.gguf
+    python -m tools.bench.board ART --edgellm-bench ~/TensorRT-Edge-LLM/build/examples/llm/llm_bench --edgellm-engine DIR
 
 Every row runs ``--rounds`` times after one untimed warm-up, on one prompt of exactly
 ``--prompt-tokens`` tokens and ``--new-tokens`` new tokens (EOS ignored). tegrastats (when on the
@@ -12,7 +13,7 @@ stamped as it arrives: a row's watts are the mean of the power rail (``--rail``;
 module's input rail, VDD_IN on an Orin Nano or NX, VIN_SYS_5V0 on an AGX Orin, VIN on a Thor) over
 its runs, and its memory the most RAM used during them less the idle value read before the first
 row (the GPU's memory is the board's RAM). Without tegrastats (not a Jetson) the memory column is
-the peak resident memory of this process and of llama-bench, and there are no watts.
+the peak resident memory of this process and of each peer's process, and there are no watts.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import resource
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -157,26 +160,65 @@ def ours(artifact: str, options: dict, prompt_tokens: int, new_tokens: int, spee
     return rows
 
 
+def _child(argv: list[str], name: str) -> tuple[str, str, float, float, float]:
+    """Run a peer: (its stdout, its stderr, the monotonic start and end, its own peak resident MB,
+    read by wait4 for this child alone); a failure is a BoardBenchError with its last lines."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+        except OSError as exc:
+            raise BoardBenchError(f"{name} did not start: {shlex.join(argv)}: {exc.strerror or exc}") from None
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        end = time.monotonic()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.strip().splitlines()[-5:])
+        raise BoardBenchError(f"{name} failed (exit {proc.returncode}): {shlex.join(argv)}\n{tail}")
+    return stdout, stderr, start, end, usage.ru_maxrss / 1024
+
+
 def llama_bench(command: list[str], gguf: str, prompt_tokens: int, new_tokens: int, rounds: int) -> Row:
     """llama.cpp's llama-bench on the same lengths (all layers on the GPU: -ngl 99), its JSON read."""
     argv = [*command, "-m", gguf, "-p", str(prompt_tokens), "-n", str(new_tokens), "-r", str(rounds),
             "-ngl", "99", "-o", "json"]
-    start = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True)
-    end = time.monotonic()
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise BoardBenchError(f"llama-bench failed (exit {done.returncode}): {shlex.join(argv)}\n{tail}")
+    text, _, start, end, rss = _child(argv, "llama-bench")
     try:
-        tests = json.loads(done.stdout)
+        tests = json.loads(text)
         pp = next(t["avg_ts"] for t in tests if t["n_prompt"] == prompt_tokens and t["n_gen"] == 0)
         tg = next(t["avg_ts"] for t in tests if t["n_gen"] == new_tokens and t["n_prompt"] == 0)
         backends = tests[0].get("backends", "")
     except (ValueError, KeyError, StopIteration, TypeError, IndexError) as exc:
         raise BoardBenchError(f"llama-bench printed no pp {prompt_tokens} / tg {new_tokens} results in its -o json "
-                              f"output ({type(exc).__name__}); its stdout began: {done.stdout[:200]!r}") from None
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+                              f"output ({type(exc).__name__}); its output began: {text[:200]!r}") from None
     return Row("llama.cpp llama-bench", f"{backends or '?'}, -ngl 99", pp, tg, [(start, end)], rss)
+
+
+EDGELLM_TPS = re.compile(r"Tokens/sec \(E2E\): ([\d.]+)")
+
+
+def edgellm_bench(command: list[str], engine: str, prompt_tokens: int, new_tokens: int, rounds: int) -> Row:
+    """TensorRT Edge-LLM's llm_bench (examples/llm/llm_bench.cpp) on the same lengths, batch 1: a
+    prefill run of the prompt's tokens and a decode run of the new tokens after as many past
+    positions, each after a warm-up; its "Tokens/sec (E2E)" lines read (prefill: the prompt's tokens
+    per second; decode: the new tokens after the first per second, as it computes them)."""
+    found, windows, peak = {}, [], 0.0
+    for mode, lengths in (("prefill", ["--inputLen", str(prompt_tokens)]),
+                          ("decode", ["--pastKVLen", str(prompt_tokens), "--osl", str(new_tokens)])):
+        argv = [*command, "--engineDir", engine, "--mode", mode, *lengths, "--batchSize", "1", "--warmup", "1",
+                "--iterations", str(rounds)]
+        stdout, stderr, start, end, rss = _child(argv, f"llm_bench --mode {mode}")
+        text = stdout + stderr  # (its LOG_INFO lines: either stream, by build)
+        tps = EDGELLM_TPS.findall(text)
+        if not tps:
+            raise BoardBenchError(f"llm_bench --mode {mode} printed no 'Tokens/sec (E2E): N' line; its output "
+                                  f"ended: {text.strip()[-300:]!r}")
+        found[mode], peak = float(tps[-1]), max(peak, rss)
+        windows.append((start, end))
+    return Row("TensorRT Edge-LLM llm_bench", "batch 1", found["prefill"], found["decode"], windows, peak)
 
 
 def table(rows: list[Row], stats: Tegrastats | None, idle_mb: int | None, rail: str | None) -> str:
@@ -214,6 +256,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rail", help="the power rail to report (default: the module's input rail)")
     p.add_argument("--llama-bench", metavar="BIN", help="llama.cpp's llama-bench (a CUDA build on a Jetson)")
     p.add_argument("--gguf", help="the GGUF file llama-bench runs: the same model as ART")
+    p.add_argument("--edgellm-bench", metavar="BIN", help="TensorRT Edge-LLM's llm_bench (built on the board)")
+    p.add_argument("--edgellm-engine", metavar="DIR",
+                   help="the Edge-LLM engine directory llm_bench runs: the same model as ART")
     p.add_argument("--out", help="also write the table to this Markdown file")
     return p
 
@@ -231,6 +276,11 @@ def _run(args) -> int:
         raise BoardBenchError("--llama-bench and --gguf go together: llama-bench needs the GGUF of the same model")
     if args.gguf and not Path(args.gguf).is_file():
         raise BoardBenchError(f"--gguf {args.gguf}: no such file")
+    if bool(args.edgellm_bench) != bool(args.edgellm_engine):
+        raise BoardBenchError("--edgellm-bench and --edgellm-engine go together: llm_bench needs the engine "
+                              "directory of the same model (built with TensorRT Edge-LLM's builder)")
+    if args.edgellm_engine and not Path(args.edgellm_engine).is_dir():
+        raise BoardBenchError(f"--edgellm-engine {args.edgellm_engine}: no such directory")
     backend = args.backend or ("tensorrt" if (Path(args.artifact) / "engines" / "engines.json").is_file()
                                else "onnxruntime")
     options = {"backend": backend, **({"device": args.device} if args.device else {})}
@@ -250,6 +300,9 @@ def _run(args) -> int:
         if args.llama_bench:
             rows.append(llama_bench(shlex.split(args.llama_bench), args.gguf, args.prompt_tokens, args.new_tokens,
                                     args.rounds))
+        if args.edgellm_bench:
+            rows.append(edgellm_bench(shlex.split(args.edgellm_bench), args.edgellm_engine, args.prompt_tokens,
+                                      args.new_tokens, args.rounds))
         if stats is not None:  # the line that reports the last run's interval
             stats.wait_for_samples(len(stats.samples) + 1, timeout=10 * args.interval / 1000 + 5)
     rail = rail_of(stats.samples, args.rail) if stats is not None else None
