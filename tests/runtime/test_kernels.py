@@ -163,6 +163,25 @@ def test_weights_packed_from_many_threads_at_once_each_keep_their_own_entry(kern
         kernel.matmul(handles[0], a)
 
 
+def _anonymous_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
+
+
+def test_small_weights_share_huge_pages_and_leave_with_the_last_of_them(kernel):
+    """Packed weights share 2 MiB-page arenas: 64 products of SmolLM2-135M's q/k/v size (0.3 MiB
+    each) take ~20 MiB, not a 2 MiB huge page each (128 MiB); freed, the arena goes."""
+    rng = np.random.default_rng(3)
+    b, scales, zp = random_weight(rng, 576, 960)
+    before = _anonymous_mib()
+    handles = [kernel.pack(b, scales, zp, 576, 960) for _ in range(64)]
+    grown = _anonymous_mib() - before
+    for h in handles:
+        kernel.free(h)
+    assert grown < 48, f"64 weights of 0.3 MiB made {grown:.0f} MiB resident"
+    assert _anonymous_mib() - before < 8
+
+
 @pytest.mark.parametrize("rank", [2, 3])
 def test_the_rewritten_graph_runs_the_kernel_in_place_of_matmulnbits(kernel, rank):
     k, n = 256, 200

@@ -40,7 +40,8 @@
 
 typedef struct {
     int64_t k, n, blocks, groups, bits, stride; /* stride: GROUP_BLOCK (4 bits) or GROUP_BLOCK8 (8 bits) */
-    uint8_t *data; /* groups x blocks x stride, 2 MiB aligned */
+    uint8_t *data; /* groups x blocks x stride, in an arena of huge pages */
+    struct arena *home; /* the arena that holds data */
     uint16_t *mins; /* groups x blocks x 16 float16 (a GGUF Q4_1's minimums: w = d q + m), or NULL */
     size_t bytes;
 } q4_weight;
@@ -53,14 +54,65 @@ static q4_weight **chunks[CHUNKS];
 static int64_t table_len;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static uint8_t *alloc_huge(size_t bytes) {
+/* Packed weights live in arenas of 2 MiB pages (transparent huge pages where Linux allows: a step
+ * streams them), shared by consecutive weights: a weight of its own 2 MiB-aligned block would take
+ * a whole huge page even when it is a few hundred KiB (SmolLM2-135M's products: 121 of them, 0.3-0.5
+ * MiB each, made 170 MiB resident more than the weights). An arena is freed with its last weight. */
+#define HUGE ((size_t)2 << 20)
+#define ARENA ((size_t)32 << 20)
+typedef struct arena {
+    uint8_t *base;
+    size_t size, used;
+    int live; /* weights still in it */
+    struct arena *next;
+} arena;
+static arena *arenas; /* the newest first: the one weights go into while they fit */
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static arena *new_arena(size_t size) {
+    arena *a = calloc(1, sizeof *a);
     void *p = NULL;
-    size_t align = (size_t)2 << 20;
-    if (posix_memalign(&p, align, (bytes + align - 1) / align * align)) return NULL;
+    size = (size + HUGE - 1) / HUGE * HUGE;
+    if (!a || posix_memalign(&p, HUGE, size)) { free(a); return NULL; }
 #ifdef MADV_HUGEPAGE
-    madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE); /* a step streams it */
+    madvise(p, size, MADV_HUGEPAGE);
 #endif
-    return (uint8_t *)p;
+    a->base = (uint8_t *)p;
+    a->size = size;
+    return a;
+}
+
+/* bytes (zeroed, 64-byte aligned) for a weight, and the arena that holds them; NULL when out of
+ * memory. A weight larger than half an arena gets one of its own. */
+static uint8_t *arena_alloc(size_t bytes, arena **home) {
+    bytes = (bytes + 63) / 64 * 64;
+    pthread_mutex_lock(&arena_lock);
+    arena *a = arenas;
+    if (!a || a->size - a->used < bytes) {
+        a = new_arena(bytes > ARENA / 2 ? bytes : ARENA);
+        if (a) { a->next = arenas; arenas = a; }
+    }
+    uint8_t *p = NULL;
+    if (a) {
+        p = a->base + a->used;
+        a->used += bytes;
+        a->live++;
+        *home = a;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+static void arena_release(arena *home) {
+    pthread_mutex_lock(&arena_lock);
+    if (--home->live == 0) {
+        for (arena **link = &arenas; *link; link = &(*link)->next)
+            if (*link == home) { *link = home->next; break; }
+        free(home->base);
+        free(home);
+    }
+    pthread_mutex_unlock(&arena_lock);
 }
 
 /* Packs a MatMulNBits weight of 4 bits (b: n x blocks x 16 bytes, z: n x ceil(blocks/2) bytes
@@ -108,12 +160,11 @@ static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const fl
     w->k = k; w->n = n; w->blocks = blocks; w->groups = groups; w->bits = bits;
     w->stride = bits == 8 ? GROUP_BLOCK8 : GROUP_BLOCK;
     w->bytes = (size_t)groups * blocks * w->stride;
-    w->data = alloc_huge(w->bytes);
+    w->data = arena_alloc(w->bytes, &w->home);
     if (!w->data) { free(w); return -1; }
-    memset(w->data, 0, w->bytes);
     if (mn) {
         w->mins = calloc((size_t)groups * blocks * GROUP, sizeof *w->mins);
-        if (!w->mins) { free(w->data); free(w); return -1; }
+        if (!w->mins) { arena_release(w->home); free(w); return -1; }
         for (int64_t row = 0; row < n; row++)
             for (int64_t j = 0; j < blocks; j++)
                 w->mins[((size_t)(row / GROUP) * blocks + j) * GROUP + row % GROUP] = _cvtss_sh(mn[(size_t)row * blocks + j], 0);
@@ -146,7 +197,7 @@ static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const fl
         table_len++;
     }
     pthread_mutex_unlock(&table_lock);
-    if (handle < 0) { free(w->data); free(w->mins); free(w); }
+    if (handle < 0) { arena_release(w->home); free(w->mins); free(w); }
     return handle;
 }
 
@@ -160,7 +211,7 @@ void q4_free(int64_t handle) {
     q4_weight *w = lookup(handle);
     if (!w) return;
     __atomic_store_n(&chunks[handle / CHUNK][handle % CHUNK], NULL, __ATOMIC_RELEASE);
-    free(w->data);
+    arena_release(w->home);
     free(w->mins);
     free(w);
 }
