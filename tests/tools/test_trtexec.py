@@ -9,6 +9,7 @@ Profiler::exportJSONProfile); see data/README.md.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -464,6 +465,18 @@ def test_shape_spec_embed_mask_follows_the_runtime(artifact_dir):
 POLYGRAPHY_FLAGS = {"--onnxrt", "--trt", "--input-shapes", "--trt-min-shapes", "--trt-opt-shapes",
                     "--trt-max-shapes", "--tf32", "--fp16", "--strongly-typed", "--pool-limit", "--val-range",
                     "--onnx-outputs", "--trt-outputs", "--atol", "--rtol"}
+
+
+def test_the_polygraphy_flags_are_the_installed_polygraphys():
+    """Every flag the generated commands may use is one `polygraphy run --help` lists (the installed
+    Polygraphy, which the export extra installs), so a renamed or removed flag fails here."""
+    exe = shutil.which("polygraphy")
+    if exe is None:
+        pytest.fail("polygraphy is not on the PATH: pip install -e '.[export]' installs it")
+    done = subprocess.run([exe, "run", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", done.stdout))
+    assert sorted(POLYGRAPHY_FLAGS - listed) == []
 
 
 def _polygraphy_args(line: str) -> dict[str, list[str]]:
