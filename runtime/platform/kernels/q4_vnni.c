@@ -235,6 +235,18 @@ static inline float sum8(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
+/* a block's 32 rounded int8 values q, split into the even and odd inputs, with their sum and scale */
+static inline void store_block(act_block *out, const int32_t *q, float amax) {
+    int32_t sum = 0;
+    for (int i = 0; i < 16; i++) {
+        out->even[i] = (int8_t)q[2 * i];
+        out->odd[i] = (int8_t)q[2 * i + 1];
+        sum += q[2 * i] + q[2 * i + 1];
+    }
+    out->scale = amax / 127.f;
+    out->sum = sum;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
 static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
@@ -245,14 +257,7 @@ static void quantize(const float *a, int64_t blocks, int float_sums, act_block *
         int32_t q[BLOCK];
         _mm512_storeu_si512(q, _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))); /* rounds to nearest */
         _mm512_storeu_si512(q + 16, _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
-        int32_t sum = 0;
-        for (int i = 0; i < 16; i++) {
-            out[j].even[i] = (int8_t)q[2 * i];
-            out[j].odd[i] = (int8_t)q[2 * i + 1];
-            sum += q[2 * i] + q[2 * i + 1];
-        }
-        out[j].scale = amax / 127.f;
-        out[j].sum = sum;
+        store_block(out + j, q, amax);
         if (float_sums) { /* read by minimums alone */
             __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_castps512_ps256(v1));
             __m256 t = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v0), 1)),
@@ -331,14 +336,7 @@ static void quantize(const float *a, int64_t blocks, int float_sums, act_block *
         int32_t q[BLOCK];
         for (int i = 0; i < 4; i++) /* rounds to nearest, as the AVX-512 path */
             _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
-        int32_t sum = 0;
-        for (int i = 0; i < 16; i++) {
-            out[j].even[i] = (int8_t)q[2 * i];
-            out[j].odd[i] = (int8_t)q[2 * i + 1];
-            sum += q[2 * i] + q[2 * i + 1];
-        }
-        out[j].scale = amax / 127.f;
-        out[j].sum = sum;
+        store_block(out + j, q, amax);
         out[j].fsum = float_sums ? sum8(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])) : 0.f;
     }
 }
