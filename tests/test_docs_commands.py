@@ -181,8 +181,8 @@ RULES = [
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct$", "parse", REAL),
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-drafts --draft-adapter ",
-     "parse", "reads the skipping-only run's adapter (45 minutes of LoRA training); "
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-drafts",
+     "parse", "reads a skipping-only run's adapter (45 minutes to 2 hours of LoRA training); "
               "tests/export/test_draft_layers.py builds a tiny model with a random one"),
     ("python -m tools.bench.board ART ", "parse", PLACEHOLDER + " (a Jetson with llama.cpp built; "
      "tests/tools/test_bench_board.py runs it with a fake tegrastats and llama-bench)"),
