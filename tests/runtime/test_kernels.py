@@ -319,12 +319,8 @@ def test_every_instruction_set_computes_the_same_products_to_the_bit():
     for bits in (4, 8):
         for k, n, m, zero_points, minimums in [(960, 100, 1, True, False), (2560, 33, 3, True, True),
                                                (64, 8, 5, False, True)]:
-            blocks = k // 32
-            b = rng.integers(0, 256, (n, blocks, 16 if bits == 4 else 32), dtype=np.uint8)
-            scales = rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001
-            zp = (rng.integers(0, 256, n * ((blocks + 1) // 2) if bits == 4 else n * blocks, dtype=np.uint8)
-                  if zero_points else None)
-            mins = rng.standard_normal(n * blocks).astype(np.float32) * 0.01 if minimums else None
+            b, scales, zp = (random_weight if bits == 4 else random_weight8)(rng, k, n, zero_points)
+            mins = rng.standard_normal(scales.size).astype(np.float32) * 0.01 if minimums else None
             a = rng.standard_normal((m, k)).astype(np.float32)
             ys = [kn.matmul(kn.pack(b, scales, zp, k, n, mins, bits), a) for kn in built_for.values()]
             assert all(np.array_equal(ys[0], y) for y in ys[1:]), (bits, k, n, m)

@@ -97,7 +97,11 @@ def label() -> str:
 
 def why_not() -> str | None:
     """Why this machine cannot run the kernel (None: it can, once built)."""
-    found, reason = isa()
+    return _why_not(*isa())
+
+
+def _why_not(found: str | None, reason: str) -> str | None:
+    """why_not, given isa()'s answer."""
     if found is None:
         return reason
     import onnxruntime
@@ -119,13 +123,13 @@ def library() -> tuple[Path | None, str]:
     cache_dir(); a build writes to a temporary name and renames, so concurrent processes never
     load half a file."""
     source = SOURCE.read_bytes()
-    found, _ = isa()
+    found, unsupported = isa()  # (/proc/cpuinfo read once a call)
     flags = (*CFLAGS, *(ISAS[found][2] if found else ()))
     key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     with _LOCK:
         if key in _BUILT:
             return _BUILT[key]
-        reason = why_not()
+        reason = _why_not(found, unsupported)
         if reason:
             _BUILT[key] = (None, reason)
             return _BUILT[key]
