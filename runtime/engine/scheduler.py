@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class DecodePlan:
     sets: list[tuple[int, ...]]  # each row's layers (() while waiting)
     lengths: np.ndarray  # (R,) the rows' KV lengths before the step
 
-    @property
+    @cached_property  # (read by the runner twice and by the step's stats)
     def layers(self) -> list[int]:
         """The union of the rows' sets, in order: what the step runs."""
         return sorted(set().union(*self.sets))
