@@ -169,7 +169,8 @@ def carried_line(blocks: BlockIndex, gguf_entry: dict) -> str:
     """What the export made of a quantized GGUF's blocks: the products carried as they are, and
     those requantized (a head of another bit width than asked, another --block-size)."""
     line = (f"{gguf_entry['file']}: {len(blocks.carried)} products carried from its own blocks exactly, "
-            f"{len(blocks.requantized)} requantized")
+            f"{len(blocks.requantized)} requantized; the embedding "
+            f"{'gathered from its 8-bit blocks' if blocks.embedding else 'float (the file holds it in no 8-bit type)'}")
     if blocks.requantized:
         shown = ", ".join(blocks.requantized[:3]) + (" ..." if len(blocks.requantized) > 3 else "")
         line += (f" ({shown}: the file holds them at another bit width or in types of different widths, a "
@@ -224,7 +225,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
         quant.check_sizes(c.hidden_size, getattr(c, "ffn_dim", None) or c.intermediate_size,
                           getattr(c, "word_embed_proj_dim", c.hidden_size),
                           attention=c.num_attention_heads * head_dim(c))
-        log(f"weights: {options.weights} layers, {quant.head_weights} head, float embedding "
+        embedding = "the embedding in the file's 8-bit blocks where it has them" if index else "float embedding"
+        log(f"weights: {options.weights} layers, {quant.head_weights} head, {embedding} "
             f"(block {quant.block_size}, {quant.format})")
     width = getattr(hf_model.config, "word_embed_proj_dim", hf_model.config.hidden_size)  # the head's K
     refusals = draft_refusals(config, hf_model.config, width)
@@ -329,6 +331,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
                     **({"draft_adapter": str(options.draft_adapter)} if draft_model is not None else {})},
             checks=checks, fused=fused, draft_head=draft, draft_layers=drafts, embed_table=embed_table,
             weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
+                     **({"embed": "int8"} if config.blocks and config.blocks.embedding else {}),
                      **({"from_gguf": {"carried": len(config.blocks.carried),
                                        "requantized": sorted(config.blocks.requantized)}} if config.blocks else {}),
                      **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})

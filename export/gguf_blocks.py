@@ -125,6 +125,7 @@ class BlockIndex:
     carried: list[str] = field(default_factory=list)  # the weights written from the blocks, as an export goes
     requantized: list[str] = field(default_factory=list)  # the quantized weights the file's blocks did not give
     head_type: str | None = None  # the GGML type of the head's matrix (output.weight, else the tied token_embd.weight)
+    embedding: str | None = None  # the embedding graph's table, once carried from 8-bit blocks (carry_embedding)
 
     @classmethod
     def from_gguf(cls, path) -> "BlockIndex":
@@ -232,6 +233,67 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
     return carried
 
 
+# the carried embedding's initializers: its table's name and these (the head's own bytes where tied)
+LEVELS, SCALES, MINIMUMS = "_levels", "_scales", "_minimums"
+
+
+def carry_embedding(proto, index: BlockIndex) -> str | None:
+    """Replace the float table of the embedding graph ``proto`` (``Gather(table, input_ids)``) by the
+    file's own 8-bit blocks of it, gathered and dequantized in the graph: w = d * (q - 128), or
+    d * q + m for a type with minimums (Q5_K); returns the table's name, or None where the file holds
+    it in no 8-bit type (it stays float). The levels (V, nb, block) uint8 and the scales (V * nb,)
+    are the bytes a carried 8-bit head writes (``carry``), so a tied head and embedding share them in
+    the artifact's weights file: a quarter of the float table's bytes on disk and none in memory
+    until rows are looked up (runtime.artifact.embed_table)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits]
+    if len(gathers) != 1:
+        return None
+    node = gathers[0]
+    name, ids = node.input
+    table = numpy_helper.to_array(inits[name])
+    rows = index.find(np.ascontiguousarray(table.T), 8) if table.ndim == 2 else None
+    if rows is None:
+        return None
+    V, nb = rows.d.shape
+    new = [numpy_helper.from_array(rows.q, name + LEVELS),  # (V, nb, block)
+           numpy_helper.from_array(rows.d.reshape(-1), name + SCALES),  # (V * nb,): the head's layout
+           numpy_helper.from_array(np.array([V, nb], np.int64), f"{name}/per_row"),
+           numpy_helper.from_array(np.array([-1], np.int64), f"{name}/last"),
+           numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{name}/rows")]
+    p = f"{name}/blocks"
+
+    def per_block(source: str, out: str) -> list:  # (V * nb,) -> gathered (B, T, nb, 1)
+        return [helper.make_node("Reshape", [source, f"{name}/per_row"], [f"{out}/table"]),
+                helper.make_node("Gather", [f"{out}/table", ids], [f"{out}/rows"]),
+                helper.make_node("Unsqueeze", [f"{out}/rows", f"{name}/last"], [out])]
+
+    nodes = [helper.make_node("Gather", [name + LEVELS, ids], [f"{p}/q"]),  # (B, T, nb, block)
+             helper.make_node("Cast", [f"{p}/q"], [f"{p}/levels"], to=TensorProto.FLOAT),
+             *per_block(name + SCALES, f"{p}/d")]
+    if rows.m is None:  # d * (q - 128), as dequantize computes it
+        new.append(numpy_helper.from_array(np.array(128, np.float32), f"{name}/zero"))
+        nodes += [helper.make_node("Sub", [f"{p}/levels", f"{name}/zero"], [f"{p}/centred"]),
+                  helper.make_node("Mul", [f"{p}/d", f"{p}/centred"], [f"{p}/w"])]
+    else:  # d * q + m
+        new.append(numpy_helper.from_array(rows.m.reshape(-1), name + MINIMUMS))
+        nodes += [*per_block(name + MINIMUMS, f"{p}/m"),
+                  helper.make_node("Mul", [f"{p}/d", f"{p}/levels"], [f"{p}/dq"]),
+                  helper.make_node("Add", [f"{p}/dq", f"{p}/m"], [f"{p}/w"])]
+    nodes.append(helper.make_node("Reshape", [f"{p}/w", f"{name}/rows"], [node.output[0]]))  # (B, T, D)
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for k, n in enumerate(nodes):
+        graph.node.insert(at + k, n)
+    graph.initializer.remove(inits[name])
+    graph.initializer.extend(new)
+    index.embedding = name
+    return name
+
+
 def _ranks(proto) -> dict[str, int]:
     """Each value's rank where ONNX's shape inference finds it."""
     from onnx import shape_inference
@@ -269,5 +331,5 @@ def product_nodes(graph, node) -> list:
     return [node] + minimums_term(graph.node, node.name)
 
 
-__all__ = ["BlockIndex", "GGML_BLOCK", "Rows", "TYPES", "carry", "decode", "dequantize", "is_minimums",
-           "product_nodes"]
+__all__ = ["BlockIndex", "GGML_BLOCK", "LEVELS", "MINIMUMS", "Rows", "SCALES", "TYPES", "carry", "carry_embedding",
+           "decode", "dequantize", "is_minimums", "product_nodes"]

@@ -42,6 +42,7 @@ from runtime.models import head_dim, kv_heads
 from runtime.models.base import SkipModel, graph_module
 
 from . import fused as fused_layers
+from . import gguf_blocks
 from .quantize import QuantConfig, quantize_graph
 from .weights import SharedWeights, fold_weight_transposes, fuse_sibling_matmuls, tie_head, unflatten_head
 
@@ -171,6 +172,8 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
             f"limit for a self-contained .onnx file; export with external_data='shared'")
     proto = _trace(model, module, spec, directory, config)
     precision = config.quant.for_graph(spec.name)
+    if spec.name == "embed" and config.blocks:  # the file's 8-bit blocks of it, not float
+        gguf_blocks.carry_embedding(proto, config.blocks)
     if spec.name == "head" and config.draft_head != "none":
         _write_draft_head(onnx.ModelProto.FromString(proto.SerializeToString()), directory, config, weights)
     if spec.name == "head" and precision == "float":
@@ -252,13 +255,22 @@ def embed_table_entry(model: SkipModel, spec: GraphSpec, directory: Path) -> dic
     if not getattr(graph_module(model, "embed"), "plain_lookup", False):
         return None
     proto = onnx.load(str(Path(directory) / spec.file), load_external_data=False)
-    if len(proto.graph.initializer) != 1:
-        return None
-    table = proto.graph.initializer[0]
-    where = {e.key: e.value for e in table.external_data}
-    if table.data_location != onnx.TensorProto.EXTERNAL or "location" not in where:
-        return None  # inside the graph (external_data="never")
-    return {"file": where["location"], "offset": int(where.get("offset", 0)), "shape": list(table.dims)}
+    external = {}  # initializer name -> (file, offset, dims)
+    for t in proto.graph.initializer:
+        where = {e.key: e.value for e in t.external_data}
+        if t.data_location == onnx.TensorProto.EXTERNAL and "location" in where:
+            external[t.name] = (where["location"], int(where.get("offset", 0)), list(t.dims))
+    levels = [n for n in external if n.endswith(gguf_blocks.LEVELS)]
+    if levels:  # the file's 8-bit blocks, gathered (gguf_blocks.carry_embedding)
+        table = levels[0].removesuffix(gguf_blocks.LEVELS)
+        file, offset, (vocab, blocks, block) = external[levels[0]]
+        parts = {"scales": gguf_blocks.SCALES, "minimums": gguf_blocks.MINIMUMS}
+        return {"file": file, "offset": offset, "shape": [vocab, blocks * block], "block": block,
+                **{k: external[table + suffix][1] for k, suffix in parts.items() if table + suffix in external}}
+    if len(proto.graph.initializer) != 1 or len(external) != 1:
+        return None  # inside the graph (external_data="never"), or not one table
+    file, offset, dims = external[proto.graph.initializer[0].name]
+    return {"file": file, "offset": offset, "shape": dims}
 
 
 def draft_head_spec(head: GraphSpec) -> GraphSpec:

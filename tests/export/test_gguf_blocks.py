@@ -199,3 +199,106 @@ def test_a_float_gguf_has_nothing_to_carry(tmp_path):
     manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, weights="int4",
                                   check=False), log=lambda *_: None)
     assert "from_gguf" not in manifest.weights
+
+
+def _initializers(path) -> dict[str, tuple[list, int | None]]:
+    """A graph's initializers: name -> (dims, offset in the shared file, None inside the graph)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    return {t.name: (list(t.dims), next((int(e.value) for e in t.external_data if e.key == "offset"), None))
+            for t in proto.graph.initializer}
+
+
+@pytest.mark.parametrize("matrices, weights", [("Q4_1", "int4"), ("Q8_0", "int8")])
+def test_a_q8_0_embedding_is_gathered_from_the_heads_own_blocks(tmp_path, matrices, weights):
+    """The file's Q8_0 embedding (tied to the head) is not written as float: the embedding graph
+    gathers the head's 8-bit blocks and scales, stored once, and gives the float table's values
+    bit for bit, as the runtime's lookup of them does."""
+    import onnxruntime as ort
+
+    import runtime
+
+    path = _write(tmp_path, matrices, shape={**SHAPE, "tie_word_embeddings": True})  # SmolLM2's are tied
+    out = tmp_path / "art"
+    lines = []
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights=weights), log=lines.append)
+    table = _file_weights(path)["model.embed_tokens.weight"]  # (V, D) what the float export holds
+    V, D = table.shape
+    assert manifest.weights["embed"] == "int8"
+    assert any(line.endswith("the embedding gathered from its 8-bit blocks") for line in lines)
+    embed, head = _initializers(out / "embed.onnx"), _initializers(out / "head.onnx")
+    assert not [n for n, (dims, _) in embed.items() if dims == [V, D]]  # no float table
+    shared = {offset for dims, offset in embed.values() if offset is not None}
+    assert shared == {offset for dims, offset in head.values() if dims in ([V, D // 32, 32], [V * D // 32])}
+    assert manifest.embed_table == {"file": "weights.bin", "offset": head["lm_head.weight.T_Q8"][1], "shape": [V, D],
+                                    "block": 32, "scales": head["lm_head.weight.T_scales"][1]}
+    ids = np.arange(V, dtype=np.int64)[None]  # (1, V): every row
+    graph = ort.InferenceSession(str(out / "embed.onnx"), providers=["CPUExecutionProvider"])
+    assert np.array_equal(graph.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0], table)
+    gen = runtime.load(out, threads=1)
+    try:
+        assert np.array_equal(gen.engine.backend.embed(ids, np.ones_like(ids))[0], table)
+        assert gen.manifest.weights_label.endswith("int8 embed")
+    finally:
+        gen.close()
+
+
+def test_an_embedding_with_minimums_is_gathered_exactly(tmp_path, monkeypatch):
+    """Q5_K blocks (d * q + m): the graph and the lookup add the minimums."""
+    import runtime
+
+    path = _write(tmp_path, "Q5_K", embedding="Q5_K", shape=K_SHAPE, monkeypatch=monkeypatch)
+    out = tmp_path / "art"
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights="int8"), log=lambda *_: None)
+    assert set(manifest.embed_table) == {"file", "offset", "shape", "block", "scales", "minimums"}
+    table = _file_weights(path)["model.embed_tokens.weight"]
+    ids = np.arange(table.shape[0], dtype=np.int64).reshape(4, -1)  # (4, V / 4)
+    gen = runtime.load(out, threads=1)
+    try:
+        assert np.array_equal(gen.engine.backend.embed(ids, np.ones_like(ids)), table.reshape(4, -1, table.shape[1]))
+    finally:
+        gen.close()
+
+
+def test_a_4_bit_embedding_stays_float(tmp_path):
+    path = _write(tmp_path, "Q4_0", embedding="Q4_0")
+    lines = []
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, weights="int4",
+                                  check=False), log=lines.append)
+    assert manifest.weights["embed"] == "float" and "block" not in manifest.embed_table
+    assert any(line.endswith("the embedding float (the file holds it in no 8-bit type)") for line in lines)
+
+
+def test_a_gathered_embedding_generates_what_its_graph_gives(tmp_path):
+    """The lookup and the graph it stands in for (the entry removed: as an artifact before it)
+    give the same tokens; an entry whose scales lie past the file is refused."""
+    import shutil
+
+    import runtime
+    from runtime.errors import ArtifactError
+
+    path = _write(tmp_path, "Q4_1")
+    out = tmp_path / "art"
+    build(BuildOptions(model=str(path), out=str(out), progress=False, weights="int4", check=False),
+          log=lambda *_: None)
+    variants = {}
+    for name, change in (("graph", lambda e: None), ("broken", lambda e: e.update(scales=10**8))):
+        copy = tmp_path / name
+        shutil.copytree(out, copy)
+        m = json.loads((copy / "manifest.json").read_text())
+        if name == "graph":
+            del m["embed_table"]
+        else:
+            change(m["embed_table"])
+        (copy / "manifest.json").write_text(json.dumps(m))
+        variants[name] = copy
+    with pytest.raises(ArtifactError, match="embed_table's scales ends at byte 100"):
+        runtime.load(variants["broken"])
+    tokens = {}
+    for name, where in (("lookup", out), ("graph", variants["graph"])):
+        gen = runtime.load(where, threads=1)
+        try:
+            assert ("embed" in gen.engine.backend._sessions) == (name == "graph")
+            tokens[name] = gen.generate(["the quick brown fox", "a"], 8, ignore_eos=True).token_ids
+        finally:
+            gen.close()
+    assert tokens["lookup"] == tokens["graph"]
