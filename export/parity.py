@@ -326,6 +326,13 @@ def compare_embed_table(spec: GraphSpec, entry: dict, cases: list[Case], directo
     from runtime.artifact.embed_table import EmbedTable
 
     table = EmbedTable(directory, entry, dtype)
+    try:
+        return _compare_embed_table(table, spec, cases, directory, vocab_size)
+    finally:
+        table.close()
+
+
+def _compare_embed_table(table, spec: GraphSpec, cases: list[Case], directory, vocab_size: int) -> GraphCheck:
     session = ort_session(Path(directory) / spec.file)
     ends = Case(1, 2, 0, {"input_ids": np.array([[0, vocab_size - 1]], dtype=np.int64),
                           "attention_mask": np.ones((1, 2), dtype=np.int64)}, [])

@@ -156,6 +156,7 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights int4 --accuracy-level 1 --out "
      "artifacts/smollm2-int4-acc1$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-int4$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-int4-e8$", "parse", REAL),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
     ("python -m export build --model smollm2-135m-instruct --weights int8 --out artifacts/smollm2-int8$", "parse", REAL),

@@ -4,7 +4,7 @@ A Llama-family embedding graph is ``Gather(table, input_ids)`` plus zeros (the a
 no-op use that keeps it an input: runtime.models.llama.LlamaEmbed). Export records where that
 table lies in the artifact's shared weights file (the manifest's ``embed_table``) and checks this
 lookup against the graph, value for value; the ONNX Runtime backend then looks the rows up in the
-memory-mapped file instead of running the graph. Why: at batch 1 the graph's run cost 0.13-0.16 ms
+file (pread, row by row) instead of running the graph. Why: at batch 1 the graph's run cost 0.13-0.16 ms
 of a 3 ms int4 decode step on SmolLM2-135M (its kernels take µs; the rest is a session run on
 caches the layers just flushed), the lookup ~0.02 ms; a step gained 0.05-0.08 ms, measured paired
 (docs/benchmarks.md, "Fewer operations between runs").
@@ -18,7 +18,7 @@ graph does.
 
 from __future__ import annotations
 
-import mmap
+import os
 from pathlib import Path
 
 import numpy as np
@@ -67,41 +67,56 @@ def entry_problem(entry, files: dict, vocab_size: int, hidden_size: int, dtype: 
 
 
 class EmbedTable:
-    """The rows of the table, read-only, mapped from the artifact's file (``entry``: the manifest's
-    ``embed_table``, validated at load)."""
+    """The rows of the table, read from the artifact's file as they are asked for (``entry``: the
+    manifest's ``embed_table``, validated at load).
+
+    Rows are read with pread, not through a mapping: a mapped file's page faults map whole page-cache
+    folios (up to 2 MiB on Linux 6.x), so looking up 150 of SmolLM2's 49,152 rows of a freshly written
+    8-bit table made 27 MiB of it resident in the process; read, the rows cost their bytes and the
+    file stays in the page cache, shared and reclaimable. A row costs ~7 us (float) or ~15 us (8-bit
+    blocks, dequantized) a token, against ~3.5 us through a mapping: a few thousandths of a step."""
 
     def __init__(self, directory, entry: dict, dtype: str):
-        path = Path(directory) / entry["file"]
+        self.path = Path(directory) / entry["file"]
         vocab, hidden = entry["shape"]
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.block = entry.get("block")
-        blocks = 1 if self.block is None else hidden // self.block
-        try:
-            if self.block is None:
-                self.table = self._array(entry["offset"], dtype, (vocab, hidden))  # (V, D)
-            else:
-                self.table = self._array(entry["offset"], np.uint8, (vocab, blocks, self.block))  # (V, nb, block)
-                self.scales = self._array(entry["scales"], np.float32, (vocab, blocks))  # (V, nb)
-                self.minimums = (self._array(entry["minimums"], np.float32, (vocab, blocks))
-                                 if "minimums" in entry else None)
-        except ValueError as exc:  # the file changed after the manifest's checks
-            raise ArtifactError(f"{path} holds no {vocab} x {hidden} table of {dtype if self.block is None else 'blocks'} "
-                                f"at byte {entry['offset']} ({exc}); rebuild it with `python -m export build`") from None
+        self.hidden = hidden
+        self._file = open(self.path, "rb")
+        size = self._file.seek(0, 2)
+        if self.block is None:  # (V, D) of dtype
+            self._parts = {"table": (entry["offset"], np.dtype(dtype), hidden)}
+        else:  # levels (V, D) uint8; scales, minimums (V, nb) float32
+            blocks = hidden // self.block
+            self._parts = {"levels": (entry["offset"], np.dtype(np.uint8), hidden),
+                           "scales": (entry["scales"], np.dtype(np.float32), blocks),
+                           **({"minimums": (entry["minimums"], np.dtype(np.float32), blocks)}
+                              if "minimums" in entry else {})}
+        for name, (offset, dt, width) in self._parts.items():
+            if offset + vocab * width * dt.itemsize > size:  # the file changed after the manifest's checks
+                self.close()
+                raise ArtifactError(f"{self.path} holds no {vocab} x {width} {dt} {name} at byte {offset} "
+                                    f"(it has {size} bytes); rebuild it with `python -m export build`")
 
-    def _array(self, offset: int, dtype, shape: tuple) -> np.ndarray:
-        return np.frombuffer(self._map, dtype=np.dtype(dtype), count=int(np.prod(shape)), offset=offset).reshape(shape)
+    def _rows(self, name: str, ids: list[int]) -> np.ndarray:
+        """(n, width) rows ``ids`` of part ``name``, read from the file."""
+        offset, dt, width = self._parts[name]
+        size = width * dt.itemsize
+        fd = self._file.fileno()
+        data = bytearray(b"".join([os.pread(fd, size, offset + i * size) for i in ids]))  # writable, as a gather's
+        return np.frombuffer(data, dtype=dt).reshape(-1, width)
 
     def __call__(self, input_ids: np.ndarray) -> np.ndarray:
         """input_ids (B, T) int64, each in [0, V) (the runtime checks prompts; sampled ids are) ->
         hidden states (B, T, D), a fresh array."""
+        ids = input_ids.ravel().tolist()
         if self.block is None:
-            return self.table[input_ids]
-        levels = self.table[input_ids].astype(np.float32)  # (B, T, nb, block)
-        d = self.scales[input_ids][..., None]  # (B, T, nb, 1)
+            return self._rows("table", ids).reshape(*input_ids.shape, self.hidden)  # (B, T, D)
+        levels = self._rows("levels", ids).reshape(len(ids), -1, self.block).astype(np.float32)  # (n, nb, block)
+        d = self._rows("scales", ids)[..., None]  # (n, nb, 1)
         # the graph's arithmetic (export.gguf_blocks.carry_embedding), so the values are its own
-        w = d * (levels - np.float32(128)) if self.minimums is None else d * levels + self.minimums[input_ids][..., None]
-        return w.reshape(*input_ids.shape, -1)
+        w = (d * (levels - np.float32(128)) if "minimums" not in self._parts
+             else d * levels + self._rows("minimums", ids)[..., None])
+        return w.reshape(*input_ids.shape, self.hidden)
 
-
-__all__ = ["EmbedTable", "entry_problem"]
+    def close(self) -> None:
+        self._file.close()

@@ -335,6 +335,9 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self):
         self._sessions.clear()
+        if self._table is not None:
+            self._table.close()
+            self._table = None
         self._fused = self._draft_fused = None
         if self._q4 is not None:  # no session is left to read them
             for handle in self._q4_handles:
