@@ -149,14 +149,27 @@ class Backend(ABC):
 def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden, mask, layers,
                updates=None):
     """Layers ``layers`` over the block of cache rows [start, start + count) (hidden's rows), each
-    writing its new K/V for the rows it updates (``updates[k]`` (B,) bool, None = all rows)."""
-    rows = np.arange(count)
+    writing its new K/V for the rows it updates (``updates[k]`` (B,) bool, None = all rows).
+
+    A layer that only some rows run (a step's rows at different depths: SkipDecode's budgets of
+    rows at other speedups or positions) runs over the span of rows from the first to the last of
+    them, where hidden states are host arrays: the deepest row's extra layers no longer cost every
+    row of the batch (docs/benchmarks.md, "Rows at different depths")."""
     for k, index in enumerate(layers):
         update = None if updates is None else updates[k]
-        past_key, past_value = cache.past(index, start, start + count)
-        out, new_key, new_value = backend.layer(index, hidden, mask, past_key, past_value)
-        cache.write(index, new_key, new_value, rows if update is None else np.flatnonzero(update), start)
-        hidden = out if update is None or update.all() else backend.keep(update, out, hidden)
+        lo, hi = 0, count
+        if update is not None and isinstance(hidden, np.ndarray) and not update.all():
+            on = np.flatnonzero(update)
+            lo, hi = int(on[0]), int(on[-1]) + 1
+        narrow = hi - lo < count
+        part, rows, rows_mask = (update[lo:hi], hidden[lo:hi], mask[lo:hi]) if narrow else (update, hidden, mask)
+        past_key, past_value = cache.past(index, start + lo, start + hi)
+        out, new_key, new_value = backend.layer(index, rows, rows_mask, past_key, past_value)
+        cache.write(index, new_key, new_value, np.arange(hi - lo) if part is None else np.flatnonzero(part), start + lo)
+        if part is not None and not part.all():
+            out = backend.keep(part, out, rows)
+        # the span's rows replaced, the others as they were
+        hidden = np.concatenate([hidden[:lo], out, hidden[hi:]], axis=0) if narrow else out
     return hidden
 
 

@@ -568,3 +568,27 @@ def test_batch_invariant_prefills_each_prompt_alone_in_its_own_pages(artifact_di
         gen.close()
     with pytest.raises(runtime.errors.InvalidArgumentError, match="batch_invariant must be"):
         runtime.load(artifact_dir, batch_invariant="yes", check_hashes=False)
+
+
+def test_a_layer_only_deep_rows_run_binds_only_their_span(artifact_dir):
+    """Rows at different depths in one step: a layer that only the full-depth rows run is called on
+    the span of those rows, not the whole batch (the shallow rows skip it at no cost), and every
+    request still gets its tokens alone."""
+    asks = [(PROMPTS[0], 8, dict(speedup=3)), (PROMPTS[1], 8, {}), (PROMPTS[2], 8, dict(speedup=3))]
+    with runtime.load(artifact_dir, threads=1, fused=False) as one:
+        expected = [alone(one, *a).token_ids for a in asks]
+    gen = runtime.load(artifact_dir, max_batch=4, threads=1, fused=False)  # the host path of plain graphs
+    try:
+        with spying(gen) as spy:
+            stepper = gen.stepper()
+            handles = [stepper.add(p, n, ignore_eos=True, **o) for p, n, o in asks]
+            while not stepper.done:
+                stepper.step()
+            stepper.close()
+        assert [h.result.token_ids for h in handles] == expected
+        shallow = set(handles[0].result.policy.active_layers(0))  # the 3x rows' largest set
+        assert len(shallow) < gen.num_layers
+        deep_only = [rows for index, rows, _ in spy.bound if rows < 3 and index not in shallow]
+        assert deep_only and set(deep_only) == {1}  # the full-depth row alone (the middle of three)
+    finally:
+        gen.close()
