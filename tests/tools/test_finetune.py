@@ -348,3 +348,39 @@ def test_faithful_only_keeps_the_references_with_no_slot_error():
     with pytest.raises(TrainError, match="--faithful-only judges targets against E2E meaning representations, "
                                          "but the prompts of x.csv are not all of the form 'slot\\[value\\], ...'"):
         faithful_pairs([Example("Translate: hello", "bonjour")], "x.csv")
+
+
+def test_a_runs_own_policy_is_trained_recorded_and_served(tiny_dir, tmp_path):
+    """--policy 2=3:3: the 2x rows train under 3->3 (not for_speedup's 5->2), skipdecode.json's
+    speedup_policies says so, and the export serves it for --speedup 2."""
+    import runtime
+    from export.build import BuildOptions, build
+
+    shape = dict(horizon=6, decay="power", exponent=3.0)
+    out = train(_config(tiny_dir, tmp_path, epochs=1, speedups=(1.0, 2.0), policies=((2.0, 3, 3),), **shape))
+    meta = json.loads((out / "skipdecode.json").read_text())
+    assert meta["speedup_policies"] == {"2": {"max_layers": 3, "min_layers": 3}}
+    assert meta["policies"][1] == SkipPolicy(6, 3, 3, **shape).to_dict()
+    build(BuildOptions(model=str(out), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    with runtime.load(tmp_path / "art", threads=1) as gen:
+        assert gen.policy_for(max_new_tokens=40, speedup=2.0) == SkipPolicy(6, 3, 3, **shape)
+
+
+@pytest.mark.parametrize("policies, error, message", [
+    (((2.0, 4, 4),), "PolicyError", r"speedup_policies\['2'\]: 4->4 is a 1.50x policy over 6 steps, not 2x"),
+    (((3.0, 2, 2),), "TrainError", "--policy names speedup 3, which --speedups does not train; add it there"),
+])
+def test_a_policy_that_is_not_its_speedups_fails_before_training(tiny_dir, tmp_path, policies, error, message):
+    with pytest.raises(Exception, match=message) as info:
+        train(_config(tiny_dir, tmp_path, speedups=(1.0, 2.0), horizon=6, policies=policies))
+    assert type(info.value).__name__ == error
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_the_policy_option_reads_speedup_max_and_min(capsys):
+    from tools.finetune.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--model", "m", "--train", "t.csv", "--out", "o", "--policy", "5=18"])
+    assert info.value.code == 2
+    assert "'5=18' is not S=MAX:MIN (e.g. 5=18:3)" in capsys.readouterr().err

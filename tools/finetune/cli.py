@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="budget curve of the policies over the horizon (linear: the paper's)")
     p.add_argument("--exponent", type=float, default=2.0,
                    help="power decay: budget = min + (max - min) * (1 - t) ** exponent")
+    p.add_argument("--policy", action="append", default=[], type=_own_policy, metavar="S=MAX:MIN",
+                   help="the policy of speedup S (one of --speedups): budgets MAX -> MIN over the horizon "
+                        "instead of the one for_speedup picks (its max:min near 2:1), e.g. 5=18:3 with "
+                        "--decay power --exponent 4: deep first tokens; recorded as skipdecode.json's "
+                        "speedup_policies, which export and --speedup S then use")
     p.add_argument("--prefill", choices=PREFILLS, default="full",
                    help="the prompt's layers under a policy: full depth or the first step's active set")
     p.add_argument("--epochs", type=int, default=10, help="passes over --train")
@@ -83,13 +88,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _own_policy(text: str) -> tuple[float, int, int]:
+    """"5=18:3" -> (5.0, 18, 3)."""
+    try:
+        speedup, budgets = text.split("=")
+        hi, lo = budgets.split(":")
+        return float(speedup), int(hi), int(lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not S=MAX:MIN (e.g. 5=18:3)") from None
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     cfg = TrainConfig(
         model=args.model, train=args.train, val=args.val, out=args.out,
         prompt_column=args.prompt_column, target_column=args.target_column,
         separator=args.separator, speedups=tuple(args.speedups), horizon=args.horizon,
-        warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent,
+        warmup_layers=args.warmup_layers, decay=args.decay, exponent=args.exponent, policies=tuple(args.policy),
         prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, copy_weight=args.copy_weight, distill=args.distill,

@@ -87,12 +87,24 @@ class PolicySampler:
     decay: str = "linear"  # the budget curve (SkipPolicy.decay); the paper's is linear
     exponent: float = 2.0  # of the "power" decay
     prefill: str = "full"  # the prompt's layers (SkipPolicy.prefill); the paper runs it at full depth
+    own: tuple[tuple[float, int, int], ...] = ()  # (speedup, max_layers, min_layers): a policy of the
+    # run's own for that speedup instead of for_speedup's pick (--policy; skipdecode.json's speedup_policies)
 
     def policies(self) -> list[SkipPolicy]:
-        return [SkipPolicy.for_speedup(self.num_layers, s, horizon=self.horizon,
-                                       warmup_layers=self.warmup_layers, decay=self.decay,
-                                       exponent=self.exponent, prefill=self.prefill)
-                for s in self.speedups]
+        own = {s: (hi, lo) for s, hi, lo in self.own}
+        shape = dict(horizon=self.horizon, warmup_layers=self.warmup_layers, decay=self.decay,
+                     exponent=self.exponent, prefill=self.prefill)
+        return [SkipPolicy(self.num_layers, *own[s], **shape) if s in own
+                else SkipPolicy.for_speedup(self.num_layers, s, **shape) for s in self.speedups]
+
+    def speedup_policies(self) -> dict:
+        """The run's own policies as skipdecode.json's ``speedup_policies`` (checked: each is its
+        speedup's within 0.05, runtime.policy.speedup_policies)."""
+        from runtime.policy import speedup_policies
+
+        default = SkipPolicy.for_speedup(self.num_layers, 1.0, horizon=self.horizon, warmup_layers=self.warmup_layers,
+                                         decay=self.decay, exponent=self.exponent, prefill=self.prefill)
+        return speedup_policies(default, {f"{s:g}": {"max_layers": hi, "min_layers": lo} for s, hi, lo in self.own})
 
     def sample(self, batch_size: int, rng: random.Random) -> list[SkipPolicy]:
         choices = self.policies()

@@ -49,6 +49,7 @@ class TrainConfig:
     warmup_layers: int = 1  # bottom layers every step runs (the paper: 1)
     decay: str = "linear"  # budget curve of the policies: "linear" (the paper) or "power"
     exponent: float = 2.0  # of the "power" decay (SkipPolicy.exponent)
+    policies: tuple[tuple[float, int, int], ...] = ()  # (speedup, max, min): --policy S=MAX:MIN
     prefill: str = "full"  # the prompt's layers under a policy: "full" or "policy" (step 0's set)
     epochs: int = 10
     max_steps: int | None = None  # optimizer steps to run, overriding epochs (transformers' max_steps);
@@ -278,8 +279,15 @@ def train(cfg: TrainConfig) -> Path:
     horizon = cfg.horizon or base_meta.get("horizon") or 64
     L = model.config.num_hidden_layers
     sampler = PolicySampler(L, tuple(cfg.speedups), horizon, cfg.warmup_layers, cfg.decay,
-                            cfg.exponent, cfg.prefill)
+                            cfg.exponent, cfg.prefill, tuple(cfg.policies))
     sampler.policies()  # validate the speedups now, not after the first epoch
+    missing = [s for s, _, _ in cfg.policies if s not in cfg.speedups]
+    if missing:
+        raise TrainError(f"--policy names speedup {missing[0]:g}, which --speedups does not train; add it there")
+    # the policies the model serves for --speedup S: this run's own, or the base's where the shape is its
+    same_shape = all(base_meta.get(k) == v for k, v in (("decay", cfg.decay), ("exponent", cfg.exponent)))
+    own = (sampler.speedup_policies() if cfg.policies else
+           base_meta.get("speedup_policies") if same_shape else None)
 
     limit = model.config.max_position_embeddings
     pairs = read_pairs(cfg.train, cfg.prompt_column, cfg.target_column)
@@ -321,7 +329,8 @@ def train(cfg: TrainConfig) -> Path:
     val_every = cfg.val_every or steps_per_epoch
 
     def run_meta(val_loss=None) -> dict:
-        return {**base_meta, "format": "skipdecode-finetune", "horizon": horizon,
+        meta = {k: v for k, v in base_meta.items() if k != "speedup_policies"}
+        return {**meta, **({"speedup_policies": own} if own else {}), "format": "skipdecode-finetune", "horizon": horizon,
                 "warmup_layers": cfg.warmup_layers, "speedups": list(cfg.speedups),
                 # the policy shape the runtime must use for this model (export puts it in the manifest)
                 "decay": cfg.decay, "exponent": cfg.exponent, "prefill": cfg.prefill,
