@@ -48,7 +48,8 @@ def test_stacked_adapters_merge_as_the_adapters_in_turn(tmp_path, capsys):
 
 def test_the_stack_keeps_the_first_adapters_policies_and_every_stages_record(tmp_path):
     """A shipped model's folder holds its skipdecode.json; a tools.finetune run's lies above its
-    adapter/. The stack serves the first's policies and records every stage once."""
+    adapter/. A later stage of fewer speedups: the stack serves the first's policies; it records
+    every stage once."""
     first, run = tmp_path / "shipped", tmp_path / "run"
     _adapter(tiny_model("llama3"), first, rank=4, alpha=8, seed=1)
     _adapter(tiny_model("llama3"), run / "adapter", rank=2, alpha=4, seed=2)
@@ -64,6 +65,24 @@ def test_the_stack_keeps_the_first_adapters_policies_and_every_stages_record(tmp
         64, [1, 2], {"2": {"max_layers": 4, "min_layers": 2}})
     assert meta["trained_from"] == [{"model": "base"}, stage] and meta["train_seconds"] == 12.5
     assert meta["lora"] == {"rank": 6, "alpha": 12.0, "adapter": "adapter"}
+
+
+def test_a_later_stage_that_trained_every_speedup_sets_the_policies(tmp_path):
+    """A later stage under another shape (tools.finetune --decay power --policy) that trained
+    every speedup the first serves: the stack serves its policies, and no speedup_policies of the
+    first's shape."""
+    first, run = tmp_path / "shipped", tmp_path / "run"
+    _adapter(tiny_model("llama3"), first, rank=4, alpha=8, seed=1)
+    _adapter(tiny_model("llama3"), run / "adapter", rank=2, alpha=4, seed=2)
+    (first / "skipdecode.json").write_text(json.dumps(
+        {"horizon": 64, "speedups": [1, 2], "decay": "linear", "speedup_policies": {"2": {"max_layers": 4, "min_layers": 2}},
+         "trained_from": [{"model": "base"}], "separator": " "}))
+    (run / "skipdecode.json").write_text(json.dumps(
+        {"horizon": 64, "speedups": [1, 2, 2], "decay": "power", "exponent": 4.0, "trained_from": [{"model": "s"}]}))
+    assert main(["--adapters", str(first), str(run / "adapter"), "--out", str(tmp_path / "s")]) == 0
+    meta = json.loads((tmp_path / "s" / "skipdecode.json").read_text())
+    assert (meta["decay"], meta["exponent"], meta["speedups"], meta["separator"]) == ("power", 4.0, [1, 2, 2], " ")
+    assert "speedup_policies" not in meta
 
 
 def test_adapters_of_other_modules_do_not_stack(tmp_path, capsys):

@@ -8,7 +8,6 @@ stage's training record. How smollm2-135m-e2e ships its stages (models/smollm2-1
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -17,6 +16,9 @@ from pathlib import Path
 from export.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterError, read_config
 
 SKIPDECODE_JSON = "skipdecode.json"
+# what a skipdecode.json says of the policies a model serves (tools.finetune's run_meta)
+POLICY_KEYS = ("horizon", "warmup_layers", "speedups", "decay", "exponent", "prefill", "policies",
+               "speedup_policies")
 from runtime import cli
 
 
@@ -72,13 +74,19 @@ def _training(adapter: Path) -> dict | None:
 
 
 def stacked_training(adapters: list[Path], rank: int, alpha: float) -> dict | None:
-    """The stack's skipdecode.json: the first adapter's (the policies and horizon it serves, its
-    speedup_policies), every stage's ``trained_from`` in order, their training time summed and the
-    stacked rank; None when the first has none."""
+    """The stack's skipdecode.json: the policies it serves (horizon, shape, speedups, their
+    policies) of the last stage that trained every speedup the first serves (a later stage under
+    another shape: tools.finetune --decay/--policy), else the first's; every stage's
+    ``trained_from`` in order, their training time summed and the stacked rank; None when the
+    first has none."""
     metas = [_training(Path(a)) for a in adapters]
     if metas[0] is None:
         return None
     first = metas[0]
+    serves = set(first.get("speedups", []))
+    latest = next((m for m in reversed(metas) if m and serves <= set(m.get("speedups", []))), first)
+    first = {**{k: v for k, v in first.items() if k not in POLICY_KEYS},
+             **{k: v for k, v in latest.items() if k in POLICY_KEYS}}
     history, seen = [], []
     for m in metas:
         for entry in (m or {}).get("trained_from", []):
