@@ -160,6 +160,8 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
         lo, hi = 0, count
         if update is not None and isinstance(hidden, np.ndarray) and not update.all():
             on = np.flatnonzero(update)
+            if not on.size:  # no row runs it
+                continue
             lo, hi = int(on[0]), int(on[-1]) + 1
         narrow = hi - lo < count
         part, rows, rows_mask = (update[lo:hi], hidden[lo:hi], mask[lo:hi]) if narrow else (update, hidden, mask)
