@@ -140,6 +140,8 @@ RULES = [
      LONG + " (the fifth stage tried: 45 minutes of LoRA fine-tuning over the eighth version's adapter)"),
     ("python -m tools.finetune.stack --adapters models/smollm2-135m-e2e ", "parse",
      "reads the fourth stage's adapter (above); tests/tools/test_finetune_stack.py stacks tiny adapters"),
+    ("python -m tools.evaluate.copying --model .work/tenth ", "parse",
+     "reads the tenth stage's stack (a run of 35 minutes); tests/tools/test_evaluate_copying.py scores a tiny model"),
     # issue 57: self-distillation data, and the command line shapes the README names
     ("python -m tools.finetune.selfchat --model ART --out CSV$", "parse",
      PLACEHOLDER + "; tests/tools/test_finetune_selfchat.py runs it on a tiny chat model"),
