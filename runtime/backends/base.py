@@ -66,6 +66,9 @@ class VerifyPass:
 
 class Backend(ABC):
     name: str = "abstract"
+    # whether ``layer`` takes and gives host (numpy) arrays, so that run_layers may run a layer over
+    # a span of a call's rows and put the others back beside it
+    narrows_rows: bool = False
 
     @abstractmethod
     def kv_storage(self) -> KVStorage:
@@ -153,12 +156,13 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
 
     A layer that only some rows run (a step's rows at different depths: SkipDecode's budgets of
     rows at other speedups or positions) runs over the span of rows from the first to the last of
-    them, where hidden states are host arrays: the deepest row's extra layers no longer cost every
-    row of the batch (docs/benchmarks.md, "Rows at different depths")."""
+    them, on a backend whose layers take and give host arrays (``narrows_rows``): the deepest row's
+    extra layers no longer cost every row of the batch (docs/benchmarks.md, "Rows at different
+    depths")."""
     for k, index in enumerate(layers):
         update = None if updates is None else updates[k]
         lo, hi = 0, count
-        if update is not None and isinstance(hidden, np.ndarray) and not update.all():
+        if update is not None and backend.narrows_rows and not update.all():
             on = np.flatnonzero(update)
             if not on.size:  # no row runs it
                 continue

@@ -153,6 +153,7 @@ def session_options(ort, threads: int | None = None, spin: bool = False):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    narrows_rows = True  # its plain layer graphs take and give host arrays: a layer may run on a span of rows (run_layers)
     looks_up_embeddings = True  # where the manifest records the embedding's table (runtime.artifact.embed_table)
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,

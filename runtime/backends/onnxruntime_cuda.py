@@ -228,6 +228,7 @@ class OrtValueStorage(KVStorage):
 class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
     name = "onnxruntime"
     looks_up_embeddings = False  # its hidden states live on the device: the embedding graph runs there
+    narrows_rows = False  # (and its layers give OrtValues)
 
     def __init__(self, directory, manifest: Manifest, device: str = "cuda", providers: list | None = None,
                  threads: int | None = None, spin: bool = False,
