@@ -120,3 +120,6 @@ class EmbedTable:
 
     def close(self) -> None:
         self._file.close()
+
+
+__all__ = ["EmbedTable", "entry_problem"]
