@@ -325,30 +325,23 @@ def compare_embed_table(spec: GraphSpec, entry: dict, cases: list[Case], directo
     last ids: value for value, since the runtime runs the lookup in the graph's stead."""
     from runtime.artifact.embed_table import EmbedTable
 
-    table = EmbedTable(directory, entry, dtype)
-    try:
-        return _compare_embed_table(table, spec, cases, directory, vocab_size)
-    finally:
-        table.close()
-
-
-def _compare_embed_table(table, spec: GraphSpec, cases: list[Case], directory, vocab_size: int) -> GraphCheck:
-    session = ort_session(Path(directory) / spec.file)
-    ends = Case(1, 2, 0, {"input_ids": np.array([[0, vocab_size - 1]], dtype=np.int64),
-                          "attention_mask": np.ones((1, 2), dtype=np.int64)}, [])
-    max_diff, worst = 0.0, ""
-    for case in [*cases, ends]:
-        got = table(case.inputs["input_ids"])
-        expected = session.run(None, case.inputs)[0]
-        where = f"hidden_states (batch {case.batch}, sequence {case.sequence}, past {case.past})"
-        if got.shape != expected.shape:
-            raise VerificationError(f"embed_table: the lookup gives shape {got.shape} but the graph "
-                                    f"{expected.shape} for {where}")
-        diff = float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32)), initial=0.0))
-        if not np.array_equal(got, expected) and not worst:
-            worst = where
-        max_diff = max(max_diff, diff)
-    return GraphCheck("embed.table", max_diff, 0.0, 0.0, not worst, worst)
+    with contextlib.closing(EmbedTable(directory, entry, dtype)) as table:
+        session = ort_session(Path(directory) / spec.file)
+        ends = Case(1, 2, 0, {"input_ids": np.array([[0, vocab_size - 1]], dtype=np.int64),
+                              "attention_mask": np.ones((1, 2), dtype=np.int64)}, [])
+        max_diff, worst = 0.0, ""
+        for case in [*cases, ends]:
+            got = table(case.inputs["input_ids"])
+            expected = session.run(None, case.inputs)[0]
+            where = f"hidden_states (batch {case.batch}, sequence {case.sequence}, past {case.past})"
+            if got.shape != expected.shape:
+                raise VerificationError(f"embed_table: the lookup gives shape {got.shape} but the graph "
+                                        f"{expected.shape} for {where}")
+            diff = float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32)), initial=0.0))
+            if not np.array_equal(got, expected) and not worst:
+                worst = where
+            max_diff = max(max_diff, diff)
+        return GraphCheck("embed.table", max_diff, 0.0, 0.0, not worst, worst)
 
 
 def draft_layer_cases(model: SkipModel, plain: GraphSpec, draft: GraphSpec, directory: Path, weights: str,

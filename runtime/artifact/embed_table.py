@@ -30,10 +30,16 @@ PLAIN = {"file", "offset", "shape"}
 BLOCKS = PLAIN | {"block", "scales"}  # and "minimums" where the type has them
 
 
-def _offset_problem(name: str, offset) -> str | None:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        return f"embed_table {name} {offset!r} is not an int >= 0"
-    return None
+def layout(entry: dict, dtype: str) -> dict[str, tuple]:
+    """Where each part of an entry's table lies, by the entry's field that places it: {field:
+    (byte offset, dtype, values a row)}: "offset" the table (V, D) of ``dtype``, or for 8-bit blocks
+    its levels (V, D) uint8, with "scales" (and "minimums") (V, D / block) float32."""
+    hidden, block = entry["shape"][1], entry.get("block")
+    if block is None:
+        return {"offset": (entry["offset"], np.dtype(dtype), hidden)}
+    per_block = (np.dtype(np.float32), hidden // block)
+    return {"offset": (entry["offset"], np.dtype(np.uint8), hidden), "scales": (entry["scales"], *per_block),
+            **({"minimums": (entry["minimums"], *per_block)} if "minimums" in entry else {})}
 
 
 def entry_problem(entry, files: dict, vocab_size: int, hidden_size: int, dtype: str) -> str | None:
@@ -51,14 +57,10 @@ def entry_problem(entry, files: dict, vocab_size: int, hidden_size: int, dtype: 
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1
                               or hidden_size % block):
         return f"embed_table block {block!r} is not a whole part of hidden_size {hidden_size}"
-    parts = ({"offset": np.dtype(dtype).itemsize * vocab_size * hidden_size} if block is None else
-             {"offset": vocab_size * hidden_size, "scales": 4 * vocab_size * hidden_size // block,
-              **({"minimums": 4 * vocab_size * hidden_size // block} if "minimums" in entry else {})})
-    for name, size in parts.items():
-        problem = _offset_problem(name, entry[name])
-        if problem:
-            return problem
-        end = entry[name] + size
+    for name, (offset, dt, width) in layout(entry, dtype).items():
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            return f"embed_table {name} {offset!r} is not an int >= 0"
+        end = offset + vocab_size * width * dt.itemsize
         if end > files[entry["file"]]["bytes"]:
             what = "" if name == "offset" else f"'s {name}"  # the table itself, or its scales
             return (f"embed_table{what} ends at byte {end} of {entry['file']}, which holds "
@@ -83,18 +85,11 @@ class EmbedTable:
         self.hidden = hidden
         self._file = open(self.path, "rb")
         size = self._file.seek(0, 2)
-        if self.block is None:  # (V, D) of dtype
-            self._parts = {"table": (entry["offset"], np.dtype(dtype), hidden)}
-        else:  # levels (V, D) uint8; scales, minimums (V, nb) float32
-            blocks = hidden // self.block
-            self._parts = {"levels": (entry["offset"], np.dtype(np.uint8), hidden),
-                           "scales": (entry["scales"], np.dtype(np.float32), blocks),
-                           **({"minimums": (entry["minimums"], np.dtype(np.float32), blocks)}
-                              if "minimums" in entry else {})}
-        for name, (offset, dt, width) in self._parts.items():
+        self._parts = layout(entry, dtype)  # "offset": the table or its levels; "scales", "minimums"
+        for offset, dt, width in self._parts.values():
             if offset + vocab * width * dt.itemsize > size:  # the file changed after the manifest's checks
                 self.close()
-                raise ArtifactError(f"{self.path} holds no {vocab} x {width} {dt} {name} at byte {offset} "
+                raise ArtifactError(f"{self.path} holds no {vocab} x {width} {dt} values at byte {offset} "
                                     f"(it has {size} bytes); rebuild it with `python -m export build`")
 
     def _rows(self, name: str, ids: list[int]) -> np.ndarray:
@@ -110,8 +105,8 @@ class EmbedTable:
         hidden states (B, T, D), a fresh array."""
         ids = input_ids.ravel().tolist()
         if self.block is None:
-            return self._rows("table", ids).reshape(*input_ids.shape, self.hidden)  # (B, T, D)
-        levels = self._rows("levels", ids).reshape(len(ids), -1, self.block).astype(np.float32)  # (n, nb, block)
+            return self._rows("offset", ids).reshape(*input_ids.shape, self.hidden)  # (B, T, D)
+        levels = self._rows("offset", ids).reshape(len(ids), -1, self.block).astype(np.float32)  # (n, nb, block)
         d = self._rows("scales", ids)[..., None]  # (n, nb, 1)
         # the graph's arithmetic (export.gguf_blocks.carry_embedding), so the values are its own
         w = (d * (levels - np.float32(128)) if "minimums" not in self._parts
@@ -122,4 +117,4 @@ class EmbedTable:
         self._file.close()
 
 
-__all__ = ["EmbedTable", "entry_problem"]
+__all__ = ["EmbedTable", "entry_problem", "layout"]

@@ -92,18 +92,20 @@ class PolicySampler:
 
     def policies(self) -> list[SkipPolicy]:
         own = {s: (hi, lo) for s, hi, lo in self.own}
-        shape = dict(horizon=self.horizon, warmup_layers=self.warmup_layers, decay=self.decay,
-                     exponent=self.exponent, prefill=self.prefill)
-        return [SkipPolicy(self.num_layers, *own[s], **shape) if s in own
-                else SkipPolicy.for_speedup(self.num_layers, s, **shape) for s in self.speedups]
+        return [SkipPolicy(self.num_layers, *own[s], **self._shape) if s in own
+                else SkipPolicy.for_speedup(self.num_layers, s, **self._shape) for s in self.speedups]
+
+    @property
+    def _shape(self) -> dict:
+        return dict(horizon=self.horizon, warmup_layers=self.warmup_layers, decay=self.decay,
+                    exponent=self.exponent, prefill=self.prefill)
 
     def speedup_policies(self) -> dict:
         """The run's own policies as skipdecode.json's ``speedup_policies`` (checked: each is its
         speedup's within 0.05, runtime.policy.speedup_policies)."""
         from runtime.policy import speedup_policies
 
-        default = SkipPolicy.for_speedup(self.num_layers, 1.0, horizon=self.horizon, warmup_layers=self.warmup_layers,
-                                         decay=self.decay, exponent=self.exponent, prefill=self.prefill)
+        default = SkipPolicy.for_speedup(self.num_layers, 1.0, **self._shape)
         return speedup_policies(default, {f"{s:g}": {"max_layers": hi, "min_layers": lo} for s, hi, lo in self.own})
 
     def sample(self, batch_size: int, rng: random.Random) -> list[SkipPolicy]:
