@@ -56,6 +56,11 @@ FORMATS = ("matmulnbits", "qdq")
 DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
 # "Decode at the memory floor": ONNX Runtime 1.32's CPU kernels for 8-bit weights have no float-
 # activation path but a fallback ~500x slower, and 4-bit weights run ~3x faster with it)
+# ... and for a GGUF's products carried from its own blocks (export.gguf_blocks): float activations,
+# so that the products are the file's values exactly, which this project's kernel computes with
+# activations of 16 bits (runtime/platform/kernels; docs/quality.md, "The GGUF's own blocks") and the
+# runtime runs at int8 activations where only MatMulNBits can take them (its float path is ~9x slower)
+CARRIED_ACCURACY_LEVEL = 1
 
 
 @dataclass
@@ -66,8 +71,8 @@ class QuantConfig:
     block_size: int = BLOCK_SIZE  # weights per scale along K; must divide every K (hidden, ffn)
     format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
     accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = DEFAULT_ACCURACY_LEVEL (4,
-    # int8 activations: ONNX Runtime's fast CPU kernels); 1 = the activations' float type, 2 fp16,
-    # 3 bf16, 4 int8
+    # int8 activations: ONNX Runtime's fast CPU kernels), CARRIED_ACCURACY_LEVEL (1) for a GGUF's
+    # carried blocks; 1 = the activations' float type, 2 fp16, 3 bf16, 4 int8
 
     def __post_init__(self) -> None:
         if self.head_weights is None:
@@ -213,9 +218,9 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
 
     fold_weight_transposes(proto)
     bits = QUANT_BITS[weights]
-    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
     if blocks and format == "matmulnbits" and block_size == GGML_BLOCK:
-        blocks.carried += carry(proto, blocks, bits, accuracy_level)
+        blocks.carried += carry(proto, blocks, bits, accuracy_level or CARRIED_ACCURACY_LEVEL)
+    accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
     targets = _constant_matmuls(proto)
     if blocks is not None:
         blocks.requantized += [n.input[1] for n, _ in targets]

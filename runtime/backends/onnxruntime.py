@@ -202,8 +202,12 @@ class OnnxRuntimeBackend(Backend):
         # int4_kernel: the int4 (and int8) products on this project's kernel (runtime/platform/kernels) or ONNX Runtime's
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
+        # our kernel out of reach, not refused: float-activation products at int8 ones (kernels.int8_activations)
+        self._int8_acts = cpu_only and int4_kernel == "auto" and self.int4_kernel == "onnxruntime"
+        self._narrowed = 0
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
+        if self._q4 is not None or self._int8_acts:
             # a rewritten graph comes as bytes: its other external weights are read from here
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(directory))
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
@@ -223,7 +227,10 @@ class OnnxRuntimeBackend(Backend):
         self.huge_page_bytes = hugepages.collapse_new(before)
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
             self._q4, self.int4_kernel = None, "onnxruntime"
-            self.int4_kernel_note = "no MatMulNBits of 4 or 8 bits, blocks of 32 and int8 activations to take"
+            self.int4_kernel_note = "no MatMulNBits of 4 or 8 bits, blocks of 32 and accuracy level 4 or 1 to take"
+        if self._narrowed:
+            self.int4_kernel_note += (f"; {self._narrowed} products exported at float activations (a GGUF's own "
+                                      f"blocks) run at int8 ones on MatMulNBits, whose float path is ~9x slower")
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
@@ -263,13 +270,18 @@ class OnnxRuntimeBackend(Backend):
         from ..platform import kernels
 
         # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
-        if self._q4 is not None and self.manifest.graph_weights(spec.name) in kernels.WEIGHTS:
+        if (self._q4 is not None or self._int8_acts) and self.manifest.graph_weights(spec.name) in kernels.WEIGHTS:
             import onnx
 
             model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs
-            handles = kernels.rewrite(model, self._q4, str(directory))
-            if handles:
+            if self._q4 is not None:
+                handles = kernels.rewrite(model, self._q4, str(directory))
                 self._q4_handles += handles
+                changed = len(handles)
+            else:
+                changed = kernels.int8_activations(model)
+                self._narrowed += changed
+            if changed:
                 source = model.SerializeToString()
         session = ort.InferenceSession(source, opts, providers=self.providers)
         names = ([i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])

@@ -161,6 +161,54 @@ def test_a_carried_artifact_generates_on_either_kernel(tmp_path):
     assert len(texts["auto"]) == len(texts["onnxruntime"]) == 6
 
 
+def _levels(directory) -> dict[str, set[int]]:
+    """Each graph's MatMulNBits accuracy levels."""
+    return {f.name: {a.i for n in onnx.load(str(f), load_external_data=False).graph.node
+                     if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+            for f in sorted(directory.glob("*.onnx"))}
+
+
+def test_the_files_products_run_at_float_activations_and_give_the_float_exports_logits(tmp_path):
+    """A carried product is the file's values exactly, so its activations are what is left: they
+    are written at float activations (accuracy level 1), which this project's kernel computes at 16
+    bits, so the int4 export of a Q4_1 file gives the float export's first logits to ~2e-4 of their
+    scale, where int8 activations (--accuracy-level 4) leave ~4e-2. Where only MatMulNBits can run
+    them (its float path ~9x slower) the runtime runs them at int8 activations and says so."""
+    import runtime
+    from runtime.platform import kernels
+    from tests.conftest import first_logits
+
+    path = _write(tmp_path, "Q4_1")
+    lines, arts = [], {}
+    for name, options in (("float", {}), ("int4", dict(weights="int4")), ("int4-a8", dict(weights="int4", accuracy_level=4))):
+        arts[name] = tmp_path / name
+        build(BuildOptions(model=str(path), out=str(arts[name]), progress=False, check=False, **options), log=lines.append)
+    assert {lv for levels in _levels(arts["int4"]).values() for lv in levels} == {1}
+    assert {lv for levels in _levels(arts["int4-a8"]).values() for lv in levels} == {4}
+    assert any("products carried from its own blocks exactly, at float activations (--accuracy-level 4" in line
+               for line in lines)
+    prompts = ["the quick brown fox", "hello"]
+
+    def logits(name, **options):
+        with runtime.load(arts[name], threads=1, **options) as gen:
+            return first_logits(gen, prompts), gen.backend
+    exact, _ = logits("float")
+    error = {name: np.abs(logits(name)[0] - exact).max() / np.abs(exact).max() for name in ("int4", "int4-a8")}
+    if kernels.why_not() is None:
+        assert error["int4"] < 1e-3 and error["int4-a8"] > 50 * error["int4"], error
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "library", lambda: (None, "this CPU lacks avx2"))
+        narrowed, backend = logits("int4")
+        assert backend.int4_kernel == "onnxruntime" and backend.int4_kernel_note == (
+            "runtime/platform/kernels cannot run here: this CPU lacks avx2; 9 products exported at float "
+            "activations (a GGUF's own blocks) run at int8 ones on MatMulNBits, whose float path is ~9x slower")
+        assert np.array_equal(narrowed, logits("int4-a8")[0])  # the same graphs as exported at int8 activations
+    # asked for by name, MatMulNBits runs them as the graphs say: float activations
+    exact_on_ort, backend = logits("int4", int4_kernel="onnxruntime")
+    assert "run at int8 ones" not in backend.int4_kernel_note
+    assert np.abs(exact_on_ort - exact).max() < 1e-4 * np.abs(exact).max()
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""
@@ -181,6 +229,8 @@ def test_an_int4_head_asked_for_is_requantized_from_the_q8_0_file(tmp_path):
                                   head_weights="int4", check=False), log=lambda *_: None)
     assert manifest.weights["head"] == "int4"
     assert manifest.weights["from_gguf"]["requantized"] == ["lm_head.weight.T"]
+    levels = _levels(tmp_path / "art")  # carried: float activations; requantized: int8 ones
+    assert levels["head.onnx"] == {4} and levels["layer_00.gqa.onnx"] == {1}
 
 
 def test_requantize_leaves_the_files_blocks(tmp_path):

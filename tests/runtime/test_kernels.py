@@ -143,6 +143,35 @@ def test_8_bit_products_match_matmulnbits(kernel, k, n, m, zp):
     np.testing.assert_allclose(session(model, library=kernel.path).run(None, {"A": a})[0], ours, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,n,m,zp", SHAPES[:3])
+def test_16_bit_activations_make_the_products_exact(kernel, bits, k, n, m, zp):
+    """MatMulNBits at accuracy level 1 (float activations: a GGUF's carried blocks) runs on the
+    kernel with activations of 16 bits (two int8 passes): within ~2e-5-5e-5 of the float product's
+    scale where int8 activations leave ~2e-3-5e-3, as the rewritten graph's session gives it and as close to
+    MatMulNBits' own float path. (The scales float16, as a GGUF's are: the kernel keeps them so.)"""
+    rng = np.random.default_rng(k + n + m + bits)
+    b, scales, zero_points = (random_weight if bits == 4 else random_weight8)(rng, k, n, zp)
+    scales = scales.astype(np.float16).astype(np.float32)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    model = matmulnbits_model(k, n, b, scales, zero_points, accuracy_level=1) if bits == 4 else \
+        matmulnbits8_model(k, n, b, scales, zero_points)
+    for attr in model.graph.node[0].attribute:
+        if attr.name == "accuracy_level":
+            attr.i = 1
+    weight = session(model).run(None, {"A": np.eye(k, dtype=np.float32)})[0]  # (k, n): what it multiplies by
+    exact = a.astype(np.float64) @ weight.astype(np.float64)
+    handle = kernel.pack(b, scales, zero_points, k, n, bits=bits)
+    wide, narrow = kernel.matmul(handle, a, activations=16), kernel.matmul(handle, a, activations=8)
+    scale = np.abs(exact).max()
+    wide_error, narrow_error = np.abs(wide - exact).max() / scale, np.abs(narrow - exact).max() / scale
+    assert wide_error < 1e-4 and narrow_error > 20 * wide_error, (wide_error, narrow_error)
+    assert kernels.rewrite(model, kernel) and [nd.op_type for nd in model.graph.node] == ["Q4MatMul"]
+    np.testing.assert_array_equal(session(model, library=kernel.path).run(None, {"A": a})[0], wide)
+    with pytest.raises(ValueError, match="activations must be 8 or 16 bits, got 12"):
+        kernel.matmul(handle, a, activations=12)
+
+
 def test_weights_packed_from_many_threads_at_once_each_keep_their_own_entry(kernel):
     """ctypes lets go of the GIL: packs from several threads (two models loading at once) race for
     the table, and a session may read it meanwhile; every handle must stay its own weight's."""
@@ -257,7 +286,7 @@ def test_a_graph_whose_weights_are_gone_is_refused_with_the_reason(kernel):
         session(model, library=kernel.path)
 
 
-@pytest.mark.parametrize("what", [dict(accuracy_level=1), dict(block_size=64)])
+@pytest.mark.parametrize("what", [dict(accuracy_level=2), dict(block_size=64)])
 def test_what_the_kernel_does_not_compute_stays_matmulnbits(kernel, what):
     k, n = 128, 16
     b, scales, zp = random_weight(np.random.default_rng(2), k, n)
@@ -322,8 +351,9 @@ def test_every_instruction_set_computes_the_same_products_to_the_bit():
             b, scales, zp = (random_weight if bits == 4 else random_weight8)(rng, k, n, zero_points)
             mins = rng.standard_normal(scales.size).astype(np.float32) * 0.01 if minimums else None
             a = rng.standard_normal((m, k)).astype(np.float32)
-            ys = [kn.matmul(kn.pack(b, scales, zp, k, n, mins, bits), a) for kn in built_for.values()]
-            assert all(np.array_equal(ys[0], y) for y in ys[1:]), (bits, k, n, m)
+            for acts in (8, 16):
+                ys = [kn.matmul(kn.pack(b, scales, zp, k, n, mins, bits), a, acts) for kn in built_for.values()]
+                assert all(np.array_equal(ys[0], y) for y in ys[1:]), (bits, acts, k, n, m)
 
 
 def test_a_machine_without_a_compiler_falls_back_with_the_reason(monkeypatch, tmp_path):

@@ -11,6 +11,11 @@ server CPUs) and AVX2 with FMA and F16C (every x86-64 laptop and desktop CPU sin
 products are the same to the bit; the best one the CPU has is built (``SKIPDECODE_KERNEL_ISA=avx2``
 builds the other, to measure or test it on a CPU that has both).
 
+MatMulNBits at accuracy level 1 (float activations: ONNX Runtime runs it ~15x slower) it computes
+with activations of 16 bits per block of 32, two int8 passes over the same unpacked weights
+(``ACTIVATION_BITS``): within 1/64516 of each block's largest value instead of 1/254, at the cost
+of the products' second pass (docs/quality.md, "The GGUF's own blocks").
+
 ``rewrite`` swaps a graph's eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes whose
 weights it packed into the library's table (the graph keeps no copy of them); ``library`` builds
 the library with the machine's C compiler once, into a cache folder, and says why not where it
@@ -37,6 +42,9 @@ WEIGHTS = ("int4", "int8")  # the manifest's weights whose MatMulNBits products 
 DOMAIN = "skipdecode"
 OP = "Q4MatMul"
 BLOCK = 32  # the block size the kernel reads (MatMulNBits' default, and the export's)
+# MatMulNBits' accuracy levels it computes -> the bits of its quantized activations: 4 (int8, as
+# llama.cpp's q8 activations) and 1 (float32, which two int8 passes stand in for)
+ACTIVATION_BITS = {4: 8, 1: 16}
 MIN_ORT = (1, 17)  # KernelContext_ParallelFor: the kernel runs on the session's own threads
 # The instruction sets q4_vnni.c is written for, best first: (its name, the CPU flags it needs as
 # /proc/cpuinfo spells them, the compiler flags that select its code)
@@ -164,7 +172,7 @@ class Kernel:
         for pack in (self._lib.q4_pack, self._lib.q8_pack):
             pack.argtypes = [ptr, ptr, ptr, ptr, i64, i64]
             pack.restype = i64
-        self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr]
+        self._lib.q4_matmul.argtypes = [i64, ptr, i64, ptr, i64]
         self._lib.q4_matmul.restype = ctypes.c_int
         self._lib.q4_free.argtypes = [i64]
         self._cols: dict[int, int] = {}  # handle -> N
@@ -193,15 +201,18 @@ class Kernel:
         self._cols[int(handle)] = n
         return int(handle)
 
-    def matmul(self, handle: int, a):
-        """a (m, k) float32 times the packed weight's transpose, on this thread: (m, n)."""
+    def matmul(self, handle: int, a, activations: int = 8):
+        """a (m, k) float32, quantized to ``activations`` bits (8 or 16) per block, times the packed
+        weight's transpose, on this thread: (m, n)."""
         import numpy as np
 
         if handle not in self._cols:
             raise ValueError(f"no packed weight {handle}")
+        if activations not in ACTIVATION_BITS.values():
+            raise ValueError(f"activations must be 8 or 16 bits, got {activations!r}")
         a = np.ascontiguousarray(a, np.float32)
         y = np.empty((a.shape[0], self._cols[handle]), np.float32)
-        if self._lib.q4_matmul(handle, a.ctypes.data, a.shape[0], y.ctypes.data) != 0:
+        if self._lib.q4_matmul(handle, a.ctypes.data, a.shape[0], y.ctypes.data, activations) != 0:
             raise ValueError(f"q4_matmul failed on weight {handle}")
         return y
 
@@ -211,22 +222,35 @@ class Kernel:
 
 
 def eligible(node, inits: dict) -> bool:
-    """Whether a MatMulNBits node computes what Q4MatMul does: 4 or 8 bits, blocks of 32, int8
-    activations (accuracy level 4), constant weights and uint8 zero points (or none), no g_idx or
-    bias."""
+    """Whether a MatMulNBits node computes what Q4MatMul does: 4 or 8 bits, blocks of 32, int8 or
+    float activations (accuracy level 4 or 1: ``ACTIVATION_BITS``), constant weights and uint8 zero
+    points (or none), no g_idx or bias."""
     import onnx
 
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
         return False
     attrs = {a.name: a.i for a in node.attribute}
     inputs = list(node.input) + [""] * (6 - len(node.input))
-    if attrs.get("bits", 4) not in (4, 8) or attrs.get("block_size") != BLOCK or attrs.get("accuracy_level", 0) != 4:
+    if attrs.get("bits", 4) not in (4, 8) or attrs.get("block_size") != BLOCK or attrs.get("accuracy_level", 0) not in ACTIVATION_BITS:
         return False
     if any(inputs[4:6]) or inputs[1] not in inits or inputs[2] not in inits:
         return False
     if inputs[3] and (inputs[3] not in inits or inits[inputs[3]].data_type != onnx.TensorProto.UINT8):
         return False
     return inits[inputs[2]].data_type == onnx.TensorProto.FLOAT and attrs.get("K", 0) % BLOCK == 0
+
+
+def int8_activations(model) -> int:
+    """Sets ``model``'s MatMulNBits products at float activations (accuracy level 1, a GGUF's
+    carried blocks: export.quantize.CARRIED_ACCURACY_LEVEL) to int8 ones (level 4), for where only
+    MatMulNBits can run them: its float path is ~9x slower (500x at 8 bits). Returns how many."""
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            for a in node.attribute:
+                if a.name == "accuracy_level" and a.i == 1:
+                    a.i, changed = 4, changed + 1
+    return changed
 
 
 def _minimums_term(graph, node, inits) -> list | None:
@@ -272,7 +296,7 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
         outputs = list(node.output) if term is None else list(term[-1].output)
         folded.update(t.name for t in term or [])
         nodes.append(helper.make_node(OP, [node.input[0]], outputs, name=node.name, domain=DOMAIN,
-                                      K=k, N=n, handle=handle))
+                                      K=k, N=n, handle=handle, activations=ACTIVATION_BITS[attrs["accuracy_level"]]))
     if not handles:
         return []
     del graph.node[:]

@@ -20,6 +20,12 @@
  * Weights are packed once, from Python, into a table of this library (q4_pack); a graph's node
  * names its entry by an attribute, so the graph holds no copy of them.
  *
+ * Activations of 16 bits (what MatMulNBits at accuracy level 1 asks for: float products) are two
+ * int8 passes over the same unpacked weights: each block quantized to c = round(a * 127 * 254 / amax)
+ * in [-32258, 32258] and split c = 254 q1 + q2 (q1 the 8-bit pass's value, |q2| <= 127), the block's
+ * integer sum 254 (w . q1) + (w . q2) exact in int32 (and in float for 4 bits: < 2^24): the activations
+ * within 1/64516 of their block's largest, against 1/254 at 8 bits.
+ *
  * AVX2 reads the same layout a 256-bit half (8 rows) at a time and sums the int8 products with
  * vpmaddubsw + vpmaddwd instead of vpdpbusd (8-bit weights as signed bytes w - 128, so that the
  * 16-bit pairs cannot saturate); the integer sums are the same, and every float step (scales,
@@ -69,15 +75,22 @@ typedef struct arena {
 static arena *arenas; /* the newest first: the one weights go into while they fit */
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* An arena is mapped, not malloc'd, so that its memory leaves with it: a block from malloc may sit
+ * on the heap (glibc raises its mmap threshold after large frees) and stay resident once freed. */
 static arena *new_arena(size_t size) {
     arena *a = calloc(1, sizeof *a);
-    void *p = NULL;
+    if (!a) return NULL;
     size = (size + HUGE - 1) / HUGE * HUGE;
-    if (!a || posix_memalign(&p, HUGE, size)) { free(a); return NULL; }
+    size_t span = size + HUGE; /* room to start on a 2 MiB boundary; the rest unmapped */
+    uint8_t *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) { free(a); return NULL; }
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + span > p + size) munmap(p + size, (size_t)(raw + span - (p + size)));
 #ifdef MADV_HUGEPAGE
     madvise(p, size, MADV_HUGEPAGE);
 #endif
-    a->base = (uint8_t *)p;
+    a->base = p;
     a->size = size;
     return a;
 }
@@ -109,7 +122,7 @@ static void arena_release(arena *home) {
     if (--home->live == 0) {
         for (arena **link = &arenas; *link; link = &(*link)->next)
             if (*link == home) { *link = home->next; break; }
-        free(home->base);
+        munmap(home->base, home->size);
         free(home);
     }
     pthread_mutex_unlock(&arena_lock);
@@ -217,14 +230,17 @@ void q4_free(int64_t handle) {
 }
 
 /* An activation block quantized: its 16 even and 16 odd inputs (the low and high nibbles'
- * partners), the float scale, the int8 values' sum (for the zero points) and the float values'
- * sum (for the minimums: as exact as ONNX Runtime's ReduceSum of the same term). */
+ * partners), at 16 bits their second pass (even2, odd2: c = 254 q + q2), the float scale of one unit
+ * of the block's integers (c at 16 bits), their sum (for the zero points) and the float values' sum
+ * (for the minimums: as exact as ONNX Runtime's ReduceSum of the same term). */
 typedef struct {
-    int8_t even[16], odd[16];
+    int8_t even[16], odd[16], even2[16], odd2[16];
     float scale;
     int32_t sum;
     float fsum;
 } act_block;
+
+#define WIDE 254 /* 16-bit activations: c = WIDE q + q2 */
 
 /* a[0..7] + a[8..15] of two vectors of 8 partial sums, in one fixed order (the order GCC's
  * _mm512_reduce_add_ps takes), so that both instruction sets sum a block alike */
@@ -235,29 +251,39 @@ static inline float sum8(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
-/* a block's 32 rounded int8 values q, split into the even and odd inputs, with their sum and scale */
-static inline void store_block(act_block *out, const int32_t *q, float amax) {
+/* a block's 32 rounded int8 values q (and at 16 bits the second pass's q2 = round((x - q) WIDE),
+ * x = a 127 / amax, clamped to int8), split into the even and odd inputs, with their sum and scale */
+static inline void store_block(act_block *out, const float *x, const int32_t *q, float amax, int wide) {
     int32_t sum = 0;
-    for (int i = 0; i < 16; i++) {
-        out->even[i] = (int8_t)q[2 * i];
-        out->odd[i] = (int8_t)q[2 * i + 1];
-        sum += q[2 * i] + q[2 * i + 1];
+    for (int i = 0; i < BLOCK; i++) {
+        int32_t c = q[i];
+        if (wide) {
+            int32_t q2 = (int32_t)__builtin_lrintf((x[i] - (float)q[i]) * (float)WIDE);
+            q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
+            (i & 1 ? out->odd2 : out->even2)[i / 2] = (int8_t)q2;
+            c = WIDE * q[i] + q2;
+        }
+        (i & 1 ? out->odd : out->even)[i / 2] = (int8_t)q[i];
+        sum += c;
     }
-    out->scale = amax / 127.f;
+    out->scale = wide ? amax / (127.f * WIDE) : amax / 127.f;
     out->sum = sum;
 }
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 
-static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
+static void quantize(const float *a, int64_t blocks, int float_sums, int wide, act_block *out) {
     for (int64_t j = 0; j < blocks; j++) {
         __m512 v0 = _mm512_loadu_ps(a + j * BLOCK), v1 = _mm512_loadu_ps(a + j * BLOCK + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+        float x[BLOCK];
         int32_t q[BLOCK];
-        _mm512_storeu_si512(q, _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))); /* rounds to nearest */
-        _mm512_storeu_si512(q + 16, _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)));
-        store_block(out + j, q, amax);
+        _mm512_storeu_ps(x, _mm512_mul_ps(v0, inv));
+        _mm512_storeu_ps(x + 16, _mm512_mul_ps(v1, inv));
+        _mm512_storeu_si512(q, _mm512_cvtps_epi32(_mm512_loadu_ps(x))); /* rounds to nearest */
+        _mm512_storeu_si512(q + 16, _mm512_cvtps_epi32(_mm512_loadu_ps(x + 16)));
+        store_block(out + j, x, q, amax, wide);
         if (float_sums) { /* read by minimums alone */
             __m256 s = _mm256_add_ps(_mm512_castps512_ps256(v0), _mm512_castps512_ps256(v1));
             __m256 t = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v0), 1)),
@@ -267,8 +293,19 @@ static void quantize(const float *a, int64_t blocks, int float_sums, act_block *
     }
 }
 
+/* the 16 rows' w . a over a block: lo/hi the weights of its even/odd inputs */
+static inline __m512i block_dot(const __m512i *lo, const __m512i *hi, const int8_t *even, const int8_t *odd) {
+    const int32_t *e = (const int32_t *)even, *o = (const int32_t *)odd;
+    __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++) {
+        acc = _mm512_dpbusd_epi32(acc, lo[q], _mm512_set1_epi32(e[q]));
+        acc2 = _mm512_dpbusd_epi32(acc2, hi[q], _mm512_set1_epi32(o[q]));
+    }
+    return _mm512_add_epi32(acc, acc2);
+}
+
 /* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
-static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, float *y) {
+static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, int wide, float *y) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 f[M_TILE];
     for (int t = 0; t < M_TILE; t++) f[t] = _mm512_setzero_ps();
@@ -299,14 +336,11 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
         }
         for (int t = 0; t < mt; t++) {
             const act_block *a = act + (m0 + t) * w->blocks + j;
-            const int32_t *e = (const int32_t *)a->even, *o = (const int32_t *)a->odd;
-            __m512i acc = _mm512_setzero_si512(), acc2 = _mm512_setzero_si512();
-            for (int q = 0; q < 4; q++) {
-                acc = _mm512_dpbusd_epi32(acc, lo[q], _mm512_set1_epi32(e[q]));
-                acc2 = _mm512_dpbusd_epi32(acc2, hi[q], _mm512_set1_epi32(o[q]));
-            }
+            __m512i acc = block_dot(lo, hi, a->even, a->odd);
+            if (wide)
+                acc = _mm512_add_epi32(_mm512_mullo_epi32(acc, _mm512_set1_epi32(WIDE)), block_dot(lo, hi, a->even2, a->odd2));
             /* sum_i (q_i - z) a_i = sum_i q_i a_i - z sum_i a_i */
-            acc = _mm512_sub_epi32(_mm512_add_epi32(acc, acc2), _mm512_mullo_epi32(zp, _mm512_set1_epi32(a->sum)));
+            acc = _mm512_sub_epi32(acc, _mm512_mullo_epi32(zp, _mm512_set1_epi32(a->sum)));
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(scale, _mm512_set1_ps(a->scale)), f[t]);
         }
         if (mins) {
@@ -322,7 +356,7 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
 
 #else /* AVX2 + FMA + F16C: the same products from the same layout, 8 rows a 256-bit half */
 
-static void quantize(const float *a, int64_t blocks, int float_sums, act_block *out) {
+static void quantize(const float *a, int64_t blocks, int float_sums, int wide, act_block *out) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     for (int64_t j = 0; j < blocks; j++) {
         __m256 v[4];
@@ -333,10 +367,13 @@ static void quantize(const float *a, int64_t blocks, int float_sums, act_block *
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
         __m256 inv = _mm256_set1_ps(amax > 0 ? 127.f / amax : 0.f);
+        float x[BLOCK];
         int32_t q[BLOCK];
-        for (int i = 0; i < 4; i++) /* rounds to nearest, as the AVX-512 path */
-            _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
-        store_block(out + j, q, amax);
+        for (int i = 0; i < 4; i++) { /* rounds to nearest, as the AVX-512 path */
+            _mm256_storeu_ps(x + 8 * i, _mm256_mul_ps(v[i], inv));
+            _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_loadu_ps(x + 8 * i)));
+        }
+        store_block(out + j, x, q, amax, wide);
         out[j].fsum = float_sums ? sum8(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])) : 0.f;
     }
 }
@@ -353,8 +390,24 @@ static inline __m256i dot4s(__m256i acc, __m256i ws, __m256i a) {
     return dot4(acc, _mm256_abs_epi8(ws), _mm256_sign_epi8(a, ws));
 }
 
+/* 8 rows' w . a over a block: lo/hi the weights of its even/odd inputs (8-bit ones as w - 128) */
+static inline __m256i block_dot(const __m256i *lo, const __m256i *hi, const int8_t *even, const int8_t *odd, int bits) {
+    const int32_t *e = (const int32_t *)even, *o = (const int32_t *)odd;
+    __m256i acc = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
+    for (int q = 0; q < 4; q++) {
+        if (bits == 8) {
+            acc = dot4s(acc, lo[q], _mm256_set1_epi32(e[q]));
+            acc2 = dot4s(acc2, hi[q], _mm256_set1_epi32(o[q]));
+        } else {
+            acc = dot4(acc, lo[q], _mm256_set1_epi32(e[q]));
+            acc2 = dot4(acc2, hi[q], _mm256_set1_epi32(o[q]));
+        }
+    }
+    return _mm256_add_epi32(acc, acc2);
+}
+
 /* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
-static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, float *y) {
+static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, int wide, float *y) {
     const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
     __m256 f[M_TILE][2];
     for (int t = 0; t < M_TILE; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
@@ -390,18 +443,11 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
             __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scales + 16 * h)));
             for (int t = 0; t < mt; t++) {
                 const act_block *a = act + (m0 + t) * w->blocks + j;
-                const int32_t *e = (const int32_t *)a->even, *o = (const int32_t *)a->odd;
-                __m256i acc = _mm256_setzero_si256(), acc2 = _mm256_setzero_si256();
-                for (int q = 0; q < 4; q++) {
-                    if (w->bits == 8) {
-                        acc = dot4s(acc, lo[q], _mm256_set1_epi32(e[q]));
-                        acc2 = dot4s(acc2, hi[q], _mm256_set1_epi32(o[q]));
-                    } else {
-                        acc = dot4(acc, lo[q], _mm256_set1_epi32(e[q]));
-                        acc2 = dot4(acc2, hi[q], _mm256_set1_epi32(o[q]));
-                    }
-                }
-                acc = _mm256_sub_epi32(_mm256_add_epi32(acc, acc2), _mm256_mullo_epi32(zp, _mm256_set1_epi32(a->sum)));
+                __m256i acc = block_dot(lo, hi, a->even, a->odd, (int)w->bits);
+                if (wide)
+                    acc = _mm256_add_epi32(_mm256_mullo_epi32(acc, _mm256_set1_epi32(WIDE)),
+                                           block_dot(lo, hi, a->even2, a->odd2, (int)w->bits));
+                acc = _mm256_sub_epi32(acc, _mm256_mullo_epi32(zp, _mm256_set1_epi32(a->sum)));
                 f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(scale, _mm256_set1_ps(a->scale)), f[t][h]);
             }
             if (mins) {
@@ -422,12 +468,12 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
 
 #endif
 
-/* Every activation row of a (m x k) quantized for weight w (their float sums where it has
- * minimums); NULL when out of memory. */
-static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m) {
+/* Every activation row of a (m x k) quantized for weight w at 8 or 16 bits (wide), with their float
+ * sums where it has minimums; NULL when out of memory. */
+static act_block *quantize_rows(const q4_weight *w, const float *a, int64_t m, int wide) {
     act_block *act = malloc((size_t)(m ? m : 1) * w->blocks * sizeof *act);
     if (act)
-        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, w->mins != NULL, act + i * w->blocks);
+        for (int64_t i = 0; i < m; i++) quantize(a + i * w->k, w->blocks, w->mins != NULL, wide, act + i * w->blocks);
     return act;
 }
 
@@ -435,6 +481,7 @@ typedef struct {
     const q4_weight *w;
     const act_block *act;
     int64_t m;
+    int wide; /* 16-bit activations */
     float *y;
     int64_t per_item; /* groups a work item runs */
 } job;
@@ -442,24 +489,27 @@ typedef struct {
 static void run_items(const job *jb, int64_t first, int64_t last) {
     for (int64_t g = first * jb->per_item; g < last * jb->per_item && g < jb->w->groups; g++)
         for (int64_t m0 = 0; m0 < jb->m; m0 += M_TILE)
-            group_rows(jb->w, g, jb->act, m0, (int)(jb->m - m0 < M_TILE ? jb->m - m0 : M_TILE), jb->y);
+            group_rows(jb->w, g, jb->act, m0, (int)(jb->m - m0 < M_TILE ? jb->m - m0 : M_TILE), jb->wide, jb->y);
 }
 
 static void run_item(void *data, size_t i) { run_items((const job *)data, (int64_t)i, (int64_t)i + 1); }
 
-/* y (m x n) = a (m x k) times the weight's transpose, on the calling thread (tests call this). */
-int q4_matmul(int64_t handle, const float *a, int64_t m, float *y) {
+/* y (m x n) = a (m x k) times the weight's transpose, the activations at act_bits 8 or 16, on the
+ * calling thread (tests call this). */
+int q4_matmul(int64_t handle, const float *a, int64_t m, float *y, int64_t act_bits) {
     const q4_weight *w = lookup(handle);
     if (!w) return -1;
-    act_block *act = quantize_rows(w, a, m);
+    if (act_bits != 8 && act_bits != 16) return -3;
+    act_block *act = quantize_rows(w, a, m, act_bits == 16);
     if (!act) return -2;
-    job jb = {w, act, m, y, 1};
+    job jb = {w, act, m, act_bits == 16, y, 1};
     run_items(&jb, 0, w->groups);
     free(act);
     return 0;
 }
 
-/* ---- ONNX Runtime custom operator: skipdecode.Q4MatMul(A) -> Y, attributes K, N, handle ----
+/* ---- ONNX Runtime custom operator: skipdecode.Q4MatMul(A) -> Y, attributes K, N, handle, activations
+ * (8 or 16: the bits of the quantized activations) ----
  * ONNX Runtime's C API is a table of function pointers that only ever grows at its end
  * (OrtApi); this file declares no header of it, only the entries it calls, by position. */
 
@@ -525,7 +575,7 @@ typedef struct {
 
 typedef struct {
     ort_api api;
-    int64_t k, n, handle;
+    int64_t k, n, handle, activations;
 } kernel;
 
 enum { ORT_FAIL = 1, TENSOR_FLOAT = 1, REQUIRED = 0, MEM_DEFAULT = 0 };
@@ -542,6 +592,8 @@ static ort_status create_kernel(const void *op, const void *api_, const void *in
     ort_status st = get(info, "K", &kn->k);
     if (!st) st = get(info, "N", &kn->n);
     if (!st) st = get(info, "handle", &kn->handle);
+    if (!st) st = get(info, "activations", &kn->activations);
+    if (!st && kn->activations != 8 && kn->activations != 16) st = fail(api, "Q4MatMul: activations must be 8 or 16");
     if (!st && !lookup(kn->handle)) st = fail(api, "Q4MatMul: its handle names no packed weight of this process");
     if (!st && (lookup(kn->handle)->k != kn->k || lookup(kn->handle)->n != kn->n))
         st = fail(api, "Q4MatMul: K and N differ from its packed weight's");
@@ -574,9 +626,9 @@ static ort_status compute(void *kn_, void *context) {
     TRY(CALL(api, API_GetTensorMutableData, data_fn)(a_value, (void **)&a));
     TRY(CALL(api, API_GetTensorMutableData, data_fn)(y_value, (void **)&y));
     if (m == 0) return NULL;
-    act_block *act = quantize_rows(w, a, m);
+    act_block *act = quantize_rows(w, a, m, kn->activations == 16);
     if (!act) return fail(api, "Q4MatMul: out of memory");
-    job jb = {w, act, m, y, 4}; /* 4 groups an item: 64 rows, a few KB of weights per call */
+    job jb = {w, act, m, kn->activations == 16, y, 4}; /* 4 groups an item: 64 rows, a few KB of weights per call */
     size_t items = (size_t)((w->groups + jb.per_item - 1) / jb.per_item);
     st = CALL(api, API_KernelContext_ParallelFor, parallel_fn)(context, run_item, items, 0, &jb);
     free(act);
