@@ -238,8 +238,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
         auto = auto_drafts(config, refusals)
         config = replace(config, **{k: auto for k in ("draft_head", "draft_layers") if getattr(options, k) == "auto"})
         if auto != "none":
-            log(f"lossless drafts: int8 copies of the head and the fused layers (--draft-head/--draft-layers "
-                f"none to leave them out)")
+            log("lossless drafts: int8 copies of the head and the fused layers (--draft-head/--draft-layers "
+                "none to leave them out)")
     for name in ("draft_head", "draft_layers"):  # asked for, and not possible here
         if getattr(config, name) != "none" and name in refusals:
             raise InvalidArgumentError(refusals[name])

@@ -39,9 +39,10 @@ def test_a_run_times_every_artifact_each_round_and_compares_medians(tmp_path, ca
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("`python -m tools.bench.decode ours=") and lines[0].endswith("--prompt 'the keeper climbed the stairs'`")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:]]
-    assert [r[0] for r in rows] == ["ours", "mlas"] and rows[0][3] == "1.00x"
-    for name, rounds, median, ratio in rows:
+    assert [r[0] for r in rows] == ["ours", "mlas"] and rows[0][3] == rows[0][5] == "1.00x"
+    for name, rounds, median, ratio, prompt, prompt_ratio in rows:
         values = [float(v) for v in rounds.split(" / ")]
         assert len(values) == 3 and all(v > 0 for v in values) and float(median) in values
+        assert float(prompt) > 0 and prompt_ratio.endswith("x")
     assert decode.main([str(art), "--tokens", "1"]) == 2
     assert "decode needs 2 tokens or more" in capsys.readouterr().err

@@ -6,7 +6,8 @@ AVX-512) or onnxruntime) is loaded once; every round generates ``--tokens`` toke
 prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts in turn and in reverse
 order every other round (machines are noisy: ratios of one run, never of two). Prints a Markdown
 table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
-and the first artifact's median over this one's.
+and the first artifact's median over this one's; then the prompt's pass (its prefill, ms: a long
+``--prompt`` times what a user waits before the first token), median and ratio alike.
 
 Example (the int4 exports of the real SmolLM2-135M-Instruct, docs/quality.md "The GGUF's own blocks"):
 
@@ -40,8 +41,8 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
 
 
 def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int = 2,
-            prompt: str = PROMPT) -> dict[str, list[float]]:
-    """{name: decode ms/token of each round}."""
+            prompt: str = PROMPT) -> dict[str, list[tuple[float, float]]]:
+    """{name: (decode ms/token, the prompt's pass ms) of each round}."""
     import runtime
 
     if tokens < 2 or rounds < 1:
@@ -56,7 +57,7 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
             for name in (list(gens) if r % 2 == 0 else list(gens)[::-1]):
                 gens[name].generate([prompt], WARMUP, ignore_eos=True)
                 stats = gens[name].generate([prompt], tokens, ignore_eos=True).stats
-                times[name].append(stats.decode_seconds / (stats.new_tokens - 1) * 1000)
+                times[name].append((stats.decode_seconds / (stats.new_tokens - 1) * 1000, stats.prefill_seconds * 1000))
         return times
     finally:
         for gen in gens.values():
@@ -81,12 +82,15 @@ def _load(runtime, directory: str, threads: int, kernel: str):
             os.environ[kernels.ISA_ENV] = before
 
 
-def table(times: dict[str, list[float]], command: str) -> str:
-    first = statistics.median(next(iter(times.values())))
-    lines = [f"`{command}`", "", "| artifact | decode ms/token, each round | median | first / this |", "|---|---|---|---|"]
-    for name, values in times.items():
-        median = statistics.median(values)
-        lines.append(f"| {name} | {' / '.join(f'{v:.2f}' for v in values)} | {median:.2f} | {first / median:.2f}x |")
+def table(times: dict[str, list[tuple[float, float]]], command: str) -> str:
+    medians = {name: [statistics.median(v) for v in zip(*rounds)] for name, rounds in times.items()}
+    first_decode, first_prompt = next(iter(medians.values()))
+    lines = [f"`{command}`", "", "| artifact | decode ms/token, each round | median | first / this | prompt's pass ms, "
+             "median | first / this |", "|---|---|---|---|---|---|"]
+    for name, rounds in times.items():
+        decode, prompt = medians[name]
+        lines.append(f"| {name} | {' / '.join(f'{d:.2f}' for d, _ in rounds)} | {decode:.2f} | {first_decode / decode:.2f}x "
+                     f"| {prompt:.1f} | {first_prompt / prompt:.2f}x |")
     return "\n".join(lines)
 
 
