@@ -214,8 +214,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     if gguf_entry:
         log(f"dequantized {gguf_entry['file']} ({gguf_entry['quantization']}) to {options.dtype}")
     model = skip_model(hf_model)
-    carry = quant.quantized and gguf_entry and options.dtype == "float32" and not options.requantize
-    index = BlockIndex.from_gguf(base.location) if carry else None
+    carry = gguf_entry and options.dtype == "float32" and not options.requantize
+    index = BlockIndex.from_gguf(base.location) if carry and quant.quantized else None
     if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
         config = replace(config, blocks=index)
         if options.head_weights is None and quant.head_weights == "int4" and index.head_bits == 8:
@@ -243,6 +243,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
     for name in ("draft_head", "draft_layers"):  # asked for, and not possible here
         if getattr(config, name) != "none" and name in refusals:
             raise InvalidArgumentError(refusals[name])
+    if carry and not quant.quantized and (config.draft_head, config.draft_layers) != ("none", "none"):
+        # a float export's draft copies from the file's own blocks: drafts that agree with the float layers
+        config = replace(config, draft_blocks=BlockIndex.from_gguf(base.location))
     draft_model, trained = None, checkpoint.skipdecode_training(source)
     if options.draft_adapter is not None:
         draft_model, draft_source = _draft_model(options.draft_adapter, source, config, options, log)

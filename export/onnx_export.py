@@ -70,6 +70,7 @@ class ExportConfig:
     # (layer_NN.draft.onnx), which lossless rows' draft steps run on ONNX Runtime's CPU provider
     blocks: object = None  # a quantized GGUF source's export.gguf_blocks.BlockIndex: the products it
     # holds are written from the file's own blocks, not requantized (it lists them as the graphs go)
+    draft_blocks: object = None  # the same for the draft copies of a float export (their own list)
 
     def fused_reason(self, model_config) -> str | None:
         """Why this export writes no fused layer graphs (None: it writes them)."""
@@ -190,17 +191,18 @@ def export_graph(model: SkipModel, spec: GraphSpec, directory: Path, config: Exp
         fused = fused_layers.fused_layer(proto, module, model.config, spec)
     draft = None
     if fused is not None and config.draft_layers != "none":
-        source = fused
+        source, draft_module, draft_config, blocks = proto, module, model.config, config.draft_blocks
         if draft_model is not None:  # another model's layer: traced, folded and fused the same way
-            draft_module = graph_module(draft_model, spec.name)
-            other = _trace(draft_model, draft_module, spec, directory, config)
-            fold_weight_transposes(other)
-            fuse_sibling_matmuls(other)
-            source = fused_layers.fused_layer(other, draft_module, draft_model.config, spec)
-        # quantized before the float weights go to the shared file: the draft keeps its own copy
+            draft_module, draft_config, blocks = graph_module(draft_model, spec.name), draft_model.config, None
+            source = _trace(draft_model, draft_module, spec, directory, config)
+            fold_weight_transposes(source)
+            fuse_sibling_matmuls(source)
+        # quantized before the float weights go to the shared file: the draft keeps its own copy; and
+        # before fusing, as the layers of a quantized export are, so that a GGUF's blocks are found
         q = config.quant
-        draft = quantize_graph(onnx.ModelProto.FromString(source.SerializeToString()), config.draft_layers,
-                               q.block_size, "matmulnbits", q.accuracy_level)
+        source = quantize_graph(onnx.ModelProto.FromString(source.SerializeToString()), config.draft_layers,
+                                q.block_size, "matmulnbits", q.accuracy_level, blocks)
+        draft = fused_layers.fused_layer(source, draft_module, draft_config, spec)
     if weights is not None:
         weights.externalize(proto)
         if fused is not None:  # the same products' weights: stored once
@@ -297,7 +299,7 @@ def _write_draft_head(proto, directory: Path, config: ExportConfig, weights: Sha
 
     fold_weight_transposes(proto)
     q = config.quant
-    proto = quantize_graph(proto, config.draft_head, q.block_size, "matmulnbits", q.accuracy_level)
+    proto = quantize_graph(proto, config.draft_head, q.block_size, "matmulnbits", q.accuracy_level, config.draft_blocks)
     unflatten_head(proto)
     if weights is not None:
         weights.externalize(proto)

@@ -63,10 +63,10 @@ class Runner:
             t = self.timings
             cost = seconds - (self.backend.setup_seconds() - setup)  # what this step costs the next time
             t.step = t.smoothed(t.step, cost)
-            if len(layers) == self.num_layers:
-                t.full = t.smoothed(t.full, cost)
-            elif all(plan.drafting):
+            if plan.draft_only:  # first: drafts at speedup 1 run every layer, on their quantized copies
                 t.draft = t.smoothed(t.draft, cost)
+            elif len(layers) == self.num_layers:
+                t.full = t.smoothed(t.full, cost)
         return logits, seconds
 
     def verify(self, plan: VerifyPlan) -> tuple[np.ndarray, float]:

@@ -209,6 +209,28 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
     assert np.abs(exact_on_ort - exact).max() < 1e-4 * np.abs(exact).max()
 
 
+def test_a_float_exports_draft_copies_are_the_files_own_blocks(tmp_path):
+    """A float export of a quantized GGUF writes lossless drafts' copies (--draft-layers int4,
+    --draft-head int8) from the file's own blocks, at float activations: drafts that multiply by
+    exactly what the float layers do, so that they agree with them nearly always. The float graphs
+    and the embedding stay float, and the manifest lists no carried weights of its own."""
+    path = _write(tmp_path, "Q4_1")
+    out = tmp_path / "art"
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, check=False,
+                                  draft_layers="int4", draft_head="int8"), log=lambda *_: None)
+    assert "from_gguf" not in manifest.weights and "block" not in manifest.embed_table  # a float table
+    expected = _file_weights(path)
+    for i in range(SHAPE["num_hidden_layers"]):
+        draft = onnx.load(str(out / f"layer_{i:02d}.draft.onnx"))
+        assert _levels(out)[f"layer_{i:02d}.draft.onnx"] == {1}
+        used = split_fused(dequantized_weights(draft, onnx.load(str(out / f"layer_{i:02d}.onnx"))))
+        assert len(used) == 7
+        for key, w in used.items():
+            target = expected[f"model.layers.{i}.{key.removesuffix(TRANSPOSED)}"].T
+            np.testing.assert_allclose(w, target, rtol=2e-6, atol=1e-7, err_msg=f"draft {i} {key}")
+    assert _levels(out)["head_draft.onnx"] == {1}
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""

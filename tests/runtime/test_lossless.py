@@ -585,3 +585,54 @@ def test_sampled_lossless_rows_follow_full_depth(gen):
         assert np.abs(pa - pb).sum() / 2 < 0.12, (position, dict(zip(support.tolist(), zip(pa, pb))))
     again = gen.generate(PROMPTS[2], 3, seed=7, speedup=3, lossless=True, **options).token_ids[0][1:]
     assert tuple(again) == ours[7]
+
+
+@pytest.fixture(scope="module")
+def draft_layers_artifact(tmp_path_factory):
+    """A Llama 3 artifact whose fused layers have int8 copies (export --draft-layers) and an int8 head copy."""
+    ckpt = save_tiny_checkpoint(tmp_path_factory.mktemp("draft-layers-ckpt"), "llama3", hidden_size=64,
+                                intermediate_size=96, head_dim=16)
+    out = tmp_path_factory.mktemp("draft-layers-art") / "model"
+    build(BuildOptions(model=str(ckpt), out=str(out), progress=False, draft_head="int8", draft_layers="int8"),
+          log=lambda *_: None)
+    return out
+
+
+def test_drafts_at_full_depth_on_the_quantized_copies_pay(draft_layers_artifact, monkeypatch):
+    """At speedup 1 a lossless row drafts through every layer's quantized copy (a GGUF's own int4
+    blocks for a float export of it: export.gguf_blocks), which agrees with the float layers nearly
+    always. Its draft steps run every layer, and must be weighed as the drafts they are, not as
+    full-depth steps: a clock where a draft step costs a quarter of a full one lets the row's k grow
+    past its first passes (weighed as full steps, drafts never paid and the rows paused)."""
+    import runtime.engine.runner
+
+    g = runtime.load(draft_layers_artifact, max_batch=4, check_hashes=False)
+    try:
+        clock = {"now": 0.0}
+        decode, verify = g.backend.decode, g.backend.verify
+
+        def counted_decode(step, cache):
+            clock["now"] += len(step.layers) * (0.25 if step.draft else 1.0)
+            return decode(step, cache)
+
+        def counted_verify(check, cache):
+            clock["now"] += check.depth
+            return verify(check, cache)
+
+        class Clock:
+            @staticmethod
+            def perf_counter():
+                clock["now"] += 1e-6
+                return clock["now"]
+
+        monkeypatch.setattr(g.backend, "decode", counted_decode)
+        monkeypatch.setattr(g.backend, "verify", counted_verify)
+        monkeypatch.setattr(runtime.engine.runner, "time", Clock)
+        want = g.generate(PROMPTS[:2], 40, ignore_eos=True)  # (and the engine's full-depth step timed)
+        got = g.generate(PROMPTS[:2], 40, speedup=1, lossless=True, ignore_eos=True)
+        assert got.token_ids == want.token_ids
+        stats = got.stats
+        assert stats.drafted_tokens >= 0.8 * 2 * 40 and stats.accepted_tokens >= 0.8 * stats.drafted_tokens
+        assert stats.tokens_per_verify > 4, stats.tokens_per_verify  # k grew: the drafts paid
+    finally:
+        g.close()
