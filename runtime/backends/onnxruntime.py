@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import gqa
 from ..artifact.embed_table import EmbedTable
-from ..artifact.manifest import DRAFT_HEAD, GraphSpec, Manifest
+from ..artifact.manifest import DRAFT_HEAD, DRAFT_LAYERS, GraphSpec, Manifest
 from ..errors import ArtifactError, InvalidArgumentError
 from ..kvcache import ArrayStorage
 from ..platform import cpu_idle, hugepages
@@ -222,7 +222,7 @@ class OnnxRuntimeBackend(Backend):
         drafts = manifest.draft_layers if use_fused else []  # they run as fused layers do
         before = hugepages.snapshot() if huge_pages else None
         self._sessions = {g.name: self._open(ort, directory, g, opts) for g in graphs}
-        draft_sessions = [self._open(ort, directory, g, opts) for g in drafts]
+        draft_sessions = [self._open(ort, directory, g, opts, manifest.weights.get(DRAFT_LAYERS)) for g in drafts]
         # huge_pages: the packed weights onto 2 MiB pages, which a step streams (runtime/platform/hugepages.py)
         self.huge_page_bytes = hugepages.collapse_new(before)
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
@@ -265,12 +265,15 @@ class OnnxRuntimeBackend(Backend):
             return None, "onnxruntime", f"runtime/platform/kernels cannot run here: {reason}"
         return kernels.Kernel(path), "skipdecode", ""
 
-    def _open(self, ort, directory: Path, spec: GraphSpec, opts):
+    def _open(self, ort, directory: Path, spec: GraphSpec, opts, weights: str | None = None):
+        """The session of graph ``spec``, whose products are ``weights`` (None: the manifest's for its
+        name; a draft layer's are its own, export --draft-layers)."""
         source = str(directory / spec.file)
         from ..platform import kernels
 
         # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
-        if (self._q4 is not None or self._int8_acts) and self.manifest.graph_weights(spec.name) in kernels.WEIGHTS:
+        weights = weights or self.manifest.graph_weights(spec.name)
+        if (self._q4 is not None or self._int8_acts) and weights in kernels.WEIGHTS:
             import onnx
 
             model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs

@@ -231,6 +231,29 @@ def test_a_float_exports_draft_copies_are_the_files_own_blocks(tmp_path):
     assert _levels(out)["head_draft.onnx"] == {1}
 
 
+@pytest.mark.parametrize("matrices, drafts", [("Q4_1", "int4"), ("Q8_0", "int8")])
+def test_a_default_float_export_drafts_losslessly_on_the_files_blocks(tmp_path, matrices, drafts):
+    """By default a float export of a quantized GGUF drafts through the file's own blocks (a 4-bit
+    file's at int4), which the runtime runs on this project's kernel: lossless rows at speedup 1
+    (the manifest's default for a model never fine-tuned under SkipDecode) keep nearly every draft
+    and give full depth's tokens."""
+    import runtime
+    from runtime.platform import kernels
+
+    path = _write(tmp_path, matrices)
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False),
+                     log=lambda *_: None)
+    assert manifest.weights == {"head_draft": "int8", "layers_draft": drafts}
+    with runtime.load(tmp_path / "art", threads=1) as gen:
+        if kernels.why_not() is None:  # the layers' 4 products each and the head's copy, packed
+            assert len(gen.backend._q4_handles) == 4 * SHAPE["num_hidden_layers"] + 1
+        prompts = ["the quick brown fox", "hello there"]
+        want = gen.generate(prompts, 24, ignore_eos=True)
+        got = gen.generate(prompts, 24, lossless=True, ignore_eos=True)
+    assert got.token_ids == want.token_ids
+    assert got.stats.acceptance_rate >= 0.9, got.stats.acceptance_rate
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""
