@@ -161,6 +161,10 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-int4-e8$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --accuracy-level 4 --out "
      "artifacts/smollm2-int4-a8$", "parse", REAL),
+    # issue 57: lossless at speedup 1 on the file's own blocks
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-default$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-d8 --draft-layers int8$",
+     "parse", REAL),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
     ("python -m export build --model smollm2-135m-instruct --weights int8 --out artifacts/smollm2-int8$", "parse", REAL),
