@@ -3,6 +3,8 @@
 under the ONNX Runtime backend, where the tokens stay those of MatMulNBits; machines that cannot
 build or run it fall back to MatMulNBits with the reason, and a request for it there is refused."""
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from runtime.errors import InvalidArgumentError
 from runtime.platform import kernels
 
 HERE_WHY_NOT = kernels.why_not()
+HERE_ISAS = kernels.MACHINES.get(platform.machine(), ())  # the instruction sets written for this machine
 needs_kernel = pytest.mark.skipif(HERE_WHY_NOT is not None, reason=f"runtime.platform.kernels cannot run here: {HERE_WHY_NOT}")
 
 
@@ -78,7 +81,7 @@ def built(isa: str):
     return path
 
 
-@pytest.fixture(scope="module", params=list(kernels.ISAS))
+@pytest.fixture(scope="module", params=list(HERE_ISAS) or ["none"])
 def kernel(request):
     """The kernel built for each instruction set this CPU has: every product test runs on each."""
     return kernels.Kernel(built(request.param))
@@ -302,12 +305,15 @@ def fake_cpu(monkeypatch, system, machine, flags):
     real_read = kernels.Path.read_text
     monkeypatch.setattr(kernels.platform, "system", lambda: system)
     monkeypatch.setattr(kernels.platform, "machine", lambda: machine)
-    monkeypatch.setattr(kernels.Path, "read_text", lambda self, *a, **k: f"processor\t: 0\nflags\t\t: {flags}\n"
+    key = "Features" if machine in ("aarch64", "arm64") else "flags"  # as each architecture's /proc/cpuinfo spells it
+    monkeypatch.setattr(kernels.Path, "read_text", lambda self, *a, **k: f"processor\t: 0\n{key}\t\t: {flags}\n"
                         if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k))
 
 
 @pytest.mark.parametrize("system,machine,flags,reason", [
-    ("Linux", "aarch64", "fp asimd asimddp", "it is written for x86-64 Linux, not Linux aarch64"),
+    ("Linux", "riscv64", "rv64imafdc", "it is written for x86-64 and ARM64 Linux, not Linux riscv64"),
+    ("Darwin", "arm64", "", "it is written for x86-64 and ARM64 Linux, not Darwin arm64"),
+    ("Linux", "aarch64", "fp asimd evtstrm crc32", "this CPU lacks asimddp (NEON dot product)"),  # a Cortex-A72: Pi 4
     ("Linux", "x86_64", "fpu sse avx2 avx512f avx512bw avx512vl avx512dq f16c",
      "this CPU lacks avx512_vnni (AVX-512 VNNI); fma (AVX2)"),
     ("Linux", "x86_64", "fpu avx f16c",
@@ -322,9 +328,10 @@ def test_a_cpu_the_kernel_is_not_written_for_is_named(monkeypatch, system, machi
 @pytest.mark.parametrize("flags,isa,label", [
     ("fpu avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni", "avx512vnni", "the AVX-512 VNNI kernel"),
     ("fpu avx2 fma f16c avx512f", "avx2", "the AVX2 kernel"),  # a laptop's CPU, or AVX-512 without VNNI
+    ("fp asimd evtstrm fphp asimdhp asimddp", "neon", "the NEON dot product kernel"),  # Jetson Orin, Pi 5
 ])
 def test_the_best_instruction_set_the_cpu_has_is_built(monkeypatch, flags, isa, label):
-    fake_cpu(monkeypatch, "Linux", "x86_64", flags)
+    fake_cpu(monkeypatch, "Linux", "aarch64" if isa == "neon" else "x86_64", flags)
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     assert kernels.isa() == (isa, "") and kernels.label() == label
 
@@ -334,7 +341,7 @@ def test_the_instruction_set_asked_for_is_checked(monkeypatch):
     monkeypatch.setenv(kernels.ISA_ENV, "avx512vnni")
     assert kernels.isa() == (None, "this CPU lacks avx512f, avx512bw, avx512vl, avx512dq, avx512_vnni (AVX-512 VNNI)")
     monkeypatch.setenv(kernels.ISA_ENV, "neon")
-    assert kernels.isa() == (None, f"{kernels.ISA_ENV}=neon names no instruction set it is written for "
+    assert kernels.isa() == (None, f"{kernels.ISA_ENV}=neon names no instruction set it is written for here "
                                    f"(avx512vnni, avx2)")
     monkeypatch.setenv(kernels.ISA_ENV, "avx2")
     assert kernels.isa() == ("avx2", "")
@@ -343,7 +350,7 @@ def test_the_instruction_set_asked_for_is_checked(monkeypatch):
 def test_every_instruction_set_computes_the_same_products_to_the_bit():
     """AVX2 computes vpdpbusd's integer sums with maddubs/madd (8-bit weights as signed bytes) and
     every float step in the AVX-512 path's order, so its products are that path's exactly."""
-    built_for = {isa: kernels.Kernel(built(isa)) for isa in kernels.ISAS}
+    built_for = {isa: kernels.Kernel(built(isa)) for isa in HERE_ISAS}
     rng = np.random.default_rng(7)
     for bits in (4, 8):
         for k, n, m, zero_points, minimums in [(960, 100, 1, True, False), (2560, 33, 3, True, True),
@@ -478,7 +485,7 @@ def test_the_backend_gives_matmulnbits_tokens_but_for_near_ties(int4_artifact, f
 
 def test_the_backend_on_each_instruction_set_gives_the_same_logits_to_the_bit(int4_artifact, monkeypatch):
     runs = []
-    for isa in kernels.ISAS:
+    for isa in HERE_ISAS:
         built(isa)  # (skips where this CPU lacks one)
         monkeypatch.setenv(kernels.ISA_ENV, isa)
         gen = runtime.load(int4_artifact, threads=2, int4_kernel="skipdecode")

@@ -7,9 +7,11 @@ MatMulNBits computes for bits=4, block_size=32 at accuracy level 4 (int8 activat
 weights, zero points or none; its scales kept as float16) from a layout that feeds 16 output rows
 per 64-byte load: int4 steps 1.3x-1.6x faster there (docs/benchmarks.md, "This project's int4
 kernel"). It is written for two x86-64 instruction sets (``ISAS``): AVX-512 VNNI (Zen 4/5, Intel
-server CPUs) and AVX2 with FMA and F16C (every x86-64 laptop and desktop CPU since 2013-2015), whose
-products are the same to the bit; the best one the CPU has is built (``SKIPDECODE_KERNEL_ISA=avx2``
-builds the other, to measure or test it on a CPU that has both).
+server CPUs) and AVX2 with FMA and F16C (every x86-64 laptop and desktop CPU since 2013-2015), and
+for ARMv8.2 NEON with dot products (Cortex-A76/A78: Raspberry Pi 5, Jetson Orin), whose products are
+the same to the bit (the NEON path checked under emulation: tests/runtime/test_kernels_neon.py); the
+best one the CPU has is built (``SKIPDECODE_KERNEL_ISA=avx2`` builds another, to measure or test it
+on a CPU that has both).
 
 MatMulNBits at accuracy level 1 (float activations: ONNX Runtime runs it ~15x slower) it computes
 with activations of 16 bits per block of 32, two int8 passes over the same unpacked weights
@@ -52,7 +54,10 @@ ISAS = {
     "avx512vnni": ("AVX-512 VNNI", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "f16c"),
                    ("-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni")),
     "avx2": ("AVX2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+    "neon": ("NEON dot product", ("asimd", "asimddp"), ("-march=armv8.2-a+dotprod",)),
 }
+MACHINES = {"x86_64": ("avx512vnni", "avx2"), "AMD64": ("avx512vnni", "avx2"), "aarch64": ("neon",),
+            "arm64": ("neon",)}  # platform.machine() -> the instruction sets written for it
 CFLAGS = ("-O3", "-fPIC", "-shared")
 ISA_ENV = "SKIPDECODE_KERNEL_ISA"
 
@@ -69,10 +74,10 @@ def cache_dir() -> Path:
 
 
 def _cpu_flags() -> list[str] | str:
-    """The CPU's flags, or why they cannot be read."""
+    """The CPU's flags (x86's "flags", ARM's "Features"), or why they cannot be read."""
     try:
         return next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")), [])
+                     if line.startswith(("flags", "Features"))), [])
     except OSError as exc:
         return f"/proc/cpuinfo unreadable ({exc})"
 
@@ -80,16 +85,16 @@ def _cpu_flags() -> list[str] | str:
 def isa() -> tuple[str | None, str]:
     """(the instruction set to build the kernel for, "") or (None, why none): the best one the CPU
     has, or the one $SKIPDECODE_KERNEL_ISA names."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, f"it is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
+    written = MACHINES.get(platform.machine(), ())
+    if platform.system() != "Linux" or not written:
+        return None, f"it is written for x86-64 and ARM64 Linux, not {platform.system()} {platform.machine()}"
     flags = _cpu_flags()
     if isinstance(flags, str):
         return None, flags
     asked = os.environ.get(ISA_ENV)
-    if asked and asked not in ISAS:
-        return None, f"{ISA_ENV}={asked} names no instruction set it is written for ({', '.join(ISAS)})"
-    lacking = {name: [f for f in needs if f not in flags] for name, (_, needs, _) in ISAS.items()
-               if not asked or name == asked}
+    if asked and asked not in written:
+        return None, f"{ISA_ENV}={asked} names no instruction set it is written for here ({', '.join(written)})"
+    lacking = {name: [f for f in ISAS[name][1] if f not in flags] for name in written if not asked or name == asked}
     found = next((name for name, missing in lacking.items() if not missing), None)
     if found:
         return found, ""

@@ -31,12 +31,18 @@
  * 16-bit pairs cannot saturate); the integer sums are the same, and every float step (scales,
  * accumulation, a block's float sum) runs in the same order, so both give the same floats.
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+static inline uint16_t to_half(float f) { return _cvtss_sh(f, 0); } /* round to nearest even */
+#else
+#include <arm_neon.h>
+static inline uint16_t to_half(float f) { __fp16 h = (__fp16)f; uint16_t u; memcpy(&u, &h, 2); return u; }
+#endif
 
 #define GROUP 16
 #define BLOCK 32
@@ -159,7 +165,7 @@ static void pack_block8(uint8_t *p, const uint8_t *b, const float *s, const uint
                 p[q * 64 + r * 4 + i] = src[2 * (4 * q + i)];
                 p[(4 + q) * 64 + r * 4 + i] = src[2 * (4 * q + i) + 1];
             }
-        uint16_t h = _cvtss_sh(s[(size_t)row * blocks + j], 0);
+        uint16_t h = to_half(s[(size_t)row * blocks + j]);
         memcpy(p + 512 + r * 2, &h, 2);
         p[544 + r] = z ? z[(size_t)row * blocks + j] : 128;
     }
@@ -180,7 +186,7 @@ static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const fl
         if (!w->mins) { arena_release(w->home); free(w); return -1; }
         for (int64_t row = 0; row < n; row++)
             for (int64_t j = 0; j < blocks; j++)
-                w->mins[((size_t)(row / GROUP) * blocks + j) * GROUP + row % GROUP] = _cvtss_sh(mn[(size_t)row * blocks + j], 0);
+                w->mins[((size_t)(row / GROUP) * blocks + j) * GROUP + row % GROUP] = to_half(mn[(size_t)row * blocks + j]);
     }
     for (int64_t g = 0; g < groups; g++)
         for (int64_t j = 0; j < blocks; j++) {
@@ -191,7 +197,7 @@ static int64_t pack(const uint8_t *b, const float *s, const uint8_t *z, const fl
                 if (row >= n) { p[288 + r / 2] |= (uint8_t)(8 << ((r & 1) * 4)); continue; } /* padding rows */
                 const uint8_t *src = b + ((size_t)row * blocks + j) * 16;
                 for (int q = 0; q < 4; q++) memcpy(p + q * 64 + r * 4, src + q * 4, 4);
-                uint16_t h = _cvtss_sh(s[(size_t)row * blocks + j], 0);
+                uint16_t h = to_half(s[(size_t)row * blocks + j]);
                 memcpy(p + 256 + r * 2, &h, 2);
                 int zv = z ? (z[(size_t)row * zbytes + j / 2] >> ((j & 1) * 4)) & 15 : 8;
                 p[288 + r / 2] = (uint8_t)((p[288 + r / 2] & (r & 1 ? 0x0F : 0xF0)) | (zv << ((r & 1) * 4)));
@@ -220,6 +226,16 @@ static q4_weight *lookup(int64_t handle) {
     return chunk ? __atomic_load_n(&chunk[handle % CHUNK], __ATOMIC_ACQUIRE) : NULL;
 }
 
+/* A packed weight's bytes (its table entry's data, *bytes long) and minimums (GROUP float16s a group
+ * and block, or NULL): for tests, which run another instruction set's products over them. */
+const uint8_t *q4_packed(int64_t handle, int64_t *bytes, const uint16_t **mins) {
+    const q4_weight *w = lookup(handle);
+    if (!w) return NULL;
+    *bytes = (int64_t)w->bytes;
+    *mins = w->mins;
+    return w->data;
+}
+
 void q4_free(int64_t handle) {
     q4_weight *w = lookup(handle);
     if (!w) return;
@@ -242,14 +258,16 @@ typedef struct {
 
 #define WIDE 254 /* 16-bit activations: c = WIDE q + q2 */
 
+#if defined(__x86_64__)
 /* a[0..7] + a[8..15] of two vectors of 8 partial sums, in one fixed order (the order GCC's
- * _mm512_reduce_add_ps takes), so that both instruction sets sum a block alike */
+ * _mm512_reduce_add_ps takes), so that every instruction set sums a block alike */
 static inline float sum8(__m256 lo, __m256 hi) {
     __m256 t3 = _mm256_add_ps(hi, lo);
     __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
     __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
+#endif
 
 /* a block's 32 rounded int8 values q (and at 16 bits the second pass's q2 = round((x - q) WIDE),
  * x = a 127 / amax, clamped to int8), split into the even and odd inputs, with their sum and scale */
@@ -354,7 +372,7 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
         _mm512_mask_storeu_ps(y + (m0 + t) * w->n + n0, (__mmask16)((1u << left) - 1), f[t]);
 }
 
-#else /* AVX2 + FMA + F16C: the same products from the same layout, 8 rows a 256-bit half */
+#elif defined(__AVX2__) /* + FMA + F16C: the same products from the same layout, 8 rows a 256-bit half */
 
 static void quantize(const float *a, int64_t blocks, int float_sums, int wide, act_block *out) {
     const __m256 sign = _mm256_set1_ps(-0.f);
@@ -466,6 +484,100 @@ static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int6
     }
 }
 
+#elif defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+/* ARMv8.2 dot products (Cortex-A76/A78: Raspberry Pi 5, Jetson Orin): the same layout a 16-byte
+ * quarter (4 rows) at a time, sdot's signed products (4-bit weights are 0..15 as signed bytes;
+ * 8-bit ones signed w - 128, as AVX2's), every float step in the AVX-512 path's order: the same
+ * floats as the x86 paths (checked under emulation: tests/runtime/test_kernels.py). */
+
+static void quantize(const float *a, int64_t blocks, int float_sums, int wide, act_block *out) {
+    for (int64_t j = 0; j < blocks; j++) {
+        const float *b = a + j * BLOCK;
+        float32x4_t v[8], m = vdupq_n_f32(0.f);
+        for (int i = 0; i < 8; i++) {
+            v[i] = vld1q_f32(b + 4 * i);
+            m = vmaxq_f32(m, vabsq_f32(v[i]));
+        }
+        float amax = vmaxvq_f32(m);
+        float32x4_t inv = vdupq_n_f32(amax > 0 ? 127.f / amax : 0.f);
+        float x[BLOCK];
+        int32_t q[BLOCK];
+        for (int i = 0; i < 8; i++) {
+            float32x4_t xi = vmulq_f32(v[i], inv);
+            vst1q_f32(x + 4 * i, xi);
+            vst1q_s32(q + 4 * i, vcvtnq_s32_f32(xi)); /* rounds to nearest even, as cvtps */
+        }
+        store_block(out + j, x, q, amax, wide);
+        if (float_sums) { /* sum8's order: lanes i of (a[0..7] + a[16..23]) and (a[8..15] + a[24..31]) */
+            float t3[8], t6[4];
+            for (int i = 0; i < 8; i++) t3[i] = (b[8 + i] + b[24 + i]) + (b[i] + b[16 + i]);
+            for (int i = 0; i < 4; i++) t6[i] = t3[4 + i] + t3[i];
+            out[j].fsum = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+        } else out[j].fsum = 0.f;
+    }
+}
+
+/* 4 rows' w . a over a block: lo/hi the weights of its even/odd inputs, 4 bytes a row each */
+static inline int32x4_t block_dot(const int8x16_t *lo, const int8x16_t *hi, const int8_t *even, const int8_t *odd) {
+    const int32_t *e = (const int32_t *)even, *o = (const int32_t *)odd;
+    int32x4_t acc = vdupq_n_s32(0), acc2 = vdupq_n_s32(0);
+    for (int q = 0; q < 4; q++) {
+        acc = vdotq_s32(acc, lo[q], vreinterpretq_s8_s32(vdupq_n_s32(e[q])));
+        acc2 = vdotq_s32(acc2, hi[q], vreinterpretq_s8_s32(vdupq_n_s32(o[q])));
+    }
+    return vaddq_s32(acc, acc2);
+}
+
+/* y[m, g*16 .. g*16+15] for activation rows m0 .. m0+mt-1 (mt <= M_TILE) */
+static void group_rows(const q4_weight *w, int64_t g, const act_block *act, int64_t m0, int mt, int wide, float *y) {
+    float32x4_t f[M_TILE][4];
+    for (int t = 0; t < M_TILE; t++)
+        for (int c = 0; c < 4; c++) f[t][c] = vdupq_n_f32(0.f);
+    const uint8_t *p = w->data + (size_t)g * w->blocks * w->stride;
+    const uint16_t *mins = w->mins ? w->mins + (size_t)g * w->blocks * GROUP : NULL;
+    for (int64_t j = 0; j < w->blocks; j++, p += w->stride) {
+        int32_t zp[GROUP];
+        const uint8_t *scales = p + (w->bits == 8 ? 512 : 256);
+        for (int r = 0; r < GROUP; r++) /* w - z; 8-bit weights are read as w - 128, so z - 128 */
+            zp[r] = w->bits == 8 ? p[544 + r] - 128 : (p[288 + r / 2] >> ((r & 1) * 4)) & 15;
+        for (int c = 0; c < 4; c++) { /* rows 4c .. 4c+3: bytes 16c .. 16c+15 of every vector */
+            int8x16_t lo[4], hi[4];
+            for (int q = 0; q < 4; q++) {
+                if (w->bits == 8) {
+                    lo[q] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + q * 64 + 16 * c), vdupq_n_u8(0x80)));
+                    hi[q] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + (4 + q) * 64 + 16 * c), vdupq_n_u8(0x80)));
+                } else {
+                    uint8x16_t x = vld1q_u8(p + q * 64 + 16 * c);
+                    lo[q] = vreinterpretq_s8_u8(vandq_u8(x, vdupq_n_u8(0x0F)));
+                    hi[q] = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));
+                }
+            }
+            int32x4_t z = vld1q_s32(zp + 4 * c);
+            float32x4_t scale = vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(scales + 8 * c)));
+            for (int t = 0; t < mt; t++) {
+                const act_block *a = act + (m0 + t) * w->blocks + j;
+                int32x4_t acc = block_dot(lo, hi, a->even, a->odd);
+                if (wide) acc = vaddq_s32(vmulq_n_s32(acc, WIDE), block_dot(lo, hi, a->even2, a->odd2));
+                acc = vsubq_s32(acc, vmulq_n_s32(z, a->sum));
+                f[t][c] = vfmaq_f32(f[t][c], vcvtq_f32_s32(acc), vmulq_n_f32(scale, a->scale));
+            }
+            if (mins) {
+                float32x4_t mv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + j * GROUP + 4 * c)));
+                for (int t = 0; t < mt; t++)
+                    f[t][c] = vfmaq_n_f32(f[t][c], mv, act[(m0 + t) * w->blocks + j].fsum);
+            }
+        }
+    }
+    int64_t n0 = g * GROUP, left = w->n - n0 < GROUP ? w->n - n0 : GROUP;
+    for (int t = 0; t < mt; t++) {
+        float out[GROUP];
+        for (int c = 0; c < 4; c++) vst1q_f32(out + 4 * c, f[t][c]);
+        memcpy(y + (m0 + t) * w->n + n0, out, (size_t)left * sizeof *out);
+    }
+}
+
+#else
+#error "q4_vnni.c is written for AVX-512 VNNI, AVX2 with FMA and F16C, or ARMv8.2 NEON with dot products"
 #endif
 
 /* Every activation row of a (m x k) quantized for weight w at 8 or 16 bits (wide), with their float
