@@ -1,5 +1,5 @@
-/* int4 weight x float activation products for x86 CPUs with AVX-512 VNNI or AVX2 (+ FMA, F16C), as
- * an ONNX Runtime custom operator (runtime/platform/kernels/__init__.py builds and loads this file,
+/* int4 weight x float activation products for x86 CPUs with AVX-512 VNNI or AVX2 (+ FMA, F16C) and
+ * ARM64 ones with NEON dot products (ARMv8.2), as an ONNX Runtime custom operator (runtime/platform/kernels/__init__.py builds and loads this file,
  * with the compiler flags of the best instruction set the CPU has).
  *
  * Computes what com.microsoft::MatMulNBits computes for bits=4, block_size=32 (its weights, with
