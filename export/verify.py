@@ -142,7 +142,7 @@ def _end_to_end(report, gen, refs: reference.References, dtype, exact=True):
     # Full depth: ONNX Runtime vs transformers' generate.
     full = {"max_layers": gen.num_layers, "min_layers": gen.num_layers}
     stream = gen.stream(prompts, max_new_tokens, policy=full, eos_token_id=eos)
-    step_logits = [event.logits for event in stream]
+    step_logits = _step_logits(stream, len(prompts))
     ours = [_pad(t, len(hf_tokens[0]), pad) for t in stream.result.token_ids]
     same = ours == hf_tokens
     report.add("full depth vs transformers", same or dtype == "float16" or not exact,
@@ -175,6 +175,18 @@ def _layers_follow(steps, policy) -> bool:
     the reference's record of its own steps: where quantized weights change the tokens, rows end
     at other steps than the reference's (an int4 artifact ran more steps and failed here)."""
     return all(tuple(s.layers) == tuple(policy.active_layers(s.step)) for s in steps)
+
+
+def _step_logits(stream, rows: int) -> list[np.ndarray]:
+    """(B, V) logits per generation step, each row's from the event that gave its token at that
+    step: an event carries the rows at one step, and an int8/int4 artifact seats its rows one at a
+    time (batch_invariant), so its first events hold some rows each (the others' zeros)."""
+    per_step: dict[int, np.ndarray] = {}
+    for event in stream:
+        for b, token in enumerate(event.token_ids):
+            if token is not None:
+                per_step.setdefault(event.step, np.zeros((rows, event.logits.shape[1]), np.float32))[b] = event.logits[b]
+    return [per_step[g] for g in sorted(per_step)]
 
 
 def _logit_diff(ours_logits, hf_logits, ours_tokens, hf_tokens, running) -> float:

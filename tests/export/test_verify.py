@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from export.verify import _layers_follow, _logit_diff
+from export.verify import _layers_follow, _logit_diff, _step_logits
 from runtime.policy import SkipPolicy
-from runtime.stats import StepStats
+from runtime.stats import StepStats, TokenEvent
 
 
 def test_logit_diff_skips_rows_that_have_finished():
@@ -29,3 +29,18 @@ def test_skip_check_judges_each_steps_layers_by_the_policy_whatever_the_step_cou
     assert _layers_follow(steps, policy)  # past the horizon too: as many steps as the row ran
     wrong = steps[:3] + [StepStats(3, 3, (0, 1, 2), 0.01, 6)] + steps[4:]  # lower layers, not the top ones
     assert not _layers_follow(wrong, policy)
+
+
+def test_step_logits_take_each_rows_from_the_event_of_its_step():
+    """An int8/int4 artifact seats its rows one at a time (batch_invariant): its first events carry
+    one row each, the others' logits zeros. Each row's logits at step g are those of the event that
+    gave its step-g token (read as one event per step, the diff was the largest logit: 41 on the
+    real SmolLM2 int4, whose tokens were transformers')."""
+    def event(step, tokens, rows):
+        logits = np.zeros((2, 3), np.float32)
+        for b, value in rows.items():
+            logits[b] = value
+        return TokenEvent(step, tokens, [""] * 2, [False] * 2, logits)
+    stream = [event(0, [5, None], {0: 1.0}), event(0, [None, 6], {1: 2.0}), event(1, [7, 8], {0: 3.0, 1: 4.0})]
+    steps = _step_logits(iter(stream), 2)
+    assert [s[:, 0].tolist() for s in steps] == [[1.0, 2.0], [3.0, 4.0]]
