@@ -161,6 +161,7 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-int4-e8$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --accuracy-level 4 --out "
      "artifacts/smollm2-int4-a8$", "parse", REAL),
+    ("python -m export verify artifacts/smollm2-int4$", "parse", REAL),
     # issue 57: lossless at speedup 1 on the file's own blocks
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-default$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-d8 --draft-layers int8$",
