@@ -204,7 +204,7 @@ class OnnxRuntimeBackend(Backend):
         self._q4_handles: list[int] = []
         # our kernel out of reach, not refused: float-activation products at int8 ones (kernels.int8_activations)
         self._int8_acts = cpu_only and int4_kernel == "auto" and self.int4_kernel == "onnxruntime"
-        self._narrowed = 0
+        self._narrowed = self._wide = 0  # products run at int8 activations in place of float ones; at 16 bits
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
         if self._q4 is not None or self._int8_acts:
@@ -228,6 +228,9 @@ class OnnxRuntimeBackend(Backend):
         if self._q4 is not None and not self._q4_handles:  # no product it could take: say what ran
             self._q4, self.int4_kernel = None, "onnxruntime"
             self.int4_kernel_note = "no MatMulNBits of 4 or 8 bits, blocks of 32 and accuracy level 4 or 1 to take"
+        if self._wide:  # what a user reads beside the kernel: the products' activations
+            self.int4_kernel_note = (f"{self._wide} of its {len(self._q4_handles)} products at float activations, "
+                                     f"computed at 16 bits")
         if self._narrowed:
             self.int4_kernel_note += (f"; {self._narrowed} products exported at float activations (a GGUF's own "
                                       f"blocks) run at int8 ones on MatMulNBits, whose float path is ~9x slower")
@@ -280,6 +283,8 @@ class OnnxRuntimeBackend(Backend):
             if self._q4 is not None:
                 handles = kernels.rewrite(model, self._q4, str(directory))
                 self._q4_handles += handles
+                self._wide += sum(a.name == "activations" and a.i == 16 for n in model.graph.node
+                                  if n.op_type == kernels.OP for a in n.attribute)
                 changed = len(handles)
             else:
                 changed = kernels.int8_activations(model)

@@ -196,6 +196,8 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
     error = {name: np.abs(logits(name)[0] - exact).max() / np.abs(exact).max() for name in ("int4", "int4-a8")}
     if kernels.why_not() is None:
         assert error["int4"] < 1e-3 and error["int4-a8"] > 50 * error["int4"], error
+        assert logits("int4")[1].int4_kernel_note == "9 of its 9 products at float activations, computed at 16 bits"
+        assert logits("int4-a8")[1].int4_kernel_note == ""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernels, "library", lambda: (None, "this CPU lacks avx2"))
         narrowed, backend = logits("int4")
