@@ -48,7 +48,7 @@ class BuildOptions:
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
-    weights: str = "float"  # layers' weights: float (the dtype's), int8 or int4 (export.quantize)
+    weights: str = "float"  # layers' weights: float (the dtype's), int8, int4 (export.quantize) or auto (auto_weights)
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
@@ -183,6 +183,18 @@ def carried_line(blocks: BlockIndex, gguf_entry: dict, accuracy_level: int = 0) 
     return line
 
 
+def auto_weights(options: BuildOptions) -> tuple[str, str]:
+    """What ``--weights auto`` means for this model: (weights, why). A quantized GGUF's own precision
+    (Q4_* layers int4, Q5_*/Q6_*/Q8_0 int8: export.gguf_blocks carries them as they are), else float
+    (a float file, a checkpoint directory, or an adapter, whose merge moves the file's values)."""
+    source = checkpoint.resolve(options.model, random_weights=options.random_weights)
+    if source.kind != "gguf":
+        return "float", f"{source.describe()} holds no quantized blocks"
+    quantization = gguf.inspect(source.location).quantization
+    weights = "int4" if quantization.startswith("Q4") else "int8" if quantization.startswith(("Q5", "Q6", "Q8")) else "float"
+    return weights, f"the file's {quantization} layers"
+
+
 def build(options: BuildOptions, log=print) -> Manifest:
     """Export ``options.model`` into ``options.out``; returns the manifest written. ``log`` takes
     each line of what the build does (the parity table included); result_line says what it made."""
@@ -190,6 +202,10 @@ def build(options: BuildOptions, log=print) -> Manifest:
     recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
     remove_leftovers(out)
     _prepare_out(out)
+    if options.weights == "auto":
+        weights, why = auto_weights(options)
+        log(f"--weights auto: {weights} ({why})")
+        options = replace(options, weights=weights)
     quant = QuantConfig(weights=options.weights, head_weights=options.head_weights,
                         block_size=options.block_size, format=options.weights_format,
                         accuracy_level=options.accuracy_level)

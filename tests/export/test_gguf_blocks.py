@@ -279,6 +279,35 @@ def test_an_int4_exports_lossless_rows_give_full_depths_tokens_alone(tmp_path):
             assert got.stats.verify_passes > 0
 
 
+@pytest.mark.parametrize("matrices, layers, head", [("Q4_1", "int4", "int8"), ("Q8_0", "int8", "int8"),
+                                                    ("F32", "float", "float")])
+def test_weights_auto_keeps_the_files_precision(tmp_path, matrices, layers, head):
+    """--weights auto: a quantized GGUF's own precision (its blocks carried), a float one's float."""
+    from export.__main__ import main as export_main
+
+    path = _write(tmp_path, matrices, embedding="F32" if matrices == "F32" else "Q8_0")
+    lines = []
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False,
+                                  weights="auto"), log=lines.append)
+    assert (manifest.weights.get("layers", "float"), manifest.weights.get("head", "float")) == (layers, head)
+    assert f"--weights auto: {layers} (the file's {matrices} layers)" in lines
+    if layers != "float":
+        assert manifest.weights["from_gguf"]["requantized"] == []
+    assert export_main(["build", "--model", str(path), "--out", str(tmp_path / "cli"), "-q", "--weights", "auto",
+                        "--no-check"]) == 0
+
+
+def test_weights_auto_of_a_checkpoint_is_float(tmp_path):
+    from tests.families import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "llama3")
+    lines = []
+    manifest = build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art"), progress=False, check=False,
+                                  weights="auto"), log=lines.append)
+    assert not manifest.quantized and lines[0].startswith("--weights auto: float (")
+    assert lines[0].endswith("holds no quantized blocks)")
+
+
 def test_requantizing_moves_the_weights_carrying_keeps_them(tmp_path):
     """Why carry: the same Q4_1 file exported with --block-size 16 (not GGML's 32) is requantized,
     and its weights move away from the file's values."""
