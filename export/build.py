@@ -188,6 +188,8 @@ def auto_weights(options: BuildOptions) -> tuple[str, str]:
     (Q4_* layers int4, Q5_*/Q6_*/Q8_0 int8: export.gguf_blocks carries them as they are), else float
     (a float file, a checkpoint directory, or an adapter, whose merge moves the file's values)."""
     source = checkpoint.resolve(options.model, random_weights=options.random_weights)
+    if source.kind == "adapter":
+        return "float", "a merged adapter moves the file's values off its blocks"
     if source.kind != "gguf":
         return "float", f"{source.describe()} holds no quantized blocks"
     quantization = gguf.inspect(source.location).quantization
