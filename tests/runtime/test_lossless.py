@@ -124,16 +124,17 @@ def test_lossless_rows_beside_plain_rows(artifact_dir, gen, full):
 class LayerClock:
     """The engine's clock, advanced by the layers each decode step or verify pass of ``backend`` runs:
     what drafting is weighed with becomes layer counts (a draft step of n layers costs n / L full
-    steps, a pass one), the same on every machine and under any load."""
+    steps, a pass one), the same on every machine and under any load. ``draft_layer``: what a layer
+    of a step of drafts costs (a quantized copy's: less than one)."""
 
-    def __init__(self, backend, monkeypatch):
+    def __init__(self, backend, monkeypatch, draft_layer: float = 1.0):
         import runtime.engine.runner
 
         self.now = 0.0
         decode, verify = backend.decode, backend.verify
 
         def counted_decode(step, cache):
-            self.now += len(step.layers)
+            self.now += len(step.layers) * (draft_layer if step.draft else 1.0)
             return decode(step, cache)
 
         def counted_verify(check, cache):
@@ -604,30 +605,9 @@ def test_drafts_at_full_depth_on_the_quantized_copies_pay(draft_layers_artifact,
     always. Its draft steps run every layer, and must be weighed as the drafts they are, not as
     full-depth steps: a clock where a draft step costs a quarter of a full one lets the row's k grow
     past its first passes (weighed as full steps, drafts never paid and the rows paused)."""
-    import runtime.engine.runner
-
     g = runtime.load(draft_layers_artifact, max_batch=4, check_hashes=False)
     try:
-        clock = {"now": 0.0}
-        decode, verify = g.backend.decode, g.backend.verify
-
-        def counted_decode(step, cache):
-            clock["now"] += len(step.layers) * (0.25 if step.draft else 1.0)
-            return decode(step, cache)
-
-        def counted_verify(check, cache):
-            clock["now"] += check.depth
-            return verify(check, cache)
-
-        class Clock:
-            @staticmethod
-            def perf_counter():
-                clock["now"] += 1e-6
-                return clock["now"]
-
-        monkeypatch.setattr(g.backend, "decode", counted_decode)
-        monkeypatch.setattr(g.backend, "verify", counted_verify)
-        monkeypatch.setattr(runtime.engine.runner, "time", Clock)
+        LayerClock(g.backend, monkeypatch, draft_layer=0.25)
         want = g.generate(PROMPTS[:2], 40, ignore_eos=True)  # (and the engine's full-depth step timed)
         got = g.generate(PROMPTS[:2], 40, speedup=1, lossless=True, ignore_eos=True)
         assert got.token_ids == want.token_ids

@@ -91,9 +91,9 @@ class PolicySampler:
     # run's own for that speedup instead of for_speedup's pick (--policy; skipdecode.json's speedup_policies)
 
     def policies(self) -> list[SkipPolicy]:
-        own = {s: (hi, lo) for s, hi, lo in self.own}
-        return [SkipPolicy(self.num_layers, *own[s], **self._shape) if s in own
-                else SkipPolicy.for_speedup(self.num_layers, s, **self._shape) for s in self.speedups]
+        own, shape = {s: (hi, lo) for s, hi, lo in self.own}, self._shape
+        return [SkipPolicy(self.num_layers, *own[s], **shape) if s in own
+                else SkipPolicy.for_speedup(self.num_layers, s, **shape) for s in self.speedups]
 
     @property
     def _shape(self) -> dict:
