@@ -72,11 +72,11 @@ def _parser() -> argparse.ArgumentParser:
                         "writing the file's own Q4_0/Q4_1/Q8_0 blocks; further from the file, faster on ONNX Runtime's "
                         "MatMulNBits (no Q4_1 minimums' term)")
     q.add_argument("--accuracy-level", type=int, choices=(1, 4),
-                   help="MatMulNBits' activations (onnxruntime's quantizer's name): 4, int8 per block of 32 (the "
-                        "fast kernels, as llama.cpp's q8 activations); 1, float32: the products exact (this project's "
-                        "kernel computes them with 16-bit activations: decode ~5%% slower, prompts ~40%%). Default: 1 "
-                        "for a quantized GGUF's products carried from its own blocks, 4 for the rest "
-                        "(docs/quality.md, \"The GGUF's own blocks\")")
+                   help="MatMulNBits' activations (onnxruntime's quantizer's name): 1, float32, the default: the "
+                        "products exact and a row's greedy text the same whatever else its batch carries (this "
+                        "project's kernel computes them with 16-bit activations: decode within ~5%%, prompts ~1.45x "
+                        "slower than 4); 4, int8 per block of 32 (as llama.cpp's q8 activations): prompts faster, "
+                        "greedy text that can change with the batch (docs/design.md, \"Batch invariance\")")
     # ONNX Runtime's quantizer calls this quant_format (QOperator = MatMulNBits, or QDQ);
     # --weights-format was its first name here, one letter from optimum's --weight-format (= --weights)
     q.add_argument("--weights-format", dest="quant_format", choices=FORMATS, default=argparse.SUPPRESS,

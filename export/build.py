@@ -52,8 +52,8 @@ class BuildOptions:
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)
-    accuracy_level: int = 0  # MatMulNBits' activations: 4 = int8 (the fast kernels), 1 = float32 (exact products);
-    # 0: 1 for a GGUF's carried blocks, 4 for the rest (export.quantize.CARRIED_ACCURACY_LEVEL)
+    accuracy_level: int = 0  # MatMulNBits' activations: 1 = float32 (exact products, batch-invariant greedy
+    # output), 4 = int8 (prompts faster); 0: export.quantize.DEFAULT_ACCURACY_LEVEL (1)
     requantize: bool = False  # a quantized GGUF: quantize its dequantized weights again instead of carrying
     # its own blocks (export.gguf_blocks): no minimums' term on ONNX Runtime's MatMulNBits, further from the file
     fused: bool = True  # also write the layers' fused-operator variant for ONNX Runtime (export.fused)
@@ -166,14 +166,19 @@ def auto_drafts(config: ExportConfig, refusals: dict[str, str]) -> str:
     return "int8"
 
 
-def carried_line(blocks: BlockIndex, gguf_entry: dict, accuracy_level: int = 0) -> str:
-    """What the export made of a quantized GGUF's blocks: the products carried as they are (at
-    which activations), and those requantized (a head of another bit width than asked, another
+def activations(accuracy_level: int) -> str:
+    """What the build log says of the products' activations (export.quantize.DEFAULT_ACCURACY_LEVEL)."""
+    if accuracy_level == 4:
+        return "int8 activations: greedy text can change with the batch"
+    return "float activations: greedy text the same in any batch (--accuracy-level 4: int8 ones, prompts faster)"
+
+
+def carried_line(blocks: BlockIndex, gguf_entry: dict) -> str:
+    """What the export made of a quantized GGUF's blocks: the products carried as they are, and
+    those requantized (a head of another bit width than asked, another
     --block-size)."""
-    acts = ("int8 activations" if accuracy_level == 4 else
-            "float activations (--accuracy-level 4: int8 ones, prompts faster)")
-    line = (f"{gguf_entry['file']}: {len(blocks.carried)} products carried from its own blocks exactly, at "
-            f"{acts}, {len(blocks.requantized)} requantized; the embedding "
+    line = (f"{gguf_entry['file']}: {len(blocks.carried)} products carried from its own blocks exactly, "
+            f"{len(blocks.requantized)} requantized; the embedding "
             f"{'gathered from its 8-bit blocks' if blocks.embedding else 'float (the file holds it in no 8-bit type)'}")
     if blocks.requantized:
         shown = ", ".join(blocks.requantized[:3]) + (" ..." if len(blocks.requantized) > 3 else "")
@@ -248,8 +253,9 @@ def build(options: BuildOptions, log=print) -> Manifest:
                           getattr(c, "word_embed_proj_dim", c.hidden_size),
                           attention=c.num_attention_heads * head_dim(c))
         embedding = "the embedding in the file's 8-bit blocks where it has them" if index else "float embedding"
+        acts = f"; {activations(quant.accuracy_level)}" if quant.format == "matmulnbits" else ""
         log(f"weights: {options.weights} layers, {quant.head_weights} head, {embedding} "
-            f"(block {quant.block_size}, {quant.format})")
+            f"(block {quant.block_size}, {quant.format}){acts}")
     width = getattr(hf_model.config, "word_embed_proj_dim", hf_model.config.hidden_size)  # the head's K
     refusals = draft_refusals(config, hf_model.config, width)
     if "auto" in (options.draft_head, options.draft_layers):
@@ -298,7 +304,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
                              unit="graph", disable=not options.progress):
                 specs.append(export_graph(model, spec, tmp, config, weights, draft_model))
         if config.blocks is not None:
-            log(carried_line(config.blocks, gguf_entry, quant.accuracy_level))
+            log(carried_line(config.blocks, gguf_entry))
         why_not = config.fused_reason(hf_model.config)
         c = hf_model.config
         fused = [] if why_not else [fused_layers.graph_spec(s, kv_heads(c), head_dim(c)) for s in specs[1:-1]]

@@ -53,14 +53,14 @@ QUANT_BITS = {"int8": 8, "int4": 4}
 # tools.bench is this one.
 BLOCK_SIZE = 32
 FORMATS = ("matmulnbits", "qdq")
-DEFAULT_ACCURACY_LEVEL = 4  # what QuantConfig's 0 picks: int8 activations (docs/benchmarks.md,
-# "Decode at the memory floor": ONNX Runtime 1.32's CPU kernels for 8-bit weights have no float-
-# activation path but a fallback ~500x slower, and 4-bit weights run ~3x faster with it)
-# ... and for a GGUF's products carried from its own blocks (export.gguf_blocks): float activations,
-# so that the products are the file's values exactly, which this project's kernel computes with
-# activations of 16 bits (runtime/platform/kernels; docs/quality.md, "The GGUF's own blocks") and the
-# runtime runs at int8 activations where only MatMulNBits can take them (its float path is ~9x slower)
-CARRIED_ACCURACY_LEVEL = 1
+# What QuantConfig's 0 picks: float activations, so that a row's products do not depend on what else
+# a call carries (int8 activations turn the attention's float noise, which differs with a call's
+# rows, into other tokens: docs/design.md, "Batch invariance") and a GGUF's carried blocks give the
+# file's values exactly (docs/quality.md, "The GGUF's own blocks"). This project's kernel computes
+# them with 16-bit activations (runtime/platform/kernels: decode within ~5% of int8 activations,
+# prompts ~1.45x slower); where only MatMulNBits runs (its float path 1.2x-9x slower at 4 bits,
+# 20x-40x at 8), the runtime runs them at int8 activations (level 4) unless loaded with deterministic=True.
+DEFAULT_ACCURACY_LEVEL = 1
 
 
 @dataclass
@@ -70,9 +70,8 @@ class QuantConfig:
     # a step reads one row of it, so quantizing it saves memory but no bandwidth
     block_size: int = BLOCK_SIZE  # weights per scale along K; must divide every K (hidden, ffn)
     format: str = "matmulnbits"  # or "qdq": opset 21 blocked DequantizeLinear, for TensorRT 10+
-    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = DEFAULT_ACCURACY_LEVEL (4,
-    # int8 activations: ONNX Runtime's fast CPU kernels), CARRIED_ACCURACY_LEVEL (1) for a GGUF's
-    # carried blocks; 1 = the activations' float type, 2 fp16, 3 bf16, 4 int8
+    accuracy_level: int = 0  # MatMulNBits' activation precision: 0 = DEFAULT_ACCURACY_LEVEL (1,
+    # float); 1 = the activations' float type, 2 fp16, 3 bf16, 4 int8 (ONNX Runtime's fast CPU kernels)
 
     def __post_init__(self) -> None:
         if self.head_weights is None:
@@ -218,9 +217,9 @@ def quantize_graph(proto, weights: str, block_size: int = BLOCK_SIZE, format: st
 
     fold_weight_transposes(proto)
     bits = QUANT_BITS[weights]
-    if blocks and format == "matmulnbits" and block_size == GGML_BLOCK:
-        blocks.carried += carry(proto, blocks, bits, accuracy_level or CARRIED_ACCURACY_LEVEL)
     accuracy_level = accuracy_level or DEFAULT_ACCURACY_LEVEL
+    if blocks and format == "matmulnbits" and block_size == GGML_BLOCK:
+        blocks.carried += carry(proto, blocks, bits, accuracy_level)
     targets = _constant_matmuls(proto)
     if blocks is not None:
         blocks.requantized += [n.input[1] for n, _ in targets]

@@ -173,7 +173,7 @@ def add_fused(group) -> None:
 
 
 def add_int4_kernel(group) -> None:
-    """--int4-kernel, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    """--int4-kernel and --deterministic, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     from .platform.kernels import CHOICES
 
     group.add_argument("--int4-kernel", choices=CHOICES, default="auto",
@@ -181,6 +181,12 @@ def add_int4_kernel(group) -> None:
                             "(skipdecode: AVX-512 VNNI or AVX2, built with the machine's C compiler at first "
                             "use) or ONNX "
                             "Runtime's MatMulNBits; auto: skipdecode where it can run")
+    group.add_argument("--deterministic", action="store_true",
+                       help="onnxruntime, int8/int4 artifacts: every product at float activations, so that a "
+                            "request's greedy text is the one it gets alone whatever else is batched with it (the "
+                            "default on this project's kernel for exports at --accuracy-level 1, the export's "
+                            "default; on ONNX Runtime's MatMulNBits it costs 1.2x-40x: docs/design.md, \"Batch "
+                            "invariance\")")
 
 
 def prefill_chunk(text: str) -> int | str | None:
@@ -235,6 +241,10 @@ def backend_options(args) -> dict:
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--int4-kernel applies to --backend onnxruntime, not {args.backend}")
         options["int4_kernel"] = kernel
+    if getattr(args, "deterministic", False):
+        if args.backend != "onnxruntime":
+            raise InvalidArgumentError(f"--deterministic applies to --backend onnxruntime, not {args.backend}")
+        options["deterministic"] = True
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

@@ -459,7 +459,10 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         for a faster decode, runtime/platform/hugepages.py; ``int4_kernel``: "auto", the default, runs an
         int4 artifact's products on this project's kernel where it can run (x86-64 Linux with
         AVX-512 VNNI or AVX2, a C compiler: runtime/platform/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
-        insists on the former, "onnxruntime" on the latter).
+        insists on the former, "onnxruntime" on the latter; ``deterministic``: True runs every int8/int4
+        product at float activations (as the export writes them by default), where MatMulNBits too
+        (1.2x-40x slower), so that greedy text does not depend on the batch; False, the default, runs
+        MatMulNBits' at int8 activations, docs/design.md "Batch invariance").
     """
     validate.check_backend_options(backend_options)
     manifest = load_manifest(directory, check_hashes=check_hashes)
@@ -487,8 +490,8 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, spin, huge_pages, fused, int4_kernel, device, cuda_graphs, engine_dir) apply when ``model`` is a
-    directory.
+    threads, spin, huge_pages, fused, int4_kernel, deterministic, device, cuda_graphs, engine_dir) apply
+    when ``model`` is a directory.
     """
     # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's
     # and the backend's, which check it

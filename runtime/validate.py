@@ -230,7 +230,8 @@ def check_providers(providers) -> list | None:
 
 
 def check_backend_options(options: dict) -> None:
-    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, device, providers
+    """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, deterministic,
+    device, providers
     (int4_kernel: the ONNX Runtime backend checks it)."""
     check_threads(options.get("threads"))
     if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.platform.cpu_idle)
@@ -240,5 +241,8 @@ def check_backend_options(options: dict) -> None:
                "packed weights moved onto 2 MiB pages where Linux allows", "the default: left as allocated")
     check_flag("fused", options.get("fused"), "the layers' fused-operator graphs, refused where the artifact has none",
                "the plain layer graphs")
+    check_flag("deterministic", options.get("deterministic"), "every int8/int4 product at float activations: "
+               "greedy text independent of the batch, 1.2x-40x slower on MatMulNBits", "as exported on this "
+               "project's kernel, int8 activations on MatMulNBits")
     check_device(options.get("device"))
     check_providers(options.get("providers"))

@@ -162,6 +162,11 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights int4 --accuracy-level 4 --out "
      "artifacts/smollm2-int4-a8$", "parse", REAL),
     ("python -m export verify artifacts/smollm2-int4$", "parse", REAL),
+    # issue 55: every int4/int8 export at float activations
+    ("python -m export build --model smollm2-135m-instruct --weights int8 --accuracy-level 4 --out "
+     "artifacts/smollm2-int8-a8$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights int4 --requantize --out "
+     "artifacts/smollm2-int4-rq$", "parse", REAL),
     # issue 57: lossless at speedup 1 on the file's own blocks
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-default$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-d8 --draft-layers int8$",

@@ -158,7 +158,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, directory, manifest: Manifest, providers: list | None = None,
                  threads: int | None = None, spin: bool | str = False, huge_pages: bool = False,
-                 fused: bool | None = None, int4_kernel: str = "auto"):
+                 fused: bool | None = None, int4_kernel: str = "auto", deterministic: bool = False):
         ort = import_ort()
         available = ort.get_available_providers()
         if providers is None:
@@ -202,12 +202,14 @@ class OnnxRuntimeBackend(Backend):
         # int4_kernel: the int4 (and int8) products on this project's kernel (runtime/platform/kernels) or ONNX Runtime's
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
-        # our kernel out of reach, not refused: float-activation products at int8 ones (kernels.int8_activations)
-        self._int8_acts = cpu_only and int4_kernel == "auto" and self.int4_kernel == "onnxruntime"
-        self._narrowed = self._wide = 0  # products run at int8 activations in place of float ones; at 16 bits
+        # deterministic: every product at float activations (16 bits on our kernel, level 1 on MatMulNBits,
+        # 1.2x-40x slower there); else MatMulNBits runs them at int8 ones (kernels.set_accuracy_level)
+        self.deterministic = bool(deterministic)
+        self._ort_level = (1 if self.deterministic else 4) if cpu_only and self.int4_kernel == "onnxruntime" else None
+        self._relevelled = self._wide = 0  # MatMulNBits products set to _ort_level; our kernel's at 16 bits
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
-        if self._q4 is not None or self._int8_acts:
+        if self._q4 is not None or self._ort_level:
             # a rewritten graph comes as bytes: its other external weights are read from here
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(directory))
         # The head first: a session maps its weights from the artifact's weights.bin and, where a
@@ -231,9 +233,13 @@ class OnnxRuntimeBackend(Backend):
         if self._wide:  # what a user reads beside the kernel: the products' activations
             self.int4_kernel_note = (f"{self._wide} of its {len(self._q4_handles)} products at float activations, "
                                      f"computed at 16 bits")
-        if self._narrowed:
-            self.int4_kernel_note += (f"; {self._narrowed} products exported at float activations (a GGUF's own "
-                                      f"blocks) run at int8 ones on MatMulNBits, whose float path is ~9x slower")
+        if self._relevelled and self._ort_level == 4:
+            self.int4_kernel_note += (f"; {self._relevelled} products exported at float activations run at int8 "
+                                      f"ones on MatMulNBits, whose float path is 1.2x-40x slower (deterministic=True "
+                                      f"keeps them: greedy text independent of the batch)")
+        elif self._relevelled:
+            self.int4_kernel_note += (f"; deterministic: {self._relevelled} products exported at int8 activations "
+                                      f"run at float ones on MatMulNBits (1.2x-40x slower)")
         self._layer_names = [g.name for g in manifest.layers]
         # the fused graphs write the cache themselves: run as one call (backends/fused_layers.py)
         self._fused = FusedLayers(ort, [self._sessions[n] for n in self._layer_names]) if use_fused else None
@@ -276,19 +282,19 @@ class OnnxRuntimeBackend(Backend):
 
         # 8-bit graphs too (an int8 artifact; an int4 one's Q8_0 head from its GGUF: export.gguf_blocks)
         weights = weights or self.manifest.graph_weights(spec.name)
-        if (self._q4 is not None or self._int8_acts) and weights in kernels.WEIGHTS:
+        if (self._q4 is not None or self._ort_level) and weights in kernels.WEIGHTS:
             import onnx
 
             model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs
             if self._q4 is not None:
-                handles = kernels.rewrite(model, self._q4, str(directory))
+                handles = kernels.rewrite(model, self._q4, str(directory), 16 if self.deterministic else None)
                 self._q4_handles += handles
                 self._wide += sum(a.name == "activations" and a.i == 16 for n in model.graph.node
                                   if n.op_type == kernels.OP for a in n.attribute)
                 changed = len(handles)
             else:
-                changed = kernels.int8_activations(model)
-                self._narrowed += changed
+                changed = kernels.set_accuracy_level(model, self._ort_level)
+                self._relevelled += changed
             if changed:
                 source = model.SerializeToString()
         session = ort.InferenceSession(source, opts, providers=self.providers)

@@ -172,8 +172,9 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
     """A carried product is the file's values exactly, so its activations are what is left: they
     are written at float activations (accuracy level 1), which this project's kernel computes at 16
     bits, so the int4 export of a Q4_1 file gives the float export's first logits to ~2e-4 of their
-    scale, where int8 activations (--accuracy-level 4) leave ~4e-2. Where only MatMulNBits can run
-    them (its float path ~9x slower) the runtime runs them at int8 activations and says so."""
+    scale, where int8 activations (--accuracy-level 4) leave ~4e-2. MatMulNBits (its float path ~9x
+    slower) runs them at int8 activations and says so, unless deterministic=True, which also
+    runs an --accuracy-level 4 export at float activations."""
     import runtime
     from runtime.platform import kernels
     from tests.conftest import first_logits
@@ -185,8 +186,8 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
         build(BuildOptions(model=str(path), out=str(arts[name]), progress=False, check=False, **options), log=lines.append)
     assert {lv for levels in _levels(arts["int4"]).values() for lv in levels} == {1}
     assert {lv for levels in _levels(arts["int4-a8"]).values() for lv in levels} == {4}
-    assert any("products carried from its own blocks exactly, at float activations (--accuracy-level 4" in line
-               for line in lines)
+    assert any(line.endswith("(block 32, matmulnbits); float activations: greedy text the same in any batch "
+                             "(--accuracy-level 4: int8 ones, prompts faster)") for line in lines)
     prompts = ["the quick brown fox", "hello"]
 
     def logits(name, **options):
@@ -199,16 +200,23 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
         assert error["int4"] < 1e-3 and error["int4-a8"] > 50 * error["int4"], error
         assert runs["int4"][1].int4_kernel_note == "9 of its 9 products at float activations, computed at 16 bits"
         assert runs["int4-a8"][1].int4_kernel_note == ""
+        # deterministic=True: an export at int8 activations computed at 16 bits all the same
+        widened, backend = logits("int4-a8", deterministic=True)
+        assert np.array_equal(widened, runs["int4"][0])
+        assert backend.int4_kernel_note == "9 of its 9 products at float activations, computed at 16 bits"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernels, "library", lambda: (None, "this CPU lacks avx2"))
         narrowed, backend = logits("int4")
         assert backend.int4_kernel == "onnxruntime" and backend.int4_kernel_note == (
-            "runtime/platform/kernels cannot run here: this CPU lacks avx2; 9 products exported at float "
-            "activations (a GGUF's own blocks) run at int8 ones on MatMulNBits, whose float path is ~9x slower")
+            "runtime/platform/kernels cannot run here: this CPU lacks avx2; 9 products exported at float activations "
+            "run at int8 ones on MatMulNBits, whose float path is 1.2x-40x slower (deterministic=True keeps them: "
+            "greedy text independent of the batch)")
         assert np.array_equal(narrowed, logits("int4-a8")[0])  # the same graphs as exported at int8 activations
-    # asked for by name, MatMulNBits runs them as the graphs say: float activations
-    exact_on_ort, backend = logits("int4", int4_kernel="onnxruntime")
-    assert "run at int8 ones" not in backend.int4_kernel_note
+    # asked for by name, MatMulNBits runs them at int8 activations too; deterministic=True at float ones
+    assert np.array_equal(logits("int4", int4_kernel="onnxruntime")[0], narrowed)
+    exact_on_ort, backend = logits("int4-a8", int4_kernel="onnxruntime", deterministic=True)
+    assert backend.int4_kernel_note.endswith("deterministic: 9 products exported at int8 activations run at float "
+                                             "ones on MatMulNBits (1.2x-40x slower)")
     assert np.abs(exact_on_ort - exact).max() < 1e-4 * np.abs(exact).max()
 
 
@@ -329,8 +337,8 @@ def test_an_int4_head_asked_for_is_requantized_from_the_q8_0_file(tmp_path):
                                   head_weights="int4", check=False), log=lambda *_: None)
     assert manifest.weights["head"] == "int4"
     assert manifest.weights["from_gguf"]["requantized"] == ["lm_head.weight.T"]
-    levels = _levels(tmp_path / "art")  # carried: float activations; requantized: int8 ones
-    assert levels["head.onnx"] == {4} and levels["layer_00.gqa.onnx"] == {1}
+    levels = _levels(tmp_path / "art")  # carried and requantized alike: float activations
+    assert levels["head.onnx"] == {1} and levels["layer_00.gqa.onnx"] == {1}
 
 
 def test_requantize_leaves_the_files_blocks(tmp_path):

@@ -28,6 +28,7 @@ from runtime.version import __version__
     (["--spin", "--backend", "torch"], "error: --spin applies to --backend onnxruntime (its thread pools), not torch"),
     (["--no-spin", "--backend", "torch"], "error: --no-spin applies to --backend onnxruntime (its thread pools), not torch"),
     (["--huge-pages", "--backend", "torch"], "error: --huge-pages applies to --backend onnxruntime (the weights it packs), not torch"),
+    (["--deterministic", "--backend", "torch"], "error: --deterministic applies to --backend onnxruntime, not torch"),
     (["--max-batch", "0"], "error: max_batch must be an int >= 1, got 0"),
     (["--system", "Be brief."], "error: --system goes with --chat (a system message of a chat); add --chat"),
     (["--chat"], "error: --chat needs a chat template, and this artifact's tokenizer has none")])

@@ -446,10 +446,11 @@ def first_logits(artifact, **options):
 @needs_kernel
 @pytest.mark.parametrize("fused", [None, False])
 def test_the_backend_is_as_close_to_the_float_model_as_matmulnbits(artifacts, fused):
-    """Both kernels quantize the activations to int8 and read the same int4 weights; ours keeps
-    the scales as float16. Ours may be no further from the float model's logits than MatMulNBits
-    by more than a tenth of what int4 itself costs (on this random model ~0.51 of the logits'
-    norm, 0.519 with ours; with the zero points ignored 1.31, the nibbles swapped 1.48)."""
+    """Both kernels read the same int4 weights (ours keeps the scales as float16); MatMulNBits
+    quantizes the activations to int8 (as the backend runs it), ours to 16 bits. Ours may be no
+    further from the float model's logits than MatMulNBits by more than a tenth of what int4 itself
+    costs (on this random model ~0.51 of the logits' norm; with the zero points ignored 1.31, the
+    nibbles swapped 1.48)."""
     exact = first_logits(artifacts["float"], fused=fused)
     error = {k: np.linalg.norm(first_logits(artifacts["int4"], int4_kernel=k, fused=fused) - exact)
              / np.linalg.norm(exact) for k in ("onnxruntime", "skipdecode")}
@@ -459,13 +460,15 @@ def test_the_backend_is_as_close_to_the_float_model_as_matmulnbits(artifacts, fu
 @needs_kernel
 @pytest.mark.parametrize("fused", [None, False])
 def test_the_backend_gives_matmulnbits_tokens_but_for_near_ties(int4_artifact, fused):
-    """Greedy tokens are MatMulNBits' until a step where MatMulNBits itself had nearly as good a
-    case for our token: a random model's flat logits, where the kernels' few-percent difference
-    decides a near tie; the logits stay within that difference at every step before it."""
+    """Greedy tokens are MatMulNBits' (at float activations: deterministic=True) until a step where
+    MatMulNBits itself had nearly as good a case for our token: a random model's flat logits, where
+    the kernels' small difference decides a near tie; the logits stay within that difference at
+    every step before it."""
     steps = {}
     for choice in ("onnxruntime", "skipdecode"):
         # the rows prefilled together: both kernels' steps carry the same rows
-        gen = runtime.load(int4_artifact, threads=2, int4_kernel=choice, fused=fused, batch_invariant=False)
+        gen = runtime.load(int4_artifact, threads=2, int4_kernel=choice, fused=fused, batch_invariant=False,
+                           deterministic=True)
         try:
             assert gen.backend.int4_kernel == choice
             steps[choice] = [(e.token_ids, e.logits) for e in gen.stream(PROMPTS, 16, ignore_eos=True)]
@@ -519,7 +522,10 @@ def test_auto_falls_back_where_the_kernel_cannot_run_and_a_request_for_it_is_ref
     gen = runtime.load(int4_artifact, threads=1)
     try:
         assert gen.backend.int4_kernel == "onnxruntime"
-        assert gen.backend.int4_kernel_note == "runtime/platform/kernels cannot run here: this CPU lacks avx512_vnni"
+        assert gen.backend.int4_kernel_note == (
+            "runtime/platform/kernels cannot run here: this CPU lacks avx512_vnni; 21 products exported at float "
+            "activations run at int8 ones on MatMulNBits, whose float path is 1.2x-40x slower (deterministic=True "
+            "keeps them: greedy text independent of the batch)")
         assert len(gen.generate("hello", 3, ignore_eos=True).token_ids[0]) == 3
     finally:
         gen.close()
@@ -535,16 +541,20 @@ def test_the_command_line_says_which_kernel_ran_the_int4_products_and_why(int4_a
 
     argv = [str(int4_artifact), "hello", "--max-new-tokens", "2", "--threads", "1", "--no-check-hashes"]
     assert main([*argv, "--int4-kernel", "onnxruntime"]) == 0
-    assert ("int4 products on ONNX Runtime's MatMulNBits (int4_kernel='onnxruntime')"
-            in capsys.readouterr().err)
+    assert ("int4 products on ONNX Runtime's MatMulNBits (int4_kernel='onnxruntime'; 21 products exported at "
+            "float activations run at int8 ones" in capsys.readouterr().err)
     if HERE_WHY_NOT is None:
         assert main(argv) == 0
         err = capsys.readouterr().err
-        assert "int4 products on the AVX-512 VNNI kernel of runtime/platform/kernels\n" in err
+        assert ("int4 products on the AVX-512 VNNI kernel of runtime/platform/kernels (21 of its 21 products at "
+                "float activations, computed at 16 bits)\n" in err)
     monkeypatch.setattr(kernels, "library", lambda: (None, "this CPU lacks avx512_vnni"))
     assert main(argv) == 0
     assert ("int4 products on ONNX Runtime's MatMulNBits (runtime/platform/kernels cannot run here: this CPU lacks "
-            "avx512_vnni)" in capsys.readouterr().err)
+            "avx512_vnni; 21 products" in capsys.readouterr().err)
+    assert main([*argv, "--deterministic"]) == 0
+    assert ("int4 products on ONNX Runtime's MatMulNBits (runtime/platform/kernels cannot run here: this CPU lacks "
+            "avx512_vnni)\n" in capsys.readouterr().err)  # as exported: float activations
     assert main([*argv, "--int4-kernel", "skipdecode"]) == 2
     assert "error: int4_kernel='skipdecode' cannot run here: this CPU lacks avx512_vnni" in capsys.readouterr().err
 

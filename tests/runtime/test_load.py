@@ -245,5 +245,6 @@ def test_a_backend_option_the_backend_does_not_take_is_named_with_those_it_takes
                                                    "threads; spin is not among them"):
         runtime.load(artifact_dir, backend="torch", spin=True)
     with pytest.raises(InvalidArgumentError, match="backend 'onnxruntime' takes the options providers, threads, "
-                                                   "spin, huge_pages, fused, int4_kernel, device; bogus is not among them"):
+                                                   "spin, huge_pages, fused, int4_kernel, deterministic, device; "
+                                                   "bogus is not among them"):
         runtime.generate(artifact_dir, "Hello", 2, bogus=1)

@@ -13,7 +13,9 @@ def test_specs_name_a_directory_and_its_int4_kernel():
     assert decode.parse_spec("b=/x/y:onnxruntime") == ("b", "/x/y", "onnxruntime")
     assert decode.parse_spec("/x/y") == ("/x/y", "/x/y", "auto")
     assert decode.parse_spec("d=/x/y:skipdecode-avx2") == ("d", "/x/y", "skipdecode-avx2")
-    with pytest.raises(InvalidArgumentError, match="one of auto, skipdecode, skipdecode-avx2, onnxruntime, not 'mlas'"):
+    assert decode.parse_spec("e=/x/y:onnxruntime+deterministic") == ("e", "/x/y", "onnxruntime+deterministic")
+    with pytest.raises(InvalidArgumentError, match=r"one of auto, skipdecode, skipdecode-avx2, onnxruntime \(each may "
+                                                   r"end in \+deterministic\), not 'mlas'"):
         decode.parse_spec("c=/x/y:mlas")
 
 
@@ -25,7 +27,9 @@ def test_the_avx2_kernel_is_asked_for_during_its_load_alone(monkeypatch):
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     decode._load(fake, "/x", 2, "skipdecode-avx2")
     decode._load(fake, "/x", 2, "skipdecode")
-    assert seen == [({"threads": 2, "int4_kernel": "skipdecode"}, "avx2"), ({"threads": 2, "int4_kernel": "skipdecode"}, None)]
+    decode._load(fake, "/x", 2, "onnxruntime+deterministic")
+    assert seen == [({"threads": 2, "int4_kernel": "skipdecode"}, "avx2"), ({"threads": 2, "int4_kernel": "skipdecode"}, None),
+                    ({"threads": 2, "int4_kernel": "onnxruntime", "deterministic": True}, None)]
     assert kernels.ISA_ENV not in decode.os.environ
 
 

@@ -2,7 +2,8 @@
 
 Each artifact (``NAME=DIR``, or ``NAME=DIR:KERNEL`` to run its int4 products on ``KERNEL``:
 auto, skipdecode, skipdecode-avx2 (this project's kernel built for AVX2, as on a CPU without
-AVX-512) or onnxruntime) is loaded once; every round generates ``--tokens`` tokens of one
+AVX-512) or onnxruntime, any of them with ``+deterministic``: loaded with deterministic=True,
+every product at float activations) is loaded once; every round generates ``--tokens`` tokens of one
 prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts in turn and in reverse
 order every other round (machines are noisy: ratios of one run, never of two). Prints a Markdown
 table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
@@ -29,14 +30,18 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 WARMUP = 8
 
 
+DETERMINISTIC = "+deterministic"
+
+
 def parse_spec(spec: str) -> tuple[str, str, str]:
-    """NAME=DIR[:KERNEL] (or DIR alone) -> (name, directory, kernel)."""
+    """NAME=DIR[:KERNEL[+deterministic]] (or DIR alone) -> (name, directory, kernel)."""
     name, eq, rest = spec.partition("=")
     if not eq:
         name, rest = spec, spec
     directory, colon, kernel = rest.rpartition(":") if ":" in rest else (rest, "", "auto")
-    if colon and kernel not in KERNELS:
-        raise InvalidArgumentError(f"{spec}: the int4 kernel after ':' is one of {', '.join(KERNELS)}, not {kernel!r}")
+    if colon and kernel.removesuffix(DETERMINISTIC) not in KERNELS:
+        raise InvalidArgumentError(f"{spec}: the int4 kernel after ':' is one of {', '.join(KERNELS)} (each may end "
+                                   f"in {DETERMINISTIC}), not {kernel!r}")
     return name, directory, kernel or "auto"
 
 
@@ -66,15 +71,18 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
 
 def _load(runtime, directory: str, threads: int, kernel: str):
     """The artifact loaded with its int4 products on ``kernel`` (skipdecode-avx2: the kernel built
-    for AVX2, which the load builds and loads while $SKIPDECODE_KERNEL_ISA says so)."""
+    for AVX2, which the load builds and loads while $SKIPDECODE_KERNEL_ISA says so; +deterministic:
+    every product at float activations)."""
+    options = {"threads": threads, **({"deterministic": True} if kernel.endswith(DETERMINISTIC) else {})}
+    kernel = kernel.removesuffix(DETERMINISTIC)
     if kernel != "skipdecode-avx2":
-        return runtime.load(directory, threads=threads, int4_kernel=kernel)
+        return runtime.load(directory, int4_kernel=kernel, **options)
     from runtime.platform import kernels
 
     before = os.environ.get(kernels.ISA_ENV)
     os.environ[kernels.ISA_ENV] = "avx2"
     try:
-        return runtime.load(directory, threads=threads, int4_kernel="skipdecode")
+        return runtime.load(directory, int4_kernel="skipdecode", **options)
     finally:
         if before is None:
             del os.environ[kernels.ISA_ENV]
@@ -99,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                    "Decode ms/token of artifacts side by side in one process, batch 1, rounds in turn.")
     p.add_argument("artifacts", nargs="+", metavar="NAME=DIR[:KERNEL]",
                    help="artifacts to time; KERNEL runs the int4 products on auto, skipdecode, skipdecode-avx2 or "
-                        "onnxruntime")
-    p.add_argument("--tokens", type=int, default=128, help="tokens generated per timed call (default 128)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; medians across them (default 5)")
-    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads (default 2)")
+                        "onnxruntime, + deterministic: every product at float activations (auto+deterministic)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per timed call")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; medians across them")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     p.add_argument("--prompt", default=PROMPT, help="the prompt every call decodes from")
     args = p.parse_args(argv)
     command = "python -m tools.bench.decode " + shlex.join(argv if argv is not None else sys.argv[1:])

@@ -245,16 +245,16 @@ def eligible(node, inits: dict) -> bool:
     return inits[inputs[2]].data_type == onnx.TensorProto.FLOAT and attrs.get("K", 0) % BLOCK == 0
 
 
-def int8_activations(model) -> int:
-    """Sets ``model``'s MatMulNBits products at float activations (accuracy level 1, a GGUF's
-    carried blocks: export.quantize.CARRIED_ACCURACY_LEVEL) to int8 ones (level 4), for where only
-    MatMulNBits can run them: its float path is ~9x slower (500x at 8 bits). Returns how many."""
+def set_accuracy_level(model, level: int) -> int:
+    """Sets ``model``'s MatMulNBits products at accuracy level 1 or 4 (float or int8 activations) to
+    ``level``, for where only MatMulNBits runs them: 4 for speed (its float path is 1.2x-9x slower at 4
+    bits, 20x-40x at 8), 1 for batch-invariant output (deterministic=True). Returns how many changed."""
     changed = 0
     for node in model.graph.node:
         if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
             for a in node.attribute:
-                if a.name == "accuracy_level" and a.i == 1:
-                    a.i, changed = 4, changed + 1
+                if a.name == "accuracy_level" and a.i in ACTIVATION_BITS and a.i != level:
+                    a.i, changed = level, changed + 1
     return changed
 
 
@@ -273,12 +273,13 @@ def _minimums_term(graph, node, inits) -> list | None:
     return term
 
 
-def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
+def rewrite(model, kernel: Kernel, base_dir: str = "", activations: int | None = None) -> list[int]:
     """Swaps ``model``'s eligible MatMulNBits nodes for ``skipdecode.Q4MatMul`` nodes over weights
     packed into ``kernel`` (external data read from ``base_dir``); the weights' initializers leave
     the graph where nothing else reads them, the others stay as they are (external ones too: the
-    RoPE tables every layer shares stay one mapping of weights.bin). Returns the packed handles
-    (none: the model is unchanged)."""
+    RoPE tables every layer shares stay one mapping of weights.bin). ``activations``: their bits (8
+    or 16) whatever the nodes' accuracy levels say (None: as they say, ``ACTIVATION_BITS``). Returns
+    the packed handles (none: the model is unchanged)."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -301,7 +302,8 @@ def rewrite(model, kernel: Kernel, base_dir: str = "") -> list[int]:
         outputs = list(node.output) if term is None else list(term[-1].output)
         folded.update(t.name for t in term or [])
         nodes.append(helper.make_node(OP, [node.input[0]], outputs, name=node.name, domain=DOMAIN,
-                                      K=k, N=n, handle=handle, activations=ACTIVATION_BITS[attrs["accuracy_level"]]))
+                                      K=k, N=n, handle=handle,
+                                      activations=activations or ACTIVATION_BITS[attrs["accuracy_level"]]))
     if not handles:
         return []
     del graph.node[:]
