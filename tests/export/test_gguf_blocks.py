@@ -265,23 +265,26 @@ def test_a_default_float_export_drafts_losslessly_on_the_files_blocks(tmp_path, 
     assert got.stats.acceptance_rate >= 0.9, got.stats.acceptance_rate
 
 
-def test_an_int4_exports_lossless_rows_give_full_depths_tokens_alone(tmp_path):
-    """Issue 55: an int4 artifact's lossless tokens must be its full depth's, in any batch. A verify
-    pass's T-token attention rounds differently from T single steps (~1e-6); int8 activations turned
-    that into other tokens (this model: 1 of 4 rows full depth's at speedup 1, the real SmolLM2 1 of
-    16); at the float activations a GGUF's products are exported at, 16-bit on this project's
-    kernel, every row is full depth's alone."""
+@pytest.mark.parametrize("weights, requantize", [("int4", False), ("int4", True), ("int8", True)])
+def test_a_quantized_exports_lossless_rows_give_full_depths_tokens_alone(tmp_path, weights, requantize):
+    """Issue 55: an int4/int8 artifact's lossless tokens must be its full depth's, in any batch. A
+    verify pass's T-token attention rounds differently from T single steps (~1e-6); int8
+    activations turned that into other tokens (this model: 1 of 4 rows full depth's at speedup 1,
+    the real SmolLM2 1 of 16); at the float activations every product is exported at (the file's
+    blocks and requantized ones alike), 16-bit on this project's kernel, every row is full depth's
+    alone."""
     import runtime
     from runtime.platform import kernels
 
     if kernels.why_not() is not None:
         pytest.skip(f"runtime.platform.kernels cannot run here: {kernels.why_not()}")
     path = _write(tmp_path, "Q4_1")
-    build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False, weights="int4"),
-          log=lambda *_: None)
+    build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False, weights=weights,
+                       requantize=requantize), log=lambda *_: None)
     prompts = ["the quick brown fox", "hello there", "a b c d e f g", "one two three four five six seven eight"]
     with runtime.load(tmp_path / "art", threads=1) as gen:
         alone = [gen.generate([p], 32, ignore_eos=True).token_ids[0] for p in prompts]
+        assert gen.generate(prompts, 32, ignore_eos=True).token_ids == alone
         for speedup in (1, 2):
             got = gen.generate(prompts, 32, lossless=True, speedup=speedup, ignore_eos=True)
             assert got.token_ids == alone, speedup
