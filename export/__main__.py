@@ -57,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="write only the plain layer graphs, not their variant on ONNX Runtime's fused operators "
                         "(GroupQueryAttention; Llama family, float32, float or MatMulNBits weights)")
     q = b.add_argument_group("weight-only quantization (ONNX Runtime's block-wise quantizer; export.quantize)")
-    q.add_argument("--weights", choices=(*WEIGHTS, "auto"), default="float",
-                   help="the layers' and head's MatMul weights (default: float, the --dtype); auto: a quantized "
-                        "GGUF's own precision (Q4_* int4, Q5_*/Q6_*/Q8_0 int8, its blocks carried as they are), "
-                        "else float")
+    q.add_argument("--weights", choices=(*WEIGHTS, "auto"), default="auto",
+                   help="the layers' and head's MatMul weights: float (the --dtype), int8 or int4; auto, the "
+                        "default: a quantized GGUF's own precision (Q4_* int4, Q5_*/Q6_*/Q8_0 int8, its blocks "
+                        "carried as they are), else float")
     q.add_argument("--weight-format", dest="weights", choices=WEIGHTS, default=argparse.SUPPRESS,
                    help=argparse.SUPPRESS)  # optimum-cli's name for the same choice
     q.add_argument("--head-weights", choices=WEIGHTS,

@@ -48,7 +48,8 @@ class BuildOptions:
     check: bool = True  # compare every graph with PyTorch after export
     policy: dict | None = None  # {max_layers, min_layers, warmup_layers} or {speedup}; None = full depth
     progress: bool = True  # progress bars on stderr
-    weights: str = "float"  # layers' weights: float (the dtype's), int8, int4 (export.quantize) or auto (auto_weights)
+    weights: str = "auto"  # layers' weights: float (the dtype's), int8, int4 (export.quantize) or auto (auto_weights:
+    # a quantized GGUF's own precision, else float)
     head_weights: str | None = None  # the head's; None: as ``weights`` (int4 head + float layers works)
     block_size: int = BLOCK_SIZE  # weights per quantization scale (export.quantize.QuantConfig)
     weights_format: str = "matmulnbits"  # or "qdq" (int4, the form TensorRT 10+ parses)

@@ -111,7 +111,10 @@ RULES = [
     ("python -m export build --model OUT", "parse", PLACEHOLDER),
     ("python -m export build --model opt-125m --random-weights", "parse", LONG + " (exports OPT-125m)"),
     ("python -m export build --model smollm2-135m-instruct$", "parse", REAL),
-    ("python -m export build --model smollm2-135m-instruct --draft-head int8 --draft-layers int8$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights float$", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights float --draft-head int8 --draft-layers int8$",
+     "parse", REAL),
     ("python -m export build --model smollm2-135m-e2e", "parse", SHIPPED_E2E),
     ("python -m runtime artifacts/smollm2-135m-e2e ", "parse", SHIPPED_E2E),
     ("python -m tools.e2e distill --model artifacts/smollm2-135m-e2e ", "parse",
@@ -147,7 +150,8 @@ RULES = [
      PLACEHOLDER + "; tests/tools/test_finetune_selfchat.py runs it on a tiny chat model"),
     ("python -m tools.finetune.selfchat --model artifacts/smollm2-135m-instruct ", "parse",
      LONG + " (8 minutes of generation with the real model; tests/tools/test_finetune_selfchat.py runs it on a tiny one)"),
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct --draft-head none "
+    ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-135m-instruct "
+     "--draft-head none "
      "--draft-layers none$", "parse", REAL),
     ("python -m tools.evaluate.perplexity --model MODEL ", "parse",
      "MODEL stands for the models the section names; " + LONG),
@@ -168,8 +172,10 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights int4 --requantize --out "
      "artifacts/smollm2-int4-rq$", "parse", REAL),
     # issue 57: lossless at speedup 1 on the file's own blocks
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-default$", "parse", REAL),
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-d8 --draft-layers int8$",
+    ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-default$",
+     "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-d8 "
+     "--draft-layers int8$",
      "parse", REAL),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
@@ -195,8 +201,9 @@ RULES = [
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-135m-instruct$", "parse", REAL),
-    ("python -m export build --model smollm2-135m-instruct --out artifacts/smollm2-instruct-drafts",
+    ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-135m-instruct$",
+     "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-drafts",
      "parse", "reads a skipping-only run's adapter (45 minutes to 2 hours of LoRA training); "
               "tests/export/test_draft_layers.py builds a tiny model with a random one"),
     ("python -m tools.bench.board ART ", "parse", PLACEHOLDER + " (a Jetson with llama.cpp built; "
@@ -232,7 +239,7 @@ RULES = [
     ("python -m tools.bench.lossless", "parse",
      LONG + " (D, A32, A4: the section's exports; tests/tools/test_bench_lossless.py runs it on a tiny model)"),
     ("python -m export build --model opt-e2e-skipdecode --out D", "parse", DEMO_BUILD),
-    ("python -m export build --model smollm2-135m-instruct --out A32", "parse", REAL),
+    ("python -m export build --model smollm2-135m-instruct --weights float --out A32", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out A$", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights int4 --out artifacts/smollm2-135m-int4$",
      "parse", REAL),

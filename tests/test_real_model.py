@@ -76,6 +76,10 @@ def test_the_manifest_names_the_file_it_came_from(artifact, gguf_file):
     assert (model["num_layers"], model["num_kv_heads"], model["vocab_size"]) == (30, 3, 49152)
     assert (model["bos_token_id"], model["eos_token_id"]) == (1, 2)  # <|im_start|>, <|im_end|>
     assert "dequantized SmolLM2-135M-Instruct.Q4_1.gguf (Q4_1) to float32" in log
+    # the default build: the file's own blocks (--weights auto), 4-bit layers and its 8-bit head
+    assert "--weights auto: int4 (the file's Q4_1 layers)" in log
+    assert (manifest["weights"]["layers"], manifest["weights"]["head"]) == ("int4", "int8")
+    assert manifest["weights"]["from_gguf"]["requantized"] == []
 
 
 def test_the_tokenizer_names_the_files_special_tokens(hf):
@@ -192,7 +196,7 @@ def test_a_shared_system_prompt_is_reused_with_the_same_answers(artifact, genera
 
 
 def test_lossless_chat_is_full_depths_on_the_real_model(generator):
-    """Lossless decoding on the real model's fp32 fused graphs, never fine-tuned under the policy:
+    """Lossless decoding on the real model's default (int4) fused graphs, never fine-tuned under the policy:
     its drafts are nearly all rejected, and the answers are still full depth's, token for token,
     alone and as a batch (where one pass verifies the rows together)."""
     from runtime.serve.chat import ChatTemplate

@@ -12,6 +12,7 @@ import torch
 
 from export import checkpoint
 from export.build import BuildOptions, build
+from runtime.artifact.manifest import load_manifest
 from export.gguf_blocks import BlockIndex, decode, dequantize
 from export.quantize import dequantized_weights
 from runtime.artifact.manifest import TRANSPOSED, split_fused
@@ -181,7 +182,7 @@ def test_the_files_products_run_at_float_activations_and_give_the_float_exports_
 
     path = _write(tmp_path, "Q4_1")
     lines, arts = [], {}
-    for name, options in (("float", {}), ("int4", dict(weights="int4")), ("int4-a8", dict(weights="int4", accuracy_level=4))):
+    for name, options in (("float", dict(weights="float")), ("int4", {}), ("int4-a8", dict(accuracy_level=4))):
         arts[name] = tmp_path / name
         build(BuildOptions(model=str(path), out=str(arts[name]), progress=False, check=False, **options), log=lines.append)
     assert {lv for levels in _levels(arts["int4"]).values() for lv in levels} == {1}
@@ -227,7 +228,7 @@ def test_a_float_exports_draft_copies_are_the_files_own_blocks(tmp_path):
     and the embedding stay float, and the manifest lists no carried weights of its own."""
     path = _write(tmp_path, "Q4_1")
     out = tmp_path / "art"
-    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, check=False,
+    manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, check=False, weights="float",
                                   draft_layers="int4", draft_head="int8"), log=lambda *_: None)
     assert "from_gguf" not in manifest.weights and "block" not in manifest.embed_table  # a float table
     expected, levels = _file_weights(path), _levels(out)
@@ -243,17 +244,17 @@ def test_a_float_exports_draft_copies_are_the_files_own_blocks(tmp_path):
 
 
 @pytest.mark.parametrize("matrices, drafts", [("Q4_1", "int4"), ("Q8_0", "int8")])
-def test_a_default_float_export_drafts_losslessly_on_the_files_blocks(tmp_path, matrices, drafts):
-    """By default a float export of a quantized GGUF drafts through the file's own blocks (a 4-bit
-    file's at int4), which the runtime runs on this project's kernel: lossless rows at speedup 1
-    (the manifest's default for a model never fine-tuned under SkipDecode) keep nearly every draft
-    and give full depth's tokens."""
+def test_a_float_export_drafts_losslessly_on_the_files_blocks(tmp_path, matrices, drafts):
+    """A float export of a quantized GGUF (--weights float) drafts through the file's own blocks
+    by default (a 4-bit file's at int4), which the runtime runs on this project's kernel: lossless
+    rows at speedup 1 (the manifest's default for a model never fine-tuned under SkipDecode) keep
+    nearly every draft and give full depth's tokens."""
     import runtime
     from runtime.platform import kernels
 
     path = _write(tmp_path, matrices)
-    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False),
-                     log=lambda *_: None)
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False,
+                                  weights="float"), log=lambda *_: None)
     assert manifest.weights == {"head_draft": "int8", "layers_draft": drafts}
     with runtime.load(tmp_path / "art", threads=1) as gen:
         if kernels.why_not() is None:  # the layers' 4 products each and the head's copy, packed
@@ -294,19 +295,20 @@ def test_a_quantized_exports_lossless_rows_give_full_depths_tokens_alone(tmp_pat
 @pytest.mark.parametrize("matrices, layers, head", [("Q4_1", "int4", "int8"), ("Q8_0", "int8", "int8"),
                                                     ("F32", "float", "float")])
 def test_weights_auto_keeps_the_files_precision(tmp_path, matrices, layers, head):
-    """--weights auto: a quantized GGUF's own precision (its blocks carried), a float one's float."""
+    """--weights auto, the default: a quantized GGUF's own precision (its blocks carried), a float
+    one's float."""
     from export.__main__ import main as export_main
 
     path = _write(tmp_path, matrices, embedding="F32" if matrices == "F32" else "Q8_0")
     lines = []
-    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False,
-                                  weights="auto"), log=lines.append)
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False, check=False),
+                     log=lines.append)
     assert (manifest.weights.get("layers", "float"), manifest.weights.get("head", "float")) == (layers, head)
     assert f"--weights auto: {layers} (the file's {matrices} layers)" in lines
     if layers != "float":
         assert manifest.weights["from_gguf"]["requantized"] == []
-    assert export_main(["build", "--model", str(path), "--out", str(tmp_path / "cli"), "-q", "--weights", "auto",
-                        "--no-check"]) == 0
+    assert export_main(["build", "--model", str(path), "--out", str(tmp_path / "cli"), "-q", "--no-check"]) == 0
+    assert load_manifest(tmp_path / "cli", check_hashes=False).weights == manifest.weights
 
 
 def test_weights_auto_of_a_checkpoint_is_float(tmp_path):
