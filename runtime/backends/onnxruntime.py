@@ -203,9 +203,10 @@ class OnnxRuntimeBackend(Backend):
         self._q4, self.int4_kernel, self.int4_kernel_note = self._int4_kernel(int4_kernel, manifest, cpu_only)
         self._q4_handles: list[int] = []
         # deterministic: every product at float activations (16 bits on our kernel, level 1 on MatMulNBits,
-        # 1.2x-40x slower there); else MatMulNBits runs them at int8 ones (kernels.set_accuracy_level)
+        # 1.2x-40x slower there); else MatMulNBits runs them at int8 ones (kernels.set_accuracy_level): all
+        # of them, or those our kernel does not take (a Q6_K file's blocks of 16)
         self.deterministic = bool(deterministic)
-        self._ort_level = (1 if self.deterministic else 4) if cpu_only and self.int4_kernel == "onnxruntime" else None
+        self._ort_level = (1 if self.deterministic else 4) if cpu_only and self.int4_kernel else None
         self._relevelled = self._wide = 0  # MatMulNBits products set to _ort_level; our kernel's at 16 bits
         if self._q4 is not None:
             opts.register_custom_ops_library(str(self._q4.path))
@@ -286,15 +287,17 @@ class OnnxRuntimeBackend(Backend):
             import onnx
 
             model = onnx.load(source, load_external_data=False)  # rewrite reads what it packs
+            changed = 0
             if self._q4 is not None:
                 handles = kernels.rewrite(model, self._q4, str(directory), 16 if self.deterministic else None)
                 self._q4_handles += handles
                 self._wide += sum(a.name == "activations" and a.i == 16 for n in model.graph.node
                                   if n.op_type == kernels.OP for a in n.attribute)
                 changed = len(handles)
-            else:
-                changed = kernels.set_accuracy_level(model, self._ort_level)
-                self._relevelled += changed
+            if self._ort_level:  # what is left on MatMulNBits
+                relevelled = kernels.set_accuracy_level(model, self._ort_level)
+                self._relevelled += relevelled
+                changed += relevelled
             if changed:
                 source = model.SerializeToString()
         session = ort.InferenceSession(source, opts, providers=self.providers)

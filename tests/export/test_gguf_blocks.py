@@ -142,6 +142,37 @@ def test_a_k_quant_gguf_is_carried_exactly(tmp_path, monkeypatch, matrices, weig
             np.testing.assert_allclose(w, target, rtol=2e-5, atol=2e-7, err_msg=f"{file} {key}")
 
 
+def test_products_this_projects_kernel_does_not_take_run_at_int8_activations_unless_deterministic(
+        tmp_path, monkeypatch):
+    """A Q6_K file's blocks of 16 stay on MatMulNBits beside this project's kernel, whose float path
+    at 8 bits is a fallback ~20x-40x slower: they run at int8 activations, and say so, unless
+    deterministic=True keeps them at float ones (the float export's logits, to float rounding)."""
+    import runtime
+    from runtime.platform import kernels
+    from tests.conftest import first_logits
+
+    if kernels.why_not() is not None:
+        pytest.skip(f"runtime.platform.kernels cannot run here: {kernels.why_not()}")
+    path = _write(tmp_path, "Q6_K", shape=K_SHAPE, monkeypatch=monkeypatch)
+    for name, weights in (("float", "float"), ("int8", "int8")):
+        build(BuildOptions(model=str(path), out=str(tmp_path / name), progress=False, check=False, weights=weights),
+              log=lambda *_: None)
+    prompts = ["the quick brown fox", "hello"]
+
+    def logits(name, **options):
+        with runtime.load(tmp_path / name, threads=1, **options) as gen:
+            return first_logits(gen, prompts), gen.backend.int4_kernel_note
+    exact, _ = logits("float")
+    fast, note = logits("int8")
+    assert note.endswith("; 4 products exported at float activations run at int8 ones on MatMulNBits, whose float "
+                         "path is 1.2x-40x slower (deterministic=True keeps them: greedy text independent of the "
+                         "batch)"), note
+    kept, note = logits("int8", deterministic=True)
+    assert "MatMulNBits" not in note
+    scale = np.abs(exact).max()
+    assert np.abs(kept - exact).max() < 1e-4 * scale < np.abs(fast - exact).max()
+
+
 def test_a_carried_artifact_generates_on_either_kernel(tmp_path):
     """The runtime loads what export wrote from a GGUF's blocks (its manifest's from_gguf entry,
     a dict among the weights' strings, too) and generates on this project's kernel and on
