@@ -167,6 +167,13 @@ def auto_drafts(config: ExportConfig, refusals: dict[str, str]) -> str:
     return "int8"
 
 
+def from_gguf(blocks: BlockIndex) -> dict:
+    """The manifest's record of a quantized GGUF's products: how many carried, of which GGML types
+    ("Q4_K+Q6_K": a product of runs of both), and the weights requantized."""
+    return {"carried": len(blocks.carried), "types": dict(sorted(blocks.types.items())),
+            "requantized": sorted(blocks.requantized)}
+
+
 def activations(accuracy_level: int) -> str:
     """What the build log says of the products' activations (export.quantize.DEFAULT_ACCURACY_LEVEL)."""
     if accuracy_level == 4:
@@ -210,7 +217,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     recover(out, MANIFEST_NAME)  # a build killed mid-swap: put its artifact back first
     remove_leftovers(out)
     _prepare_out(out)
-    if options.weights == "auto":
+    own_widths = options.weights == "auto"  # a quantized GGUF's products at its own widths, each (gguf_blocks)
+    if own_widths:
         weights, why = auto_weights(options)
         log(f"--weights auto: {weights} ({why})")
         options = replace(options, weights=weights)
@@ -240,6 +248,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     model = skip_model(hf_model)
     carry = gguf_entry and options.dtype == "float32" and not options.requantize
     index = BlockIndex.from_gguf(base.location) if carry and quant.quantized else None
+    if index:
+        index.own_widths = own_widths
     if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
         config = replace(config, blocks=index)
         if options.head_weights is None and quant.head_weights == "int4" and index.head_bits == 8:
@@ -372,8 +382,7 @@ def build(options: BuildOptions, log=print) -> Manifest:
             checks=checks, fused=fused, draft_head=draft, draft_layers=drafts, embed_table=embed_table,
             weights={**quant.manifest_entry(), **({DRAFT_HEAD: config.draft_head} if draft else {}),
                      **({"embed": "int8"} if config.blocks and config.blocks.embedding else {}),
-                     **({"from_gguf": {"carried": len(config.blocks.carried),
-                                       "requantized": sorted(config.blocks.requantized)}} if config.blocks else {}),
+                     **({"from_gguf": from_gguf(config.blocks)} if config.blocks else {}),
                      **({DRAFT_LAYERS: config.draft_layers} if drafts else {})})
         record_hashes(tmp, {rel: e["sha256"] for rel, e in files.items()})  # the first load hashes nothing
         manifest.save(tmp)  # last: a directory without it is an unfinished export

@@ -45,7 +45,7 @@ from runtime.artifact.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
 from runtime.gqa import FUSED_INPUTS, FUSED_OUTPUTS
 from runtime.models import head_dim, kv_heads
 
-from .gguf_blocks import is_minimums, product_nodes
+from .gguf_blocks import is_minimums, product_base, product_nodes
 
 SUFFIX = ".gqa.onnx"  # layer_NN.onnx -> layer_NN.gqa.onnx
 OPSET_MS = 1  # com.microsoft's opset
@@ -105,8 +105,9 @@ def rope_tables(layer, positions: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _parts(node) -> list[str]:
     """The checkpoint weights a product of the plain graph multiplies by, in order: its weight's
-    name less the quantizer's suffix ("_Q4"), split at FUSED, each less TRANSPOSED."""
-    name = re.sub(r"_Q\d+$", "", node.input[1]) if node.op_type == "MatMulNBits" else node.input[1]
+    name less the quantizer's suffix ("_Q4", and a run's "_part0": export.gguf_blocks.carry), split at
+    FUSED, each less TRANSPOSED."""
+    name = re.sub(r"(_part\d+)?_Q\d+$", "", node.input[1]) if node.op_type == "MatMulNBits" else node.input[1]
     return [part.removesuffix(TRANSPOSED) for part in name.split(FUSED)]
 
 
@@ -126,7 +127,7 @@ def fused_layer(plain, layer, config, spec: GraphSpec):
                 and not is_minimums(node):
             role = next((r for r, parts in _PROJECTIONS.items() if _parts(node)[0] == parts[0]), None)
             if role:
-                products[role] = node
+                products.setdefault(role, node)  # a product carried in runs: its first
     missing = [r for r in _PROJECTIONS if r not in products]
     if missing:
         raise ValueError(f"{spec.name}'s plain graph has no {missing} product: it was not written by "
@@ -142,7 +143,7 @@ def fused_layer(plain, layer, config, spec: GraphSpec):
 
     def copy(role: str, x: str, out: str) -> None:
         group = product_nodes(graph, products[role])  # a carried Q4_1 product: its minimums' term too
-        product = products[role].name
+        product = product_base(products[role].name)
         names = {products[role].input[0]: x, group[-1].output[0]: out}
         rename = lambda t: t if not t or t in inits else names.get(t, f"/{role}:{t}")  # noqa: E731
         for original in group:

@@ -19,18 +19,22 @@ the blocks themselves:
 * The K-quants, per sub-block (the super-block's scale times the sub-block's 6 or 8 bits, in
   float32 as gguf computes it): Q4_K (``s * q - m``) as Q4_1; Q5_K likewise at 8 bits (levels
   0..31); Q6_K (``s * (q - 32)``, sub-blocks of 16) 8-bit MatMulNBits of block_size 16. A product
-  of mixed types (Q4_K_M's q and k beside a Q6_K v) is requantized. This project's int4 kernel
+  of mixed types (Q4_K_M's q and k beside a Q6_K v) is a product per run of columns of one type,
+  concatenated, under ``--weights auto`` (``BlockIndex.own_widths``), else requantized. This project's int4 kernel
   keeps scales and minimums in float16: the file's exactly for Q4_0/Q4_1/Q8_0, within 2^-11 for a
   K-quant's products of two scales (ONNX Runtime's MatMulNBits keeps them in float32).
 
 A product is carried when every one of its columns is found in blocks of the bit width its graph's
-weights ask for (int4: Q4_0, Q4_1, Q4_K; int8: Q8_0, Q5_K, Q6_K) and the rebuilt weights equal the
-traced ones; anything else is quantized as before (``quantize.quantize_graph``). An export with
+weights ask for (int4: Q4_0, Q4_1, Q4_K; int8: Q8_0, Q5_K, Q6_K), or under ``--weights auto`` of any
+carried type (the file's own precision per tensor: a Q4_K_M file's Q6_K ffn_down at 8 bits in an
+int4 export), and the rebuilt weights equal the traced ones; anything else is quantized as before
+(``quantize.quantize_graph``). An export with
 another ``--block-size`` than GGML's 32 requantizes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,7 @@ import numpy as np
 from runtime.artifact.manifest import MINS, minimums_term
 
 GGML_BLOCK = 32
+PART, CONCAT = "/part", "/concat"  # a product carried as runs of columns: BASE/part0 ..., joined by BASE/concat
 # the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)
 TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False),
          "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
@@ -123,9 +128,13 @@ class BlockIndex:
     tensors: list[Rows] = field(default_factory=list)
     where: dict[int, tuple[int, int]] = field(default_factory=dict)  # hash of a row's floats -> (tensor, row)
     carried: list[str] = field(default_factory=list)  # the weights written from the blocks, as an export goes
+    types: dict[str, int] = field(default_factory=dict)  # products carried per GGML type ("Q4_K+Q6_K": in runs)
     requantized: list[str] = field(default_factory=list)  # the quantized weights the file's blocks did not give
     head_type: str | None = None  # the GGML type of the head's matrix (output.weight, else the tied token_embd.weight)
     embedding: str | None = None  # the embedding graph's table, once carried from 8-bit blocks (carry_embedding)
+    # --weights auto: every product at the file's own widths (runs), a Q4_K_M file's 8-bit Q6_K parts
+    # too; else only products wholly of the export's bit width (find)
+    own_widths: bool = False
 
     @classmethod
     def from_gguf(cls, path) -> "BlockIndex":
@@ -159,17 +168,44 @@ class BlockIndex:
         """The blocks of ``weight`` (K, N) float32, a graph's MatMul weight (its columns are the
         file's rows), when every column is a row of one type of ``bits`` bits (or of Q4_0 and Q4_1
         both) and the blocks give back exactly ``weight``; else None."""
-        if weight.dtype != np.float32:
+        found = self._found(weight)
+        if found is None or any(self.tensors[t].bits != bits for t, _ in found):
             return None
-        columns = np.ascontiguousarray(weight.T)  # (N, K)
-        found = [self.where.get(hash(c.tobytes())) for c in columns]
-        if any(f is None or self.tensors[f[0]].bits != bits for f in found):
+        return self._gather(found, np.ascontiguousarray(weight.T))
+
+    def runs(self, weight: np.ndarray) -> list[Rows] | None:
+        """``weight``'s columns as runs of one type each, in order (a Q4_K_M file's fused q/k/v: the
+        Q4_K rows of q and k, then v's Q6_K ones), when every column is a row of a carried type and
+        each run's blocks give back exactly its columns; else None."""
+        found = self._found(weight)
+        if found is None:
             return None
+        columns, runs, start = np.ascontiguousarray(weight.T), [], 0
+        kinds = [_kind(self.tensors[t].ggml_type) for t, _ in found]
+        for end in range(1, len(found) + 1):
+            if end == len(found) or kinds[end] != kinds[start]:
+                rows = self._gather(found[start:end], columns[start:end])
+                if rows is None:
+                    return None
+                runs.append(rows)
+                start = end
+        return runs
+
+    def _found(self, weight: np.ndarray) -> list[tuple[int, int]] | None:
+        """(tensor, row) of each of ``weight``'s columns, or None where one is not the file's."""
+        if weight.dtype != np.float32 or weight.ndim != 2:
+            return None
+        found = [self.where.get(hash(c.tobytes())) for c in np.ascontiguousarray(weight.T)]
+        return None if any(f is None for f in found) else found
+
+    def _gather(self, found: list[tuple[int, int]], columns: np.ndarray) -> Rows | None:
+        """The file's rows ``found`` as one Rows, when they are of one kind (``_kind``) and give
+        back exactly ``columns`` (N, K)."""
         parts = [self.tensors[t] for t, _ in found]
         rows = [r for _, r in found]
         types = {p.ggml_type for p in parts}
-        if len(types) > 1 and types != {"Q4_0", "Q4_1"}:
-            return None  # (Q4_K_M's q/k in Q4_K beside a Q6_K v: no one MatMulNBits holds both)
+        if len({_kind(t) for t in types}) > 1:
+            return None  # (Q4_K_M's q/k in Q4_K beside a Q6_K v: no one MatMulNBits holds both; runs splits them)
         q = np.stack([p.q[r] for p, r in zip(parts, rows)])  # (N, nb, block)
         d = np.stack([p.d[r] for p, r in zip(parts, rows)])  # (N, nb)
         if types == {"Q4_0", "Q4_1"}:  # one product of both: Q4_0's rows as minimums -8 d, levels as they are
@@ -182,10 +218,16 @@ class BlockIndex:
         return out if np.array_equal(dequantize(out), columns) else None
 
 
+def _kind(ggml_type: str) -> str:
+    """Types one MatMulNBits product holds together: Q4_0 beside Q4_1 (as minimums -8 d), else one."""
+    return "Q4_1" if ggml_type == "Q4_0" else ggml_type
+
+
 def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]:
     """Replace each constant MatMul of ``proto`` whose weight ``index`` holds in blocks of ``bits``
-    bits by MatMulNBits on those blocks (and, for Q4_1, the minimums' term); returns the weights
-    carried. The rest are left for the quantizer."""
+    bits (``index.own_widths``: in blocks of any carried type, a run of columns per type) by
+    MatMulNBits on those blocks (and, for a type with minimums, the minimums' term; several runs
+    concatenated); returns the weights carried. The rest are left for the quantizer."""
     from onnx import helper, numpy_helper
 
     graph = proto.graph
@@ -196,33 +238,27 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
             continue
         weight = numpy_helper.to_array(inits[node.input[1]])
-        rows = index.find(weight, bits) if weight.ndim == 2 else None
-        if rows is not None and rows.m is not None:
-            ranks = _ranks(proto) if ranks is None else ranks
-        if rows is None or (rows.m is not None and not ranks.get(node.input[0])):
-            continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
-        name, (K, N) = node.input[1], weight.shape
-        nb = K // rows.block
-        if bits == 4:
-            b = (rows.q[..., 0::2] | (rows.q[..., 1::2] << 4)).astype(np.uint8)  # (N, nb, block/2): MatMulNBits' order
+        if index.own_widths:
+            runs = index.runs(weight)
         else:
-            b = rows.q  # (N, nb, block)
-        new = [numpy_helper.from_array(b, f"{name}_Q{bits}"),
-               numpy_helper.from_array(rows.d.reshape(-1), f"{name}_scales")]
-        inputs = [node.input[0], new[0].name, new[1].name]
-        if rows.m is not None:  # levels against zero: the minimums come in their own term
-            zero = np.zeros(N * ((nb + 1) // 2 if bits == 4 else nb), np.uint8)  # 4 bits: two a byte
-            new.append(numpy_helper.from_array(zero, f"{name}_zero_points"))
-            inputs.append(new[2].name)
+            rows = index.find(weight, bits) if weight.ndim == 2 else None
+            runs = None if rows is None else [rows]
+        if runs is None:
+            continue
+        if any(r.m is not None for r in runs):
+            ranks = _ranks(proto) if ranks is None else ranks
+            if not ranks.get(node.input[0]):
+                continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
+        name, base = node.input[1], node.name or f"{node.input[1]}/MatMulNBits"
+        nodes, new = [], []
+        outs = [node.output[0]] if len(runs) == 1 else [f"{base}{PART}{i}" for i in range(len(runs))]
+        for i, (rows, out) in enumerate(zip(runs, outs)):
+            tag = name if len(runs) == 1 else f"{name}_part{i}"  # export.fused._parts reads it back
+            nodes += _carried_product(node.input[0], weight.shape[0], rows, tag,
+                                      base if len(runs) == 1 else f"{base}{PART}{i}", out, ranks, accuracy_level, new)
+        if len(runs) > 1:
+            nodes.append(helper.make_node("Concat", outs, [node.output[0]], name=f"{base}{CONCAT}", axis=-1))
         at = list(graph.node).index(node)
-        out = node.output[0]
-        product = out if rows.m is None else f"{node.name or name}/nbits"
-        nodes = [helper.make_node("MatMulNBits", inputs, [product], name=node.name or f"{name}/MatMulNBits",
-                                  domain="com.microsoft", K=K, N=N, bits=bits, block_size=rows.block,
-                                  accuracy_level=accuracy_level)]
-        if rows.m is not None:
-            nodes += _mins_nodes(nodes[0].name, node.input[0], ranks[node.input[0]], product, out, rows.m,
-                                 rows.block, new)
         graph.node.remove(node)
         for k, n in enumerate(nodes):
             graph.node.insert(at + k, n)
@@ -230,7 +266,35 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         graph.initializer.extend(new)
         inits.update({t.name: t for t in new})
         carried.append(name)
+        kind = "+".join(r.ggml_type for r in runs)
+        index.types[kind] = index.types.get(kind, 0) + 1
     return carried
+
+
+def _carried_product(x: str, K: int, rows: Rows, tag: str, product_name: str, out: str, ranks, accuracy_level: int,
+                     new: list) -> list:
+    """The nodes of one MatMulNBits product of x (..., K) on ``rows``' blocks, giving ``out`` (with
+    its minimums' term where the type has them); its initializers, named after ``tag``, go to ``new``."""
+    from onnx import helper, numpy_helper
+
+    bits, N, nb = rows.bits, rows.q.shape[0], K // rows.block
+    if bits == 4:
+        b = (rows.q[..., 0::2] | (rows.q[..., 1::2] << 4)).astype(np.uint8)  # (N, nb, block/2): MatMulNBits' order
+    else:
+        b = rows.q  # (N, nb, block)
+    mine = [numpy_helper.from_array(b, f"{tag}_Q{bits}"), numpy_helper.from_array(rows.d.reshape(-1), f"{tag}_scales")]
+    inputs = [x, mine[0].name, mine[1].name]
+    if rows.m is not None:  # levels against zero: the minimums come in their own term
+        zero = np.zeros(N * ((nb + 1) // 2 if bits == 4 else nb), np.uint8)  # 4 bits: two a byte
+        mine.append(numpy_helper.from_array(zero, f"{tag}_zero_points"))
+        inputs.append(mine[2].name)
+    product = out if rows.m is None else f"{product_name}/nbits"
+    nodes = [helper.make_node("MatMulNBits", inputs, [product], name=product_name, domain="com.microsoft", K=K, N=N,
+                              bits=bits, block_size=rows.block, accuracy_level=accuracy_level)]
+    if rows.m is not None:
+        nodes += _mins_nodes(product_name, x, ranks[x], product, out, rows.m, rows.block, mine)
+    new += mine
+    return nodes
 
 
 # the carried embedding's initializers: its table's name and these (the head's own bytes where tied)
@@ -326,10 +390,19 @@ def is_minimums(node) -> bool:
     return MINS + "/" in node.name
 
 
+def product_base(name: str) -> str:
+    """The product a node of ``name`` is part of: a run's ``BASE/partN`` is ``BASE``'s (``carry``)."""
+    return re.sub(rf"{PART}\d+$", "", name)
+
+
 def product_nodes(graph, node) -> list:
-    """``node``, a product of a graph, with the nodes of its minimums' term (``carry``) after it, in order."""
-    return [node] + minimums_term(graph.node, node.name)
+    """``node``, a product of a graph, with the nodes of its minimums' term (``carry``) after it, in
+    order; a run's (``BASE/partN``): every run of its product, each with its term, and their Concat."""
+    base = product_base(node.name)
+    if base == node.name:
+        return [node] + minimums_term(graph.node, node.name)
+    return [n for n in graph.node if n.name.startswith(f"{base}{PART}") or n.name == f"{base}{CONCAT}"]
 
 
 __all__ = ["BlockIndex", "GGML_BLOCK", "LEVELS", "MINIMUMS", "Rows", "SCALES", "TYPES", "carry", "carry_embedding",
-           "decode", "dequantize", "is_minimums", "product_nodes"]
+           "decode", "dequantize", "is_minimums", "product_base", "product_nodes"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -311,7 +312,10 @@ def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
     for n in proto.graph.node:
         if n.op_type == "MatMulNBits":
             k = next(a.i for a in n.attribute if a.name == "K")
-            nodes, weight = product_nodes(proto.graph, n), n.input[1].rsplit("_Q", 1)[0]
+            # a product carried in runs (export.gguf_blocks.carry): the whole of it, once
+            nodes, weight = product_nodes(proto.graph, n), re.sub(r"(_part\d+)?_Q\d+$", "", n.input[1])
+            if weight in out:
+                continue
         elif n.op_type == "MatMul" and producers.get(n.input[1], None) is not None \
                 and producers[n.input[1]].op_type == "DequantizeLinear":
             dq = producers[n.input[1]]

@@ -59,16 +59,17 @@ def test_decode_gives_what_gguf_dequantizes_of_k_quants(ggml_type):
     assert np.array_equal(dequantize(rows), expected)
 
 
-def _write(tmp_path, matrices: str, embedding: str = "Q8_0", shape=SHAPE, monkeypatch=None):
+def _write(tmp_path, matrices: str, embedding: str = "Q8_0", shape=SHAPE, monkeypatch=None, overrides=None):
     model = tiny_model("smollm2", **shape)
-    if matrices in K_SIZES:  # gguf's quantize knows no K-quant: random blocks stand for the weights
+    k_types = {t for t in (matrices, *(overrides or {}).values()) if t in K_SIZES}
+    if k_types:  # gguf's quantize knows no K-quant: random blocks stand for the weights
         plain = gguf.quants.quantize
-        qtype = gguf.GGMLQuantizationType[matrices]
+        qtypes = {gguf.GGMLQuantizationType[t]: t for t in k_types}
         seeds = itertools.count()  # each matrix its own blocks (equal ones would share one initializer)
-        monkeypatch.setattr(gguf.quants, "quantize", lambda t, q: random_k_blocks(t.shape, matrices, next(seeds))
-                            if q == qtype else plain(t, q))
+        monkeypatch.setattr(gguf.quants, "quantize", lambda t, q: random_k_blocks(t.shape, qtypes[q], next(seeds))
+                            if q in qtypes else plain(t, q))
     return write_checkpoint_gguf(model, checkpoint.build_tokenizer(), tmp_path / f"{matrices}.gguf",
-                                 matrices=matrices, embedding=embedding)
+                                 matrices=matrices, embedding=embedding, overrides=overrides)
 
 
 def _file_weights(path) -> dict[str, np.ndarray]:
@@ -86,7 +87,9 @@ def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
     # the layers' 4 products each (q/k/v, o, gate/up, down), and the head: the file's Q8_0 embedding
     # at int8 (never below the file: an int4 export's head too)
     carried = manifest.weights["from_gguf"]
-    assert carried == {"carried": 4 * SHAPE["num_hidden_layers"] + 1, "requantized": []}
+    assert carried == {"carried": 4 * SHAPE["num_hidden_layers"] + 1, "requantized": [],
+                       "types": {matrices: 4 * SHAPE["num_hidden_layers"], "Q8_0": 1} if matrices != "Q8_0" else
+                       {"Q8_0": 4 * SHAPE["num_hidden_layers"] + 1}}
     assert manifest.weights["head"] == "int8" and manifest.weights["layers"] == weights
     assert any(line.startswith(f"{matrices}.gguf: {carried['carried']} products carried") for line in lines)
     assert json.loads((out / "manifest.json").read_text())["weights"]["from_gguf"] == carried
@@ -130,7 +133,7 @@ def test_a_k_quant_gguf_is_carried_exactly(tmp_path, monkeypatch, matrices, weig
     path = _write(tmp_path, matrices, shape=K_SHAPE, monkeypatch=monkeypatch)
     out = tmp_path / "art"
     manifest = build(BuildOptions(model=str(path), out=str(out), progress=False, weights=weights), log=lambda *_: None)
-    assert manifest.weights["from_gguf"] == {"carried": 5, "requantized": []}
+    assert manifest.weights["from_gguf"] == {"carried": 5, "types": {matrices: 4, "Q8_0": 1}, "requantized": []}
     expected = _file_weights(path)
     for file in ("layer_00.onnx", "layer_00.gqa.onnx"):
         proto = onnx.load(str(out / file))
@@ -140,6 +143,39 @@ def test_a_k_quant_gguf_is_carried_exactly(tmp_path, monkeypatch, matrices, weig
         for key, w in used.items():  # read back through int8 activations of an identity: to ~1e-5
             target = expected[f"model.layers.0.{key.removesuffix(TRANSPOSED)}"].T
             np.testing.assert_allclose(w, target, rtol=2e-5, atol=2e-7, err_msg=f"{file} {key}")
+
+
+def test_a_q4_k_m_files_products_keep_its_own_widths_under_weights_auto(tmp_path, monkeypatch):
+    """Q4_K_M: Q4_K matrices with a Q6_K v and ffn_down. --weights auto (the default) carries every
+    product at the file's width, the fused q/k/v as a 4-bit product of q and k and an 8-bit one of
+    v, concatenated: the float export's logits to float rounding where every product runs at float
+    activations (deterministic=True); --weights int4 requantizes what is not 4-bit."""
+    import runtime
+    from tests.conftest import first_logits
+
+    path = _write(tmp_path, "Q4_K", shape=K_SHAPE, monkeypatch=monkeypatch,
+                  overrides={"attn_v": "Q6_K", "ffn_down": "Q6_K"})
+    arts = {name: tmp_path / name for name in ("float", "auto", "int4")}
+    for name, out in arts.items():
+        build(BuildOptions(model=str(path), out=str(out), progress=False, check=False,
+                           **({} if name == "auto" else {"weights": name})), log=lambda *_: None)
+    auto = load_manifest(arts["auto"], check_hashes=False).weights
+    assert auto["layers"] == "int4" and auto["from_gguf"] == {
+        "carried": 5, "types": {"Q4_K": 2, "Q4_K+Q6_K": 1, "Q6_K": 1, "Q8_0": 1}, "requantized": []}
+    asked = load_manifest(arts["int4"], check_hashes=False).weights["from_gguf"]
+    assert asked["types"] == {"Q4_K": 2, "Q8_0": 1} and len(asked["requantized"]) == 2
+    for file in ("layer_00.onnx", "layer_00.gqa.onnx"):
+        nodes = onnx.load(str(arts["auto"] / file)).graph.node
+        widths = sorted((a.i for n in nodes if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"))
+        assert widths == [4, 4, 4, 8, 8] and sum(n.op_type == "Concat" and n.name.endswith("/concat")
+                                                 for n in nodes) == 1, file
+    prompts = ["the quick brown fox", "hello"]
+    logits = {}
+    for name, out in arts.items():
+        with runtime.load(out, threads=1, deterministic=True) as gen:
+            logits[name] = first_logits(gen, prompts)
+    scale = np.abs(logits["float"]).max()
+    assert np.abs(logits["auto"] - logits["float"]).max() < 1e-3 * scale < np.abs(logits["int4"] - logits["float"]).max()
 
 
 def test_products_this_projects_kernel_does_not_take_run_at_int8_activations_unless_deterministic(

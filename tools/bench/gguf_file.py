@@ -24,13 +24,15 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3")  # the model_types written here
 
 
 def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bos: bool | None = None,
-                          matrices: str = "F32", embedding: str = "F32"):
+                          matrices: str = "F32", embedding: str = "F32", overrides: dict | None = None):
     """``model`` (a Llama-family transformers model) and ``tokenizer`` (byte-level BPE) as a GGUF
     at ``path``: q/k of Llama rows permuted for llama.cpp's RoPE, the tokenizer as tokens, types and
     merges. ``add_bos``: whether llama.cpp prepends the BOS (None: where ``tokenizer`` does, so that
     both give a prompt the same ids; False: the key is left out). ``matrices``, ``embedding``: the
     GGML type of the layers' weight matrices and of the embedding (and an untied head), quantized
-    by gguf's own quantizer (Q4_0, Q4_1, Q8_0 ...); norms and biases stay F32."""
+    by gguf's own quantizer (Q4_0, Q4_1, Q8_0 ...); norms and biases stay F32. ``overrides``: another
+    type for some of the layers' matrices by GGUF name ({"attn_v": "Q6_K", "ffn_down": "Q6_K"}: the
+    Q4_K_M mix of llama.cpp's quantizer, which gives some layers those two at Q6_K)."""
     import gguf
 
     def add(name: str, t: np.ndarray, ggml_type: str = "F32") -> None:
@@ -57,7 +59,7 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     # Q4_K and Q5_K alone name no file type (llama.cpp's are the _S/_M mixes): the _S one
-    names = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}
+    names = {"F32": "ALL_F32", "Q4_K": "MOSTLY_Q4_K_M" if overrides else "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S"}
     w.add_file_type(gguf.LlamaFileType[names.get(matrices, f"MOSTLY_{matrices}")])
     data = json.loads(tokenizer.backend_tokenizer.to_str())
     vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
@@ -87,7 +89,8 @@ def write_checkpoint_gguf(model, tokenizer, path, eot: int | None = None, add_bo
                 if arch == "llama" and name in ("attn_q", "attn_k"):  # llama.cpp's LlamaModel.permute
                     n = c.num_attention_heads if name == "attn_q" else c.num_key_value_heads
                     t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-                add(f"blk.{i}.{name}.{kind}", np.ascontiguousarray(t), matrices if t.ndim == 2 else "F32")
+                ggml_type = (overrides or {}).get(name, matrices) if t.ndim == 2 else "F32"
+                add(f"blk.{i}.{name}.{kind}", np.ascontiguousarray(t), ggml_type)
     w.add_tensor("output_norm.weight", weights["model.norm.weight"])
     if not c.tie_word_embeddings:
         add("output.weight", weights["lm_head.weight"], embedding)
