@@ -238,12 +238,8 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
             continue
         weight = numpy_helper.to_array(inits[node.input[1]])
-        if index.own_widths:
-            runs = index.runs(weight)
-        else:
-            rows = index.find(weight, bits) if weight.ndim == 2 else None
-            runs = None if rows is None else [rows]
-        if runs is None:
+        runs = index.runs(weight) if index.own_widths else [index.find(weight, bits)]
+        if runs is None or runs[0] is None:
             continue
         if any(r.m is not None for r in runs):
             ranks = _ranks(proto) if ranks is None else ranks
