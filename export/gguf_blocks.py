@@ -15,7 +15,9 @@ the blocks themselves:
   term ``sum over blocks of m * (the block's sum of x)``: x's block sums (Reshape, ReduceSum) times
   the minimums (K/32, N), added: plain ONNX that every runtime runs (runtime.artifact.manifest.MINS names its
   nodes; this project's int4 kernel folds it into its own product).
-* Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128.
+* Q8_0 (``d * q``): 8-bit MatMulNBits with zero point 128 (its default) and q + 128; Q5_0
+  (``d * (q - 16)``) likewise with q + 112, Q5_1 (``d * q + m``) at 8 bits as Q4_1 is at 4 (what
+  llama.cpp's Q4_K_M falls back to for a matrix of a width no multiple of 256).
 * The K-quants, per sub-block (the super-block's scale times the sub-block's 6 or 8 bits, in
   float32 as gguf computes it): Q4_K (``s * q - m``) as Q4_1; Q5_K likewise at 8 bits (levels
   0..31); Q6_K (``s * (q - 32)``, sub-blocks of 16) 8-bit MatMulNBits of block_size 16. A product
@@ -45,8 +47,8 @@ from runtime.artifact.manifest import MINS, minimums_term
 GGML_BLOCK = 32
 PART, CONCAT = "/part", "/concat"  # a product carried as runs of columns: BASE/part0 ..., joined by BASE/concat
 # the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)
-TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False),
-         "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
+TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False), "Q5_0": (8, 32, False),
+         "Q5_1": (8, 32, True), "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
 
 
 @dataclass
@@ -78,6 +80,16 @@ def decode(ggml_type: str, raw: np.ndarray) -> Rows:
     """The blocks of ``raw`` (rows, bytes per row) uint8, GGML's layout, as Rows (the arithmetic of
     gguf's quants.py, so that dequantize gives its floats bit for bit)."""
     R = raw.shape[0]
+    if ggml_type in ("Q5_0", "Q5_1"):  # d, (m,) then each weight's fifth bit (qh), then its low nibble
+        blocks = raw.reshape(R, -1, 22 if ggml_type == "Q5_0" else 24)  # (R, nb, bytes)
+        d = _f16(blocks[..., :2])
+        m = _f16(blocks[..., 2:4]) if ggml_type == "Q5_1" else None
+        qh = np.ascontiguousarray(blocks[..., -20:-16]).view(np.uint32)  # (R, nb, 1): bit j of weight j
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # (R, nb, 32)
+        qs = blocks[..., -16:]  # weight j in the low nibble of byte j, j + 16 in the high one
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (high << 4)  # (R, nb, 32): 0..31
+        # Q5_0's d * (q - 16) at 8 bits: levels q - 16 + 128 against the default zero point 128
+        return Rows(ggml_type, q + 112 if m is None else q, d, m)
     if ggml_type in ("Q4_0", "Q4_1", "Q8_0"):
         size = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[ggml_type]
         blocks = raw.reshape(R, -1, size)  # (R, nb, bytes)
@@ -208,19 +220,18 @@ class BlockIndex:
             return None  # (Q4_K_M's q/k in Q4_K beside a Q6_K v: no one MatMulNBits holds both; runs splits them)
         q = np.stack([p.q[r] for p, r in zip(parts, rows)])  # (N, nb, block)
         d = np.stack([p.d[r] for p, r in zip(parts, rows)])  # (N, nb)
-        if types == {"Q4_0", "Q4_1"}:  # one product of both: Q4_0's rows as minimums -8 d, levels as they are
-            m = np.stack([p.m[r] if p.m is not None else -8 * p.d[r] for p, r in zip(parts, rows)])
-            ggml_type = "Q4_1"
-        else:
-            ggml_type = types.pop()
-            m = np.stack([p.m[r] for p, r in zip(parts, rows)]) if TYPES[ggml_type][2] else None
+        ggml_type = _kind(types.pop()) if len(types) > 1 else types.pop()
+        # Q4_0's rows beside Q4_1's: minimums -8 d, levels as they are
+        m = np.stack([p.m[r] if p.m is not None else -8 * p.d[r] for p, r in zip(parts, rows)]) \
+            if TYPES[ggml_type][2] else None
         out = Rows(ggml_type, q, d, m)
         return out if np.array_equal(dequantize(out), columns) else None
 
 
 def _kind(ggml_type: str) -> str:
-    """Types one MatMulNBits product holds together: Q4_0 beside Q4_1 (as minimums -8 d), else one."""
-    return "Q4_1" if ggml_type == "Q4_0" else ggml_type
+    """Types one MatMulNBits product holds together: Q4_0 beside Q4_1 (as minimums -8 d), Q5_0 beside
+    Q8_0 (both 8-bit levels against zero point 128), else one."""
+    return {"Q4_0": "Q4_1", "Q5_0": "Q8_0"}.get(ggml_type, ggml_type)
 
 
 def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]:

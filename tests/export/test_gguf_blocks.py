@@ -25,7 +25,7 @@ SHAPE = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_ke
              num_hidden_layers=2)
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"])
 def test_decode_gives_what_gguf_dequantizes(ggml_type):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 96)).astype(np.float32)
@@ -78,7 +78,8 @@ def _file_weights(path) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("matrices, weights", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
+@pytest.mark.parametrize("matrices, weights", [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8"),
+                                                ("Q5_1", "int8")])
 def test_a_quantized_gguf_is_carried_exactly(tmp_path, matrices, weights):
     path = _write(tmp_path, matrices)
     lines = []
