@@ -243,7 +243,9 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
 
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    ranks = None  # x's rank, for a minimums' term: shape inference once, where one is needed
+    # x's rank, for a minimums' term: shape inference once, before the graph holds com.microsoft's
+    # nodes (for which it has no opset)
+    ranks = _ranks(proto) if any(t.m is not None for t in index.tensors) else {}
     carried = []
     for node in list(graph.node):
         if node.op_type != "MatMul" or len(node.input) != 2 or node.input[1] not in inits:
@@ -252,10 +254,8 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         runs = index.runs(weight) if index.own_widths else [index.find(weight, bits)]
         if runs is None or runs[0] is None:
             continue
-        if any(r.m is not None for r in runs):
-            ranks = _ranks(proto) if ranks is None else ranks
-            if not ranks.get(node.input[0]):
-                continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
+        if any(r.m is not None for r in runs) and not ranks.get(node.input[0]):
+            continue  # (a minimums' term needs x's rank; shape inference gives it for every export graph)
         name, base = node.input[1], node.name or f"{node.input[1]}/MatMulNBits"
         nodes, new = [], []
         outs = [node.output[0]] if len(runs) == 1 else [f"{base}{PART}{i}" for i in range(len(runs))]

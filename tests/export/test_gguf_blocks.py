@@ -179,6 +179,15 @@ def test_a_q4_k_m_files_products_keep_its_own_widths_under_weights_auto(tmp_path
     assert np.abs(logits["auto"] - logits["float"]).max() < 1e-3 * scale < np.abs(logits["int4"] - logits["float"]).max()
 
 
+def test_a_product_with_minimums_after_one_without_is_carried(tmp_path):
+    """Q4_K_M's fallback for SmolLM2's widths: Q5_0 matrices (8 bits, no minimums) and a Q4_1 one,
+    whose minimums' term needs x's rank after the graph already holds MatMulNBits nodes."""
+    path = _write(tmp_path, "Q5_0", overrides={"ffn_down": "Q4_1"})
+    manifest = build(BuildOptions(model=str(path), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    assert manifest.weights["from_gguf"]["types"] == {"Q5_0": 3 * SHAPE["num_hidden_layers"],
+                                                      "Q4_1": SHAPE["num_hidden_layers"], "Q8_0": 1}
+
+
 def test_products_this_projects_kernel_does_not_take_run_at_int8_activations_unless_deterministic(
         tmp_path, monkeypatch):
     """A Q6_K file's blocks of 16 stay on MatMulNBits beside this project's kernel, whose float path
