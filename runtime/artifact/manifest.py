@@ -185,12 +185,17 @@ class Manifest:
 
     @property
     def weights_label(self) -> str:
-        """One line for people: "float32" or "int4 layers, int4 head (block 32, matmulnbits), float32 embed"."""
+        """One line for people: "float32" or "int4 layers, int4 head (block 32, matmulnbits), float32 embed",
+        and what a GGUF's blocks gave ("; the GGUF's blocks: 16 Q4_K, 76 Q5_0 products")."""
         if not self.quantized:
             return self.dtype
         w = self.weights
         parts = [f"{w.get(k, 'float')} {k}".replace("float", self.dtype) for k in ("layers", "head", "embed")]
-        return f"{parts[0]}, {parts[1]} (block {w.get('block_size')}, {w.get('format')}), {parts[2]}"
+        label = f"{parts[0]}, {parts[1]} (block {w.get('block_size')}, {w.get('format')}), {parts[2]}"
+        types = w.get("from_gguf", {}).get("types")
+        if types:  # a Q4_K_M file's products are of several widths, whatever "layers" says
+            label += "; the GGUF's blocks: " + ", ".join(f"{n} {t}" for t, n in types.items()) + " products"
+        return label
 
     @property
     def checked_graphs(self) -> list[GraphSpec]:

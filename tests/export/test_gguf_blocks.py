@@ -163,6 +163,8 @@ def test_a_q4_k_m_files_products_keep_its_own_widths_under_weights_auto(tmp_path
     auto = load_manifest(arts["auto"], check_hashes=False).weights
     assert auto["layers"] == "int4" and auto["from_gguf"] == {
         "carried": 5, "types": {"Q4_K": 2, "Q4_K+Q6_K": 1, "Q6_K": 1, "Q8_0": 1}, "requantized": []}
+    assert load_manifest(arts["auto"], check_hashes=False).weights_label.endswith(
+        "; the GGUF's blocks: 2 Q4_K, 1 Q4_K+Q6_K, 1 Q6_K, 1 Q8_0 products")  # what python -m runtime prints
     asked = load_manifest(arts["int4"], check_hashes=False).weights["from_gguf"]
     assert asked["types"] == {"Q4_K": 2, "Q8_0": 1} and len(asked["requantized"]) == 2
     for file in ("layer_00.onnx", "layer_00.gqa.onnx"):
@@ -477,7 +479,7 @@ def test_a_q8_0_embedding_is_gathered_from_the_heads_own_blocks(tmp_path, matric
     gen = runtime.load(out, threads=1)
     try:
         assert np.array_equal(gen.engine.backend.embed(ids, np.ones_like(ids))[0], table)
-        assert gen.manifest.weights_label.endswith("int8 embed")
+        assert ", int8 embed; the GGUF's blocks: " in gen.manifest.weights_label
     finally:
         gen.close()
 
