@@ -45,3 +45,48 @@ def test_the_cli_compares_a_float_export_with_itself_and_an_int4_one(tmp_path, c
     assert lines[2] == "| same | 1.000 | 0.0000 |"
     name, top1, kl = (c.strip() for c in lines[3].strip("|").split("|"))
     assert name == str(tmp_path / "int4") and 0 < float(kl) and 0 <= float(top1) <= 1
+
+
+def test_llamacpp_rows_score_the_same_token_ids_through_the_worker(tmp_path, capsys):
+    """--llamacpp: the reference's token ids go to llama.cpp's worker (tools/bench/llamacpp_worker.py
+    logits, run by --llamacpp-python) and its .npy comes back as a row. A stand-in python answers the
+    venv probe and writes the reference's own logits, read from a file, where the worker would."""
+    import json
+    import sys
+
+    import runtime
+    from export import checkpoint
+    from tests.families import tiny_model
+    from tools.bench.gguf_file import write_checkpoint_gguf
+
+    path = write_checkpoint_gguf(tiny_model("smollm2", max_position_embeddings=256), checkpoint.build_tokenizer(),
+                                 tmp_path / "m.gguf")
+    build(BuildOptions(model=str(path), out=str(tmp_path / "fp32"), progress=False, check=False), log=lambda *_: None)
+    (tmp_path / "text.txt").write_text(TEXT)
+    prompts = agreement.prompts_of(TEXT, 6)
+    with runtime.load(tmp_path / "fp32") as gen:
+        np.save(tmp_path / "theirs.npy", agreement.next_logits(gen, prompts))
+        ids = [[int(i) for i in gen.tokenizer(p)["input_ids"]] for p in prompts]
+    # argv (the stand-in python drops the real worker's path): logits, MODEL, IDS, OUT, --threads N
+    worker = tmp_path / "worker.py"
+    worker.write_text("import shutil, sys\n"
+                      f"open({str(tmp_path / 'seen.json')!r}, 'w').write(open(sys.argv[3]).read())\n"
+                      f"shutil.copy({str(tmp_path / 'theirs.npy')!r}, sys.argv[4])\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{{\"llama-cpp-python\": \"0\"}}'; exit 0; fi\n"
+                      f"shift\nexec {sys.executable} {worker} \"$@\"\n")
+    python.chmod(0o755)
+    assert agreement.main(["--reference", str(tmp_path / "fp32"), "--llamacpp", f"llama.cpp={path}",
+                           "--llamacpp-python", str(python), "--text", str(tmp_path / "text.txt"),
+                           "--prompts", "6"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[2] == "| llama.cpp | 1.000 | 0.0000 |"
+    assert json.loads((tmp_path / "seen.json").read_text()) == ids
+
+
+def test_llamacpp_rows_say_what_is_missing(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT)
+    argv = ["--reference", str(tmp_path), "--text", str(tmp_path / "text.txt"), "--prompts", "2"]
+    assert agreement.main(argv) == 2
+    assert "nothing to compare: give --model DIR (an artifact) or --llamacpp FILE.gguf" in capsys.readouterr().err
+    with pytest.raises(agreement.AgreementError, match="--llamacpp needs llama-cpp-python: .*--llamacpp-python PY"):
+        agreement.llamacpp_python(str(tmp_path / "no-python"))

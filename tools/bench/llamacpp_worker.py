@@ -2,6 +2,8 @@
 
     PYTHON tools/bench/llamacpp_worker.py build HF_DIR OUT_DIR --type q4_0 [--threads 2]
     PYTHON tools/bench/llamacpp_worker.py bench SPEC_JSON     # a tools.bench row's record, one JSON line
+    PYTHON tools/bench/llamacpp_worker.py quantize SRC.gguf DST.gguf --type q4_k_m   # requantizing too
+    PYTHON tools/bench/llamacpp_worker.py logits MODEL.gguf IDS.json OUT.npy  # tools.evaluate.agreement's
 
 ``build`` writes the checkpoint as an F32 GGUF (gguf_file.py beside this file: llama.cpp's own
 converter refuses the random checkpoints' tokenizer) and, for ``q8_0`` / ``q4_0``, quantizes it
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_generate import peak_rss_bytes, timing_record  # noqa: E402  (standard library only)
 
 TYPES = ("f32", "q8_0", "q4_0")  # llama.cpp's names; f32 is the file as written
+QUANTIZE = ("q8_0", "q4_0", "q4_1", "q4_k_m")  # what ``quantize`` makes of a GGUF (its LLAMA_FTYPE_MOSTLY_*)
 
 
 def build(hf_dir: str, out_dir: str, kind: str, threads: int) -> Path:
@@ -49,19 +52,44 @@ def build(hf_dir: str, out_dir: str, kind: str, threads: int) -> Path:
     if kind == "f32":
         os.replace(f32, final)
         return final
+    quantize(f32, final, kind, threads)
+    f32.unlink()
+    return final
+
+
+def quantize(src, dst, kind: str, threads: int = 2, requantize: bool = False) -> Path:
+    """``src`` quantized to ``kind`` by llama.cpp's own quantizer (as its ``llama-quantize`` tool
+    does; ``requantize``: from a file already quantized, as its --allow-requantize), into ``dst``
+    through a temporary name."""
     import ctypes
 
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[kind]
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
     params.nthread = threads
-    partial = out / "model.gguf.partial"
-    if llama_cpp.llama_model_quantize(str(f32).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
-        raise SystemExit(f"llama.cpp could not quantize {f32} to {kind}")
-    f32.unlink()
-    os.replace(partial, final)
-    return final
+    params.allow_requantize = requantize
+    partial = Path(f"{dst}.partial")
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not quantize {src} to {kind}")
+    os.replace(partial, dst)
+    return Path(dst)
+
+
+def logits(model: str, ids: list[list[int]], threads: int = 2):
+    """(P, V) float32: llama.cpp's logits after each prompt's last token, the prompts given as token
+    ids (the compared artifacts' own), each from an empty cache."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model_path=model, n_ctx=max(map(len, ids)) + 1, n_threads=threads,
+                          n_threads_batch=threads, logits_all=True, verbose=False)
+    rows = []
+    for prompt in ids:
+        llm.reset()
+        llm.eval(prompt)
+        rows.append(np.array(llm.scores[len(prompt) - 1], np.float32))
+    return np.stack(rows)
 
 
 def bench(spec: dict) -> dict:
@@ -117,9 +145,25 @@ def main(argv=None) -> int:
     b.add_argument("--threads", type=int, default=2, help="the quantizer's threads (default 2)")
     r = sub.add_parser("bench", help="a tools.bench row's record, one JSON line")
     r.add_argument("spec", help="the row's spec as JSON")
+    q = sub.add_parser("quantize", help="a GGUF quantized to --type by llama.cpp, already quantized ones too")
+    q.add_argument("src")
+    q.add_argument("dst")
+    q.add_argument("--type", choices=QUANTIZE, required=True)
+    q.add_argument("--threads", type=int, default=2)
+    lg = sub.add_parser("logits", help="each prompt's next-token logits (token ids as JSON lists) into an .npy")
+    lg.add_argument("model")
+    lg.add_argument("ids", help="a JSON file: a list of lists of token ids")
+    lg.add_argument("out", help="the .npy to write, (prompts, vocabulary) float32")
+    lg.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     if args.command == "build":
         print(build(args.hf_dir, args.out_dir, args.type, args.threads))
+    elif args.command == "quantize":
+        print(quantize(args.src, args.dst, args.type, args.threads, requantize=True))
+    elif args.command == "logits":
+        import numpy as np
+
+        np.save(args.out, logits(args.model, json.loads(Path(args.ids).read_text()), args.threads))
     else:
         print(json.dumps(bench(json.loads(args.spec))))
     return 0

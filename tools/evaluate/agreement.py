@@ -10,6 +10,12 @@ Example (the int4 export of the real SmolLM2-135M-Instruct against its float32 e
 
   python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct \\
       --model int4=artifacts/smollm2-int4 --text data/prose/essays.txt --prompts 200
+
+``--llamacpp NAME=FILE.gguf`` (or a GGUF alias: smollm2-135m-instruct) adds llama.cpp as a row: its
+logits on the same token ids (the reference's tokenizer), computed by tools/bench/llamacpp_worker.py
+with the python of a venv that has llama-cpp-python (``--llamacpp-python``; by default
+.bench/llamacpp-venv, which ``python -m tools.bench`` creates; never created here: it compiles
+llama.cpp, ~25 minutes).
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                    "Top-1 agreement and mean KL of artifacts' next-token predictions against a reference "
                    "artifact's (a quantized export against the float one), on windows of a held text.")
     p.add_argument("--reference", required=True, help="the artifact to agree with (e.g. the float32 export)")
-    p.add_argument("--model", required=True, nargs="+", metavar="[NAME=]DIR", help="artifacts to compare")
+    p.add_argument("--model", nargs="+", default=[], metavar="[NAME=]DIR", help="artifacts to compare")
     p.add_argument("--text", required=True, help="a .txt file, or a .csv/.jsonl (.gz) with --column")
     p.add_argument("--column", help="the column of a .csv/.jsonl --text whose unique values make the text")
     p.add_argument("--prompts", type=int, default=200, help="windows of the text to compare on")
@@ -92,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="ONNX Runtime's intra-op threads")
     p.add_argument("--int4-kernel", choices=("auto", "skipdecode", "onnxruntime"), default="auto",
                    help="the int4 kernel of the compared artifacts (auto: this project's where it runs)")
+    p.add_argument("--llamacpp", nargs="+", default=[], metavar="[NAME=]FILE.gguf",
+                   help="GGUF files whose llama.cpp logits are compared too (llama-cpp-python: --llamacpp-python)")
+    p.add_argument("--llamacpp-python", help=f"python of an environment with llama-cpp-python (default: "
+                                             f"{LLAMACPP_VENV}/bin/python, as python -m tools.bench creates it)")
     return p
 
 
@@ -106,6 +116,8 @@ def _run(args) -> int:
 
     if args.prompts < 1:
         raise AgreementError(f"--prompts {args.prompts}: give a positive number of windows")
+    if not args.model and not args.llamacpp:
+        raise AgreementError("nothing to compare: give --model DIR (an artifact) or --llamacpp FILE.gguf")
     prompts = prompts_of(read_text(args.text, args.column), args.prompts, args.seed)
     options = {"threads": args.threads} if args.threads else {}
 
@@ -116,14 +128,71 @@ def _run(args) -> int:
         finally:
             gen.close()
 
-    reference = logits_of(args.reference)
+    gen = runtime.load(args.reference, **options)
+    try:
+        reference = next_logits(gen, prompts)
+        ids = [[int(i) for i in gen.tokenizer(p)["input_ids"]] for p in prompts]  # what llama.cpp is given
+    finally:
+        gen.close()
+    python = llamacpp_python(args.llamacpp_python) if args.llamacpp else None
+    found = [(spec, logits_of(spec.rpartition("=")[2], int4_kernel=args.int4_kernel)) for spec in args.model]
+    found += [(spec, llamacpp_logits(python, gguf_file(spec.rpartition("=")[2]), ids, args.threads or 2))
+              for spec in args.llamacpp]
     rows = []
-    for spec in args.model:
-        name, _, directory = spec.rpartition("=")
-        rows.append(compare(name or directory, reference, logits_of(directory, int4_kernel=args.int4_kernel)))
+    for spec, logits in found:
+        name, _, path = spec.rpartition("=")
+        rows.append(compare(name or path, reference, logits))
         print(f"{rows[-1].name}: top-1 {rows[-1].top1:.3f}, mean KL {rows[-1].mean_kl:.4f}", file=sys.stderr)
     print(table(rows, len(prompts)))
     return 0
+
+
+LLAMACPP_VENV = ".bench/llamacpp-venv"
+
+
+def llamacpp_python(python: str | None) -> str:
+    """The python that runs llama.cpp's worker: ``python``, else the venv python -m tools.bench makes;
+    AgreementError (with how to make one) where neither imports llama_cpp."""
+    from pathlib import Path
+
+    from tools.bench import venv
+
+    env = venv.ensure(Path(LLAMACPP_VENV), python, create=False, peer=venv.LLAMACPP)
+    if not env.available:
+        raise AgreementError(f"--llamacpp needs llama-cpp-python: {env.reason}; pass --llamacpp-python PY, or "
+                             f"make {LLAMACPP_VENV} (python -m venv --system-site-packages {LLAMACPP_VENV} && "
+                             f"{LLAMACPP_VENV}/bin/pip install llama-cpp-python: it compiles llama.cpp, ~25 min)")
+    return env.python
+
+
+def gguf_file(model: str) -> str:
+    """A GGUF file's path, or the file an alias names (smollm2-135m-instruct: the installed one)."""
+    from export import checkpoint
+
+    source = checkpoint.resolve(model)
+    if source.kind != "gguf":
+        raise AgreementError(f"--llamacpp {model}: llama.cpp reads GGUF files, and this is {source.describe()}")
+    return str(source.location)
+
+
+def llamacpp_logits(python: str, gguf: str, ids: list[list[int]], threads: int) -> np.ndarray:
+    """(P, V) llama.cpp's next-token logits of ``gguf`` after each prompt's ``ids``
+    (tools/bench/llamacpp_worker.py logits, run by ``python``)."""
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    worker = Path(__file__).resolve().parents[1] / "bench" / "llamacpp_worker.py"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "ids.json").write_text(json.dumps(ids))
+        cmd = [python, str(worker), "logits", gguf, str(Path(tmp) / "ids.json"), str(Path(tmp) / "logits.npy"),
+               "--threads", str(threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise AgreementError(f"llama.cpp could not score {gguf}: {last[0]}")
+        return np.load(Path(tmp) / "logits.npy").astype(np.float64)
 
 
 if __name__ == "__main__":
