@@ -177,6 +177,9 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-d8 "
      "--draft-layers int8$",
      "parse", REAL),
+    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q4km-f32 ", "parse",
+     REAL + " and a Q4_K_M file llama.cpp's quantizer makes (never committed); tests/tools/test_agreement.py runs "
+     "--llamacpp with a stand-in worker"),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
     ("python -m export build --model smollm2-135m-instruct --weights int8 --out artifacts/smollm2-int8$", "parse", REAL),
