@@ -15,7 +15,7 @@ def test_specs_name_a_directory_and_its_int4_kernel():
     assert decode.parse_spec("d=/x/y:skipdecode-avx2") == ("d", "/x/y", "skipdecode-avx2")
     assert decode.parse_spec("e=/x/y:onnxruntime+deterministic") == ("e", "/x/y", "onnxruntime+deterministic")
     with pytest.raises(InvalidArgumentError, match=r"one of auto, skipdecode, skipdecode-avx2, onnxruntime \(each may "
-                                                   r"end in \+deterministic\), not 'mlas'"):
+                                                   r"end in \+deterministic\), or llamacpp for a GGUF file, not 'mlas'"):
         decode.parse_spec("c=/x/y:mlas")
 
 
@@ -50,3 +50,32 @@ def test_a_run_times_every_artifact_each_round_and_compares_medians(tmp_path, ca
         assert float(prompt) > 0 and prompt_ratio.endswith("x")
     assert decode.main([str(art), "--tokens", "1"]) == 2
     assert "decode needs 2 tokens or more" in capsys.readouterr().err
+
+
+def test_a_llamacpp_row_runs_the_worker_each_round(tmp_path, monkeypatch):
+    """NAME=FILE.gguf:llamacpp: a round is a process of llamacpp_worker.py's bench with the file, the
+    prompt, the threads and the tokens, its record read back as (decode ms/token, prompt ms). A
+    stand-in python answers the venv probe and the bench."""
+    import json
+    import sys
+
+    from export import checkpoint
+    from tests.families import tiny_model
+    from tools.bench.gguf_file import write_checkpoint_gguf
+
+    path = write_checkpoint_gguf(tiny_model("smollm2"), checkpoint.build_tokenizer(), tmp_path / "m.gguf")
+    worker = tmp_path / "worker.py"  # argv after the stand-in drops the real worker's path: bench SPEC
+    worker.write_text("import json, sys\n"
+                      f"open({str(tmp_path / 'specs')!r}, 'a').write(sys.argv[2] + '\\n')\n"
+                      "print(json.dumps({'decode_s': 0.5, 'generated_tokens': 11, 'prefill_s': 0.02}))\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{{\"llama-cpp-python\": \"0\"}}'; exit 0; fi\n"
+                      f"shift\nexec {sys.executable} {worker} \"$@\"\n")
+    python.chmod(0o755)
+    assert decode.parse_spec(f"q4_1={path}:llamacpp") == ("q4_1", str(path), "llamacpp")
+    times = decode.measure([f"q4_1={path}:llamacpp"], tokens=11, rounds=2, threads=3, prompt="hi",
+                           llamacpp_python=str(python))
+    assert times == {"q4_1": [(50.0, 20.0), (50.0, 20.0)]}
+    specs = [json.loads(line) for line in (tmp_path / "specs").read_text().splitlines()]
+    assert specs == [{"prompts": ["hi"], "threads": 3, "llamacpp_gguf": str(path), "warmup_tokens": decode.WARMUP,
+                      "new_tokens": 11}] * 2

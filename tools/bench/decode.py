@@ -3,10 +3,13 @@
 Each artifact (``NAME=DIR``, or ``NAME=DIR:KERNEL`` to run its int4 products on ``KERNEL``:
 auto, skipdecode, skipdecode-avx2 (this project's kernel built for AVX2, as on a CPU without
 AVX-512) or onnxruntime, any of them with ``+deterministic``: loaded with deterministic=True,
-every product at float activations) is loaded once; every round generates ``--tokens`` tokens of one
-prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts in turn and in reverse
-order every other round (machines are noisy: ratios of one run, never of two). Prints a Markdown
-table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
+every product at float activations) is loaded once; ``NAME=FILE.gguf:llamacpp`` (or the alias
+smollm2-135m-instruct) times llama.cpp on the file, a process of tools/bench/llamacpp_worker.py per
+round (its load untimed; llama.cpp's threads spin, this project's sleep: runtime.load's default),
+with the python of ``--llamacpp-python`` or .bench/llamacpp-venv. Every round generates
+``--tokens`` tokens of one prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts
+in turn and in reverse order every other round (machines are noisy: ratios of one run, never of
+two). Prints a Markdown table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
 and the first artifact's median over this one's; then the prompt's pass (its prefill, ms: a long
 ``--prompt`` times what a user waits before the first token), median and ratio alike.
 
@@ -26,6 +29,7 @@ from runtime import cli
 from runtime.errors import InvalidArgumentError
 
 KERNELS = ("auto", "skipdecode", "skipdecode-avx2", "onnxruntime")
+LLAMACPP = "llamacpp"  # NAME=FILE.gguf:llamacpp: llama.cpp on the file (tools/bench/llamacpp_worker.py bench)
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 WARMUP = 8
 
@@ -39,27 +43,33 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
     if not eq:
         name, rest = spec, spec
     directory, colon, kernel = rest.rpartition(":") if ":" in rest else (rest, "", "auto")
-    if colon and kernel.removesuffix(DETERMINISTIC) not in KERNELS:
+    if colon and kernel.removesuffix(DETERMINISTIC) not in KERNELS and kernel != LLAMACPP:
         raise InvalidArgumentError(f"{spec}: the int4 kernel after ':' is one of {', '.join(KERNELS)} (each may end "
-                                   f"in {DETERMINISTIC}), not {kernel!r}")
+                                   f"in {DETERMINISTIC}), or {LLAMACPP} for a GGUF file, not {kernel!r}")
     return name, directory, kernel or "auto"
 
 
 def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int = 2,
-            prompt: str = PROMPT) -> dict[str, list[tuple[float, float]]]:
+            prompt: str = PROMPT, llamacpp_python: str | None = None) -> dict[str, list[tuple[float, float]]]:
     """{name: (decode ms/token, the prompt's pass ms) of each round}."""
     import runtime
 
     if tokens < 2 or rounds < 1:
         raise InvalidArgumentError(f"--tokens {tokens} --rounds {rounds}: decode needs 2 tokens or more and 1 round or more")
     parsed = [parse_spec(s) for s in specs]
-    gens = {}
+    gens, peers = {}, {}
     try:
         for name, directory, kernel in parsed:
-            gens[name] = _load(runtime, directory, threads, kernel)
-        times = {name: [] for name in gens}
+            if kernel == LLAMACPP:
+                peers[name] = _llamacpp_row(directory, threads, tokens, prompt, llamacpp_python)
+            else:
+                gens[name] = _load(runtime, directory, threads, kernel)
+        times = {name: [] for name, *_ in parsed}
         for r in range(rounds):
-            for name in (list(gens) if r % 2 == 0 else list(gens)[::-1]):
+            for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+                if name in peers:
+                    times[name].append(peers[name]())
+                    continue
                 gens[name].generate([prompt], WARMUP, ignore_eos=True)
                 stats = gens[name].generate([prompt], tokens, ignore_eos=True).stats
                 times[name].append((stats.decode_seconds / (stats.new_tokens - 1) * 1000, stats.prefill_seconds * 1000))
@@ -67,6 +77,30 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
     finally:
         for gen in gens.values():
             gen.close()
+
+
+def _llamacpp_row(model: str, threads: int, tokens: int, prompt: str, python: str | None):
+    """A round of llama.cpp on the GGUF ``model`` (a file or an alias): a process of
+    tools/bench/llamacpp_worker.py's ``bench`` (its load untimed, ``WARMUP`` tokens, then ``tokens``),
+    -> (decode ms/token, the prompt's pass ms)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from tools.evaluate.agreement import gguf_file, llamacpp_python
+
+    spec = json.dumps({"prompts": [prompt], "threads": threads, "llamacpp_gguf": gguf_file(model),
+                       "warmup_tokens": WARMUP, "new_tokens": tokens})
+    cmd = [llamacpp_python(python), str(Path(__file__).with_name("llamacpp_worker.py")), "bench", spec]
+
+    def one_round() -> tuple[float, float]:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise InvalidArgumentError(f"llama.cpp could not run {model}: {last[0]}")
+        record = json.loads(done.stdout.strip().splitlines()[-1])
+        return record["decode_s"] / (record["generated_tokens"] - 1) * 1000, record["prefill_s"] * 1000
+    return one_round
 
 
 def _load(runtime, directory: str, threads: int, kernel: str):
@@ -112,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds; medians across them")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime threads")
     p.add_argument("--prompt", default=PROMPT, help="the prompt every call decodes from")
+    p.add_argument("--llamacpp-python", help="for FILE.gguf:llamacpp rows: python of an environment with "
+                                             "llama-cpp-python (default: .bench/llamacpp-venv's, as python -m "
+                                             "tools.bench makes it)")
     args = p.parse_args(argv)
     command = "python -m tools.bench.decode " + shlex.join(argv if argv is not None else sys.argv[1:])
-    return cli.run(lambda: print(table(measure(args.artifacts, args.tokens, args.rounds, args.threads, args.prompt),
-                                       command)))
+    return cli.run(lambda: print(table(measure(args.artifacts, args.tokens, args.rounds, args.threads, args.prompt,
+                                               args.llamacpp_python), command)))
 
 
 if __name__ == "__main__":
