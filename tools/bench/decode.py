@@ -5,7 +5,7 @@ auto, skipdecode, skipdecode-avx2 (this project's kernel built for AVX2, as on a
 AVX-512) or onnxruntime, any of them with ``+deterministic``: loaded with deterministic=True,
 every product at float activations) is loaded once; ``NAME=FILE.gguf:llamacpp`` (or the alias
 smollm2-135m-instruct) times llama.cpp on the file, a process of tools/bench/llamacpp_worker.py per
-round (its load untimed; llama.cpp's threads spin, this project's sleep: runtime.load's default),
+round (its load untimed; llama.cpp's threads spin, this project's sleep unless ``--spin``),
 with the python of ``--llamacpp-python`` or .bench/llamacpp-venv. Every round generates
 ``--tokens`` tokens of one prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts
 in turn and in reverse order every other round (machines are noisy: ratios of one run, never of
@@ -50,8 +50,10 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
 
 
 def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int = 2,
-            prompt: str = PROMPT, llamacpp_python: str | None = None) -> dict[str, list[tuple[float, float]]]:
-    """{name: (decode ms/token, the prompt's pass ms) of each round}."""
+            prompt: str = PROMPT, llamacpp_python: str | None = None,
+            spin: bool = False) -> dict[str, list[tuple[float, float]]]:
+    """{name: (decode ms/token, the prompt's pass ms) of each round}; ``spin``: this project's
+    ONNX Runtime threads busy-wait (as llama.cpp's do), else they sleep (runtime.load's default)."""
     import runtime
 
     if tokens < 2 or rounds < 1:
@@ -63,7 +65,7 @@ def measure(specs: list[str], tokens: int = 128, rounds: int = 5, threads: int =
             if kernel == LLAMACPP:
                 peers[name] = _llamacpp_row(directory, threads, tokens, prompt, llamacpp_python)
             else:
-                gens[name] = _load(runtime, directory, threads, kernel)
+                gens[name] = _load(runtime, directory, threads, kernel, spin)
         times = {name: [] for name, *_ in parsed}
         for r in range(rounds):
             for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
@@ -103,11 +105,12 @@ def _llamacpp_row(model: str, threads: int, tokens: int, prompt: str, python: st
     return one_round
 
 
-def _load(runtime, directory: str, threads: int, kernel: str):
+def _load(runtime, directory: str, threads: int, kernel: str, spin: bool = False):
     """The artifact loaded with its int4 products on ``kernel`` (skipdecode-avx2: the kernel built
     for AVX2, which the load builds and loads while $SKIPDECODE_KERNEL_ISA says so; +deterministic:
     every product at float activations)."""
-    options = {"threads": threads, **({"deterministic": True} if kernel.endswith(DETERMINISTIC) else {})}
+    options = {"threads": threads, **({"deterministic": True} if kernel.endswith(DETERMINISTIC) else {}),
+               **({"spin": True} if spin else {})}
     kernel = kernel.removesuffix(DETERMINISTIC)
     if kernel != "skipdecode-avx2":
         return runtime.load(directory, int4_kernel=kernel, **options)
@@ -149,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llamacpp-python", help="for FILE.gguf:llamacpp rows: python of an environment with "
                                              "llama-cpp-python (default: .bench/llamacpp-venv's, as python -m "
                                              "tools.bench makes it)")
+    p.add_argument("--spin", action="store_true", help="this project's ONNX Runtime threads busy-wait, as "
+                                                       "llama.cpp's do (default: they sleep, runtime.load's default)")
     args = p.parse_args(argv)
     command = "python -m tools.bench.decode " + shlex.join(argv if argv is not None else sys.argv[1:])
     return cli.run(lambda: print(table(measure(args.artifacts, args.tokens, args.rounds, args.threads, args.prompt,
-                                               args.llamacpp_python), command)))
+                                               args.llamacpp_python, args.spin), command)))
 
 
 if __name__ == "__main__":
