@@ -47,6 +47,8 @@ SERVER = "a server: runs until stopped; tests/runtime/test_serve.py starts it an
 PLACEHOLDER = "DIR and OUT stand for the reader's own directories"
 REAL = ("the real SmolLM2-135M-Instruct (a minute): tests/test_real_model.py exports it once and chats with it "
         "through the CLI and the openai client")
+LLAMACPP_FILES = (REAL + ", and Q4_K_M / Q8_0 files llama.cpp's quantizer makes of it (never committed); "
+                  "tests/tools/test_agreement.py runs --llamacpp with a stand-in worker")
 SHIPPED_E2E = ("the shipped adapter over the real model (a minute): tests/test_shipped_e2e_model.py builds it "
                "and checks its descriptions at 1x, 2x and 5x")
 DEMO_PROMPT = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
@@ -177,9 +179,8 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-d8 "
      "--draft-layers int8$",
      "parse", REAL),
-    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q4km-f32 ", "parse",
-     REAL + " and a Q4_K_M file llama.cpp's quantizer makes (never committed); tests/tools/test_agreement.py runs "
-     "--llamacpp with a stand-in worker"),
+    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q4km-f32 ", "parse", LLAMACPP_FILES),
+    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q8-f32 ", "parse", LLAMACPP_FILES),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
     ("python -m export build --model smollm2-135m-instruct --weights int8 --out artifacts/smollm2-int8$", "parse", REAL),
