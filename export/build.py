@@ -248,9 +248,8 @@ def build(options: BuildOptions, log=print) -> Manifest:
     model = skip_model(hf_model)
     carry = gguf_entry and options.dtype == "float32" and not options.requantize
     index = BlockIndex.from_gguf(base.location) if carry and quant.quantized else None
-    if index:
-        index.own_widths = own_widths
     if index:  # the file has blocks of a type carried (gguf_blocks.TYPES)
+        index.own_widths = own_widths
         config = replace(config, blocks=index)
         if options.head_weights is None and quant.head_weights == "int4" and index.head_bits == 8:
             # never below the file: its Q8_0 head carried (next-token top-1 agreement with the float

@@ -36,8 +36,6 @@ CPU requirement), float or MatMulNBits weights; other artifacts have none and ru
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from runtime import gqa
@@ -45,7 +43,7 @@ from runtime.artifact.manifest import FUSED, TRANSPOSED, GraphSpec, TensorSpec
 from runtime.gqa import FUSED_INPUTS, FUSED_OUTPUTS
 from runtime.models import head_dim, kv_heads
 
-from .gguf_blocks import is_minimums, product_base, product_nodes
+from .gguf_blocks import is_minimums, product_base, product_nodes, product_weight
 
 SUFFIX = ".gqa.onnx"  # layer_NN.onnx -> layer_NN.gqa.onnx
 OPSET_MS = 1  # com.microsoft's opset
@@ -107,7 +105,7 @@ def _parts(node) -> list[str]:
     """The checkpoint weights a product of the plain graph multiplies by, in order: its weight's
     name less the quantizer's suffix ("_Q4", and a run's "_part0": export.gguf_blocks.carry), split at
     FUSED, each less TRANSPOSED."""
-    name = re.sub(r"(_part\d+)?_Q\d+$", "", node.input[1]) if node.op_type == "MatMulNBits" else node.input[1]
+    name = product_weight(node.input[1]) if node.op_type == "MatMulNBits" else node.input[1]
     return [part.removesuffix(TRANSPOSED) for part in name.split(FUSED)]
 
 

@@ -260,7 +260,7 @@ def carry(proto, index: BlockIndex, bits: int, accuracy_level: int) -> list[str]
         nodes, new = [], []
         outs = [node.output[0]] if len(runs) == 1 else [f"{base}{PART}{i}" for i in range(len(runs))]
         for i, (rows, out) in enumerate(zip(runs, outs)):
-            tag = name if len(runs) == 1 else f"{name}_part{i}"  # export.fused._parts reads it back
+            tag = name if len(runs) == 1 else f"{name}_part{i}"  # product_weight reads it back
             nodes += _carried_product(node.input[0], weight.shape[0], rows, tag,
                                       base if len(runs) == 1 else f"{base}{PART}{i}", out, ranks, accuracy_level, new)
         if len(runs) > 1:
@@ -397,6 +397,12 @@ def is_minimums(node) -> bool:
     return MINS + "/" in node.name
 
 
+def product_weight(initializer: str) -> str:
+    """The float weight a MatMulNBits' packed initializer stands for: its name less the quantizer's
+    "_Q4" / "_Q8" and a run's "_part0" (``carry``)."""
+    return re.sub(r"(_part\d+)?_Q\d+$", "", initializer)
+
+
 def product_base(name: str) -> str:
     """The product a node of ``name`` is part of: a run's ``BASE/partN`` is ``BASE``'s (``carry``)."""
     return re.sub(rf"{PART}\d+$", "", name)
@@ -412,4 +418,4 @@ def product_nodes(graph, node) -> list:
 
 
 __all__ = ["BlockIndex", "GGML_BLOCK", "LEVELS", "MINIMUMS", "Rows", "SCALES", "TYPES", "carry", "carry_embedding",
-           "decode", "dequantize", "is_minimums", "product_base", "product_nodes"]
+           "decode", "dequantize", "is_minimums", "product_base", "product_nodes", "product_weight"]

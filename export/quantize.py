@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +44,7 @@ import numpy as np
 from runtime.artifact.manifest import WEIGHT_FORMATS as WEIGHTS, WIDTHS, split_fused
 from runtime.errors import InvalidArgumentError
 
-from .gguf_blocks import GGML_BLOCK, carry, is_minimums, product_nodes
+from .gguf_blocks import GGML_BLOCK, carry, is_minimums, product_nodes, product_weight
 
 
 QUANT_BITS = {"int8": 8, "int4": 4}
@@ -313,7 +312,7 @@ def dequantized_weights(proto, widths_from=None) -> dict[str, np.ndarray]:
         if n.op_type == "MatMulNBits":
             k = next(a.i for a in n.attribute if a.name == "K")
             # a product carried in runs (export.gguf_blocks.carry): the whole of it, once
-            nodes, weight = product_nodes(proto.graph, n), re.sub(r"(_part\d+)?_Q\d+$", "", n.input[1])
+            nodes, weight = product_nodes(proto.graph, n), product_weight(n.input[1])
             if weight in out:
                 continue
         elif n.op_type == "MatMul" and producers.get(n.input[1], None) is not None \
