@@ -52,11 +52,11 @@ def test_llamacpp_rows_score_the_same_token_ids_through_the_worker(tmp_path, cap
     logits, run by --llamacpp-python) and its .npy comes back as a row. A stand-in python answers the
     venv probe and writes the reference's own logits, read from a file, where the worker would."""
     import json
-    import sys
 
     import runtime
     from export import checkpoint
     from tests.families import tiny_model
+    from tests.tools.llamacpp_stand_in import stand_in_python
     from tools.bench.gguf_file import write_checkpoint_gguf
 
     path = write_checkpoint_gguf(tiny_model("smollm2", max_position_embeddings=256), checkpoint.build_tokenizer(),
@@ -67,15 +67,10 @@ def test_llamacpp_rows_score_the_same_token_ids_through_the_worker(tmp_path, cap
     with runtime.load(tmp_path / "fp32") as gen:
         np.save(tmp_path / "theirs.npy", agreement.next_logits(gen, prompts))
         ids = [[int(i) for i in gen.tokenizer(p)["input_ids"]] for p in prompts]
-    # argv (the stand-in python drops the real worker's path): logits, MODEL, IDS, OUT, --threads N
-    worker = tmp_path / "worker.py"
-    worker.write_text("import shutil, sys\n"
-                      f"open({str(tmp_path / 'seen.json')!r}, 'w').write(open(sys.argv[3]).read())\n"
-                      f"shutil.copy({str(tmp_path / 'theirs.npy')!r}, sys.argv[4])\n")
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{{\"llama-cpp-python\": \"0\"}}'; exit 0; fi\n"
-                      f"shift\nexec {sys.executable} {worker} \"$@\"\n")
-    python.chmod(0o755)
+    # argv: logits, MODEL, IDS, OUT, --threads N
+    python = stand_in_python(tmp_path, "import shutil, sys\n"
+                             f"open({str(tmp_path / 'seen.json')!r}, 'w').write(open(sys.argv[3]).read())\n"
+                             f"shutil.copy({str(tmp_path / 'theirs.npy')!r}, sys.argv[4])\n")
     assert agreement.main(["--reference", str(tmp_path / "fp32"), "--llamacpp", f"llama.cpp={path}",
                            "--llamacpp-python", str(python), "--text", str(tmp_path / "text.txt"),
                            "--prompts", "6"]) == 0

@@ -57,21 +57,16 @@ def test_a_llamacpp_row_runs_the_worker_each_round(tmp_path, monkeypatch):
     prompt, the threads and the tokens, its record read back as (decode ms/token, prompt ms). A
     stand-in python answers the venv probe and the bench."""
     import json
-    import sys
 
     from export import checkpoint
     from tests.families import tiny_model
+    from tests.tools.llamacpp_stand_in import stand_in_python
     from tools.bench.gguf_file import write_checkpoint_gguf
 
     path = write_checkpoint_gguf(tiny_model("smollm2"), checkpoint.build_tokenizer(), tmp_path / "m.gguf")
-    worker = tmp_path / "worker.py"  # argv after the stand-in drops the real worker's path: bench SPEC
-    worker.write_text("import json, sys\n"
-                      f"open({str(tmp_path / 'specs')!r}, 'a').write(sys.argv[2] + '\\n')\n"
-                      "print(json.dumps({'decode_s': 0.5, 'generated_tokens': 11, 'prefill_s': 0.02}))\n")
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{{\"llama-cpp-python\": \"0\"}}'; exit 0; fi\n"
-                      f"shift\nexec {sys.executable} {worker} \"$@\"\n")
-    python.chmod(0o755)
+    python = stand_in_python(tmp_path, "import json, sys\n"  # argv: bench, SPEC
+                             f"open({str(tmp_path / 'specs')!r}, 'a').write(sys.argv[2] + '\\n')\n"
+                             "print(json.dumps({'decode_s': 0.5, 'generated_tokens': 11, 'prefill_s': 0.02}))\n")
     assert decode.parse_spec(f"q4_1={path}:llamacpp") == ("q4_1", str(path), "llamacpp")
     times = decode.measure([f"q4_1={path}:llamacpp"], tokens=11, rounds=2, threads=3, prompt="hi",
                            llamacpp_python=str(python))

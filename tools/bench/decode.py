@@ -9,8 +9,8 @@ round (its load untimed; llama.cpp's threads spin, this project's sleep unless `
 with the python of ``--llamacpp-python`` or .bench/llamacpp-venv. Every round generates
 ``--tokens`` tokens of one prompt at batch 1 on each, after an untimed warm-up of 8, the artifacts
 in turn and in reverse order every other round (machines are noisy: ratios of one run, never of
-two). Prints a Markdown table: each round's decode ms/token (decode seconds over the tokens after the first), the median,
-and the first artifact's median over this one's; then the prompt's pass (its prefill, ms: a long
+two). Prints a Markdown table: each round's decode ms/token (decode seconds over the tokens after
+the first), the median, and the first artifact's median over this one's; then the prompt's pass (its prefill, ms: a long
 ``--prompt`` times what a user waits before the first token), median and ratio alike.
 
 Example (the int4 exports of the real SmolLM2-135M-Instruct, docs/quality.md "The GGUF's own blocks"):
@@ -86,21 +86,15 @@ def _llamacpp_row(model: str, threads: int, tokens: int, prompt: str, python: st
     tools/bench/llamacpp_worker.py's ``bench`` (its load untimed, ``WARMUP`` tokens, then ``tokens``),
     -> (decode ms/token, the prompt's pass ms)."""
     import json
-    import subprocess
-    from pathlib import Path
 
-    from tools.evaluate.agreement import gguf_file, llamacpp_python
+    from tools.evaluate.agreement import gguf_file, llamacpp_python, run_llamacpp
 
     spec = json.dumps({"prompts": [prompt], "threads": threads, "llamacpp_gguf": gguf_file(model),
                        "warmup_tokens": WARMUP, "new_tokens": tokens})
-    cmd = [llamacpp_python(python), str(Path(__file__).with_name("llamacpp_worker.py")), "bench", spec]
+    python = llamacpp_python(python)
 
     def one_round() -> tuple[float, float]:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise InvalidArgumentError(f"llama.cpp could not run {model}: {last[0]}")
-        record = json.loads(done.stdout.strip().splitlines()[-1])
+        record = json.loads(run_llamacpp(python, f"run {model}", "bench", spec).strip().splitlines()[-1])
         return record["decode_s"] / (record["generated_tokens"] - 1) * 1000, record["prefill_s"] * 1000
     return one_round
 

@@ -67,7 +67,7 @@ def probe(python: str, peer: Peer = OPTIMUM) -> PeerEnv:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return PeerEnv(None, {}, f"{python} could not be run: {exc}")
     if done.returncode != 0:
-        return PeerEnv(None, {}, f"{python} cannot import {peer.imports}: {_last_line(done.stderr)}")
+        return PeerEnv(None, {}, f"{python} cannot import {peer.imports}: {last_line(done.stderr)}")
     return PeerEnv(python, json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -94,10 +94,10 @@ def ensure(directory: Path = DEFAULT_DIR, python: str | None = None, create: boo
         except (OSError, subprocess.TimeoutExpired) as exc:
             return PeerEnv(None, {}, f"`{' '.join(cmd)}` failed: {exc}")
         if done.returncode != 0:
-            return PeerEnv(None, {}, f"`{' '.join(cmd)}` failed: {_last_line(done.stderr or done.stdout)}")
+            return PeerEnv(None, {}, f"`{' '.join(cmd)}` failed: {last_line(done.stderr or done.stdout)}")
     return probe(str(venv_python), peer)
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"

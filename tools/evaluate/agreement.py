@@ -121,21 +121,17 @@ def _run(args) -> int:
     prompts = prompts_of(read_text(args.text, args.column), args.prompts, args.seed)
     options = {"threads": args.threads} if args.threads else {}
 
-    def logits_of(directory: str, **extra) -> np.ndarray:
+    def logits_of(directory: str, **extra):  # (its logits (P, V), its tokenizer)
         gen = runtime.load(directory, **options, **extra)
         try:
-            return next_logits(gen, prompts)
+            return next_logits(gen, prompts), gen.tokenizer
         finally:
             gen.close()
 
-    gen = runtime.load(args.reference, **options)
-    try:
-        reference = next_logits(gen, prompts)
-        ids = [[int(i) for i in gen.tokenizer(p)["input_ids"]] for p in prompts]  # what llama.cpp is given
-    finally:
-        gen.close()
+    reference, tokenizer = logits_of(args.reference)
+    ids = [[int(i) for i in tokenizer(p)["input_ids"]] for p in prompts]  # what llama.cpp is given
     python = llamacpp_python(args.llamacpp_python) if args.llamacpp else None
-    found = [(spec, logits_of(spec.rpartition("=")[2], int4_kernel=args.int4_kernel)) for spec in args.model]
+    found = [(spec, logits_of(spec.rpartition("=")[2], int4_kernel=args.int4_kernel)[0]) for spec in args.model]
     found += [(spec, llamacpp_logits(python, gguf_file(spec.rpartition("=")[2]), ids, args.threads or 2))
               for spec in args.llamacpp]
     rows = []
@@ -175,23 +171,31 @@ def gguf_file(model: str) -> str:
     return str(source.location)
 
 
+def run_llamacpp(python: str, what: str, *args: str) -> str:
+    """tools/bench/llamacpp_worker.py ``args`` run by ``python``: its stdout, or AgreementError
+    ("llama.cpp could not ``what``: " and its last line)."""
+    import subprocess
+
+    from tools.bench.runner import LLAMACPP_WORKER
+    from tools.bench.venv import last_line
+
+    done = subprocess.run([python, str(LLAMACPP_WORKER), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AgreementError(f"llama.cpp could not {what}: {last_line(done.stderr or done.stdout)}")
+    return done.stdout
+
+
 def llamacpp_logits(python: str, gguf: str, ids: list[list[int]], threads: int) -> np.ndarray:
     """(P, V) llama.cpp's next-token logits of ``gguf`` after each prompt's ``ids``
     (tools/bench/llamacpp_worker.py logits, run by ``python``)."""
     import json
-    import subprocess
     import tempfile
     from pathlib import Path
 
-    worker = Path(__file__).resolve().parents[1] / "bench" / "llamacpp_worker.py"
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "ids.json").write_text(json.dumps(ids))
-        cmd = [python, str(worker), "logits", gguf, str(Path(tmp) / "ids.json"), str(Path(tmp) / "logits.npy"),
-               "--threads", str(threads)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise AgreementError(f"llama.cpp could not score {gguf}: {last[0]}")
+        run_llamacpp(python, f"score {gguf}", "logits", gguf, str(Path(tmp) / "ids.json"),
+                     str(Path(tmp) / "logits.npy"), "--threads", str(threads))
         return np.load(Path(tmp) / "logits.npy").astype(np.float64)
 
 
