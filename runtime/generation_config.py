@@ -34,6 +34,9 @@ class GenerationConfig:
     prefill: str | None = None  # "full" | "policy": the prompt's layers; None: the artifact's
     # True: the policy's layers only draft; every token is full depth's (self-speculative decoding)
     lossless: bool = False
+    # True: a row whose text copies a rare string of its prompt (a name) runs deeper for those tokens
+    # (runtime.decoding.copying); None: the artifact's default (on where its manifest names deep_copies)
+    deep_copies: bool | None = None
     # -- sampling (runtime.decoding.sampling.SamplingConfig; transformers' names and defaults)
     do_sample: bool = False  # False: greedy
     temperature: float = 1.0  # divides the logits; < 1 sharpens
@@ -55,6 +58,9 @@ class GenerationConfig:
         self.sampling()  # sampling's types and ranges, checked where the config is made
         if not isinstance(self.lossless, bool):
             raise InvalidArgumentError(f"lossless must be True or False, got {self.lossless!r}", param="lossless")
+        if self.deep_copies is not None and not isinstance(self.deep_copies, bool):
+            raise InvalidArgumentError(f"deep_copies must be True, False or None, got {self.deep_copies!r}",
+                                       param="deep_copies")
         if self.lossless and self.prefill == "policy":
             raise InvalidArgumentError(
                 "lossless=True verifies every token at full depth, which reads every layer's K/V of the "

@@ -16,6 +16,7 @@ import numpy as np
 from . import validate
 from .artifact.manifest import Manifest, load_manifest
 from .backends import Backend, create_backend
+from .decoding.copying import DeepCopies
 from .decoding.detokenize import IncrementalDetokenizer
 from .decoding.structured import Structured
 from .engine import DONE, AUTO, Engine, EngineClosedError, Request
@@ -193,12 +194,16 @@ class Generator:
                               limit_name=f"max_length {{limit}} of this Generator (the model's "
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
+        copies = deep_copies(self.manifest, c, chosen)
         return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
                        [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c,
                        constraint=constraint, lossless=c.lossless,
                        # a model fine-tuned under SkipDecode (its manifest keeps the trained horizon) ran
                        # each step's own set in training: a better draft than an untuned model's
-                       trained=self.manifest.policy.get("horizon") is not None)
+                       trained=self.manifest.policy.get("horizon") is not None,
+                       copies=copies, prompts=None if copies is None else [
+                           self.tokenizer.decode(r[m.astype(bool)], skip_special_tokens=True)
+                           for r, m in zip(input_ids, attention_mask)])
 
     def stepper(self) -> "Stepper":
         """A synchronous driver of this Generator's engine for an app's own loop (no threads).
@@ -375,6 +380,24 @@ def policy_for(manifest: Manifest, config: GenerationConfig) -> SkipPolicy:
     if config.lossless and chosen.prefill != "full":  # the artifact's default: verify passes read every layer
         chosen = dataclasses.replace(chosen, prefill="full")
     return chosen
+
+
+def deep_copies(manifest: Manifest, config: GenerationConfig, policy: SkipPolicy) -> DeepCopies | None:
+    """The deep-copy setting a call runs under (runtime.decoding.copying): the manifest's where it
+    names one, unless the call turns it off; a default one where the call turns it on. None where
+    nothing skips (full depth, lossless rows) or the prompt skips layers too (a deep step reads
+    the prompt's K/V at every layer it runs)."""
+    entry = manifest.policy.get("deep_copies")
+    on = config.deep_copies if config.deep_copies is not None else entry is not None
+    if not on or config.lossless or policy.is_full_depth:
+        return None
+    if policy.prefill != "full":
+        if config.deep_copies:
+            raise InvalidArgumentError("deep_copies=True reads the prompt's K/V at every layer a deep step "
+                                       "runs: it needs prefill='full'", param="deep_copies")
+        return None
+    L = manifest.model.num_layers
+    return DeepCopies.from_manifest(entry, L) if entry is not None else DeepCopies.default(L)
 
 
 def _policy(manifest: Manifest, c: GenerationConfig) -> SkipPolicy:

@@ -47,6 +47,10 @@ class GenerationStats:
     accepted_tokens: int = 0
     verify_passes: int = 0
     verified_rows: int = 0  # rows over those passes: a pass verifies each of its rows' drafts
+    # deep copies (runtime.decoding.copying): deep steps, and the K/V they wrote first for positions
+    # that had skipped their layers (one per layer and position)
+    deep_steps: int = 0
+    filled_positions: int = 0
     # wall clock from the call (or the server's admission of it) to its first token and to its end,
     # waiting for a row and other requests' work included: what the user waits
     first_token_seconds: float = 0.0

@@ -356,7 +356,14 @@ def _check_model(m: Manifest, path: Path) -> None:
                 raise ArtifactError(
                     f"{path}: {g.name}'s {t.name} has dims {t.dims}, but the model entry says "
                     f"{t.name} sizes {shapes[t.name]} (num_kv_heads / head_dim / hidden_size); {REBUILD_HINT}")
-    p = {k: v for k, v in m.policy.items() if k != "speedup_policies"}
+    p = {k: v for k, v in m.policy.items() if k not in ("speedup_policies", "deep_copies")}
+    if "deep_copies" in m.policy:  # rows copying their prompt run deeper (runtime.decoding.copying)
+        from ..decoding.copying import DeepCopies
+
+        try:
+            DeepCopies.from_manifest(m.policy["deep_copies"], info.num_layers)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{path}: {exc}; {REBUILD_HINT}") from None
     try:
         default = SkipPolicy.from_fields(info.num_layers, p)
         if "speedup_policies" in m.policy:  # a model's own policy per speedup (runtime.policy)

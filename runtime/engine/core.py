@@ -242,11 +242,11 @@ class Engine:
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(plan.seqs):
             if not plan.waiting[j]:
-                groups.setdefault((s.request, plan.steps[j]), []).append(j)
-        for (r, g), members in groups.items():
-            active = plan.sets[members[0]]
-            budget = len(active) if r.lossless else r.policy.budget(g)  # a draft's: its set's
-            r.stats.steps.append(StepStats(g, budget, active, seconds, self.num_layers,
+                groups.setdefault((s.request, plan.steps[j], plan.sets[j]), []).append(j)
+                if s.copy is not None and s.copy.due and not plan.held[j]:
+                    s.request.stats.deep_steps += 1
+        for (r, g, active), members in groups.items():  # (a draft's or a deep copy's budget: its set's)
+            r.stats.steps.append(StepStats(g, len(active), active, seconds, self.num_layers,
                                            tuple(plan.seqs[j].index for j in members), layers))
 
     def _draft(self, s: Sequence, logits: np.ndarray) -> None:

@@ -52,6 +52,8 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
             text += detok.flush()
         event.token_ids[b], event.texts[b] = token, text[len(before):]
         s.text, s.token, s.logits = text, token, None
+        if s.copy is not None:  # the next step runs deep while the text copies the prompt
+            s.copy.due = s.copy.rule.due(text)
         reason = ("eos" if token in r.eos else "stop" if hit is not None or complete
                   else "length" if last else None)
         if reason is not None:

@@ -12,7 +12,7 @@ from ..backends import Backend
 from ..backends.base import DecodeStep, VerifyPass
 from ..kvcache import KVCache
 from .scheduler import DecodePlan, VerifyPlan
-from .state import Prefill, Timings
+from .state import Prefill, Sequence, Timings
 
 
 class Runner:
@@ -36,6 +36,9 @@ class Runner:
         hidden = backend.embed(ids, mask)  # (k, T, D)
         hidden = backend.run_layers(cache, start, k, hidden, mask, p.request.policy.prefill_layers())
         cache.advance(start, start + k, new)
+        for s in seqs:
+            if s.copy is not None:
+                s.copy.filled[list(p.request.policy.prefill_layers())] = cache.length[s.row]
         p.done += chunk
         logits = None
         if p.done == p.input_ids.shape[1]:
@@ -49,15 +52,21 @@ class Runner:
         layers = plan.layers
         ids = np.array([[s.token] for s in plan.seqs], dtype=np.int64)  # (R, 1)
         began, setup = time.perf_counter(), self.backend.setup_seconds()
+        deep = [(s, active) for s, active, h in zip(plan.seqs, plan.sets, plan.held)
+                if s.copy is not None and s.copy.due and not h]
+        for s, active in deep:
+            self.fill(s, active)
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
         new[plan.waiting] = 0
         step = DecodeStep(ids, cache.mask(0, R, new), layers, plan.updates, plan.draft_only)
         logits = self.backend.decode(step, cache)  # (R, V)
         cache.advance(0, R, new)
-        for s, h, length in zip(plan.seqs, plan.held, plan.lengths):
+        for s, h, length, active in zip(plan.seqs, plan.held, plan.lengths, plan.sets):
             if h:
                 cache.rewind(s.row, int(length))
+            elif s.copy is not None:
+                s.copy.filled[list(active)] = cache.length[s.row]
         seconds = time.perf_counter() - began
         if not any(plan.held):  # a round of some rows alone is not what a round costs
             t = self.timings
@@ -68,6 +77,33 @@ class Runner:
             elif len(layers) == self.num_layers:
                 t.full = t.smoothed(t.full, cost)
         return logits, seconds
+
+    def fill(self, s: Sequence, layers) -> None:
+        """The K/V a deep step of row ``s`` reads and its positions skipped: at each of ``layers``,
+        the positions after the last one that ran it, computed from their hidden state after the
+        warm-up layers (what a position that skips a layer carries past it: runtime.decoding.copying).
+        Those positions' tokens are the row's generated ones (deep copies need the prompt at full
+        depth); the warm-up layers' own K/V there are written again, to the same values."""
+        cache, row, filled = self.cache, s.row, s.copy.filled
+        t = int(cache.length[row])
+        warm = range(s.request.policy.warmup_layers)
+        gaps = sorted(i for i in layers if filled[i] < t and i not in warm)
+        if not gaps:
+            return
+        first = int(filled[gaps].min())
+        tokens = s.request.detok[s.index].tokens  # generated so far; the last is this step's input
+        ids = np.array([tokens[len(tokens) - 1 - (t - first): len(tokens) - 1]], dtype=np.int64)  # (1, n)
+        cache.rewind(row, first)
+        mask = cache.mask(row, row + 1, np.ones_like(ids))
+        hidden = self.backend.run_layers(cache, row, 1, self.backend.embed(ids, mask), mask, warm)  # (1, n, D)
+        cache.grow(row, t - first)
+        for i in gaps:  # each layer from its own first missing position, the row's length put back after
+            n = t - int(filled[i])
+            cache.rewind(row, t - n)
+            self.backend.run_layers(cache, row, 1, hidden[:, -n:], cache.mask(row, row + 1, np.ones((1, n), np.int64)), [i])
+            cache.grow(row, n)
+            s.request.stats.filled_positions += n
+        filled[gaps] = t
 
     def verify(self, plan: VerifyPlan) -> tuple[np.ndarray, float]:
         """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most

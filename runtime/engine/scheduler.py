@@ -282,4 +282,7 @@ class Scheduler:
             if not drafting:
                 return tuple(range(self.num_layers))
             return policy.active_layers(g if s.draft.plan.own_set else policy.horizon)
+        if s.copy is not None and s.copy.due:  # its input lies in a rare string of its prompt
+            deep = s.request.copies.deep_set(policy.warmup_layers, self.num_layers)
+            return tuple(sorted(deep.union(policy.active_layers(g))))
         return policy.active_layers(g)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..decoding.copying import CopyRule, DeepCopies
 from ..decoding.detokenize import IncrementalDetokenizer
 from ..decoding.sampling import SamplingConfig
 from ..errors import SkipDecodeError
@@ -43,11 +44,22 @@ class Sequence:
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
     matcher: object = None  # runtime.decoding.structured.RowMatcher of a constrained row
     draft: DraftState | None = None  # a lossless row's drafting (runtime.lossless); None: a plain row
+    copy: "CopyState | None" = None  # a row under deep copies (runtime.decoding.copying); None: off
 
     @property
     def drafts(self) -> list:
         """What it drafted since the last verify pass (none for a plain row)."""
         return self.draft.pending if self.draft is not None else []
+
+
+@dataclass(eq=False)
+class CopyState:
+    """A deep-copy row's rule, whether its next step runs deep, and how far each layer's K/V is
+    written (positions [0, filled[l]) of layer l: a row skips layers, and a deep step needs them)."""
+
+    rule: CopyRule
+    filled: np.ndarray  # (L,) int
+    due: bool = False
 
 
 @dataclass(eq=False)
@@ -67,6 +79,8 @@ class Request:
     constraint: object = None  # runtime.decoding.structured.Constraint: every row's output matches its schema
     lossless: bool = False  # its rows draft with the policy's layers and keep only full depth's tokens
     trained: bool = False  # the model was fine-tuned under SkipDecode: lossless rows may draft at their own set
+    copies: DeepCopies | None = None  # rows copying a rare string of their prompt run deeper (not lossless)
+    prompts: list[str] | None = None  # each row's prompt text, which deep copies match
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -83,6 +97,8 @@ class Request:
                 s.matcher = self.constraint.matcher()
             if self.lossless:
                 s.draft = DraftState(DraftPlan(tries_own_set=self.trained))
+            elif self.copies is not None:
+                s.copy = CopyState(self.copies.rule(self.prompts[s.index]), np.zeros(self.policy.num_layers, np.int64))
         self.stats = GenerationStats(0, B, T0, 0)
         self.token_logprobs = None if self.logprobs is None else [[] for _ in range(B)]
 
