@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from ..errors import ArtifactError
 
 WORD = r"[^\s\[\](),=:\"]+"
-_BEFORE = re.compile(r"[\s\[\]=:(\"]{1,2}(" + WORD + ")")  # a value after a key: "near" -> "[Corgladun"
+# what follows a word, up to three words: a value after its key ("near" -> "[The Jade Dovecote")
+_BEFORE = re.compile(r"[\s\[\]=:(\"]{1,2}(" + WORD + "(?: " + WORD + "){0,2})")
 _TAIL = re.compile(r"(\S+)$")
 _PUNCT = ".,;:!?"
 
@@ -96,7 +97,7 @@ class CopyRule:
                     return True
                 continue
             after = _BEFORE.match(rest)
-            if self.rare(tail) or (after is not None and self.rare(after.group(1))):
+            if self.rare(tail) or (after is not None and any(map(self.rare, after.group(1).split()))):
                 return True
         return False
 
