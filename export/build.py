@@ -22,6 +22,7 @@ from runtime.artifact.manifest import (DRAFT_HEAD, DRAFT_LAYERS, KV_LAYOUT, MANI
                                        file_entry)
 from runtime.artifact.swap import recover, remove_leftovers, swap_into_place, temp_sibling
 from runtime.errors import ArtifactError, InvalidArgumentError
+from runtime.decoding.copying import DeepCopies
 from runtime.policy import SkipPolicy, speedup_policies
 
 from . import checkpoint, fused as fused_layers, gguf, parity
@@ -123,6 +124,9 @@ def default_policy(num_layers: int, fields: dict | None, trained: dict | None = 
     if trained.get("speedup_policies") and fields.get("horizon") == trained.get("horizon"):
         # the model's own policy per speedup target, checked as the runtime checks it
         out["speedup_policies"] = speedup_policies(policy, trained["speedup_policies"])
+    if trained.get("deep_copies"):  # its rows copying a rare prompt string run deeper (runtime.decoding.copying)
+        copies = DeepCopies.from_manifest(trained["deep_copies"], num_layers)
+        out["deep_copies"] = {"layers": copies.layers, "common_words": sorted(copies.common)}
     return out
 
 

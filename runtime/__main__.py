@@ -7,6 +7,7 @@ name. User errors (bad arguments, a broken artifact) print one line and exit 2.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -52,6 +53,9 @@ def _parser():
     pol.add_argument("--lossless", action="store_true",
                      help="the policy's layers only draft tokens; a full-depth pass verifies them, so the "
                           "output is full depth's, token for token (self-speculative decoding)")
+    pol.add_argument("--deep-copies", action=argparse.BooleanOptionalAction,
+                     help="tokens that copy a rare string of the prompt (a name) run deeper; default: the "
+                          "artifact's (on where its manifest names deep_copies)")
     be = p.add_argument_group("backend")
     be.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="what runs the graphs")
     be.add_argument("--device", help="cpu, cuda or cuda:N (onnxruntime: cuda keeps the KV cache and "
@@ -162,6 +166,7 @@ def _run(args) -> int:
             limit = MAX_NEW_TOKENS if args.prompts else min(CHAT_MAX_NEW_TOKENS, gen.max_length // 2)
         config = GenerationConfig(limit, policy=policy, speedup=speedup, decay=args.decay,
                                   exponent=args.exponent, prefill=args.prefill, lossless=args.lossless, ignore_eos=args.ignore_eos,
+                                  deep_copies=args.deep_copies,
                                   stop_strings=args.stop, json_schema=_json_schema(args.json_schema), **sampling)
         if not args.prompts:  # --chat alone
             from .chat_session import ChatSession, run
@@ -202,6 +207,9 @@ def _run(args) -> int:
     print(f"time: {_times(s)}", file=sys.stderr)
     if full is not None:
         print(_run_speedup(full.stats, s), file=sys.stderr)
+    if s.deep_steps:
+        print(f"deep copies: {s.deep_steps} tokens ran deep, {s.filled_positions} K/V positions written "
+              f"for them", file=sys.stderr)
     if s.verify_passes:
         print(f"lossless: {s.accepted_tokens} of {s.drafted_tokens} drafts kept "
               f"({(s.acceptance_rate or 0) * 100:.0f}%), {s.tokens_per_verify:.2f} tokens per verify pass "

@@ -51,6 +51,8 @@ class GenerationStats:
     # that had skipped their layers (one per layer and position)
     deep_steps: int = 0
     filled_positions: int = 0
+    decode_calls: int = 0  # decode steps and verify passes run for this request (rows at different
+    # depths in one step make a StepStats each)
     # wall clock from the call (or the server's admission of it) to its first token and to its end,
     # waiting for a row and other requests' work included: what the user waits
     first_token_seconds: float = 0.0
@@ -71,6 +73,11 @@ class GenerationStats:
     @property
     def layers_per_step(self) -> list[int]:
         return [len(s.layers) for s in self.steps]
+
+    @property
+    def row_steps(self) -> tuple[int, int]:
+        """(tokens run by the decode steps, layers they ran), every row's: per token, rows apart."""
+        return sum(len(s.rows) for s in self.steps), sum(len(s.rows) * len(s.layers) for s in self.steps)
 
     @property
     def layer_reduction(self) -> float:

@@ -239,6 +239,7 @@ class Engine:
         layers = tuple(plan.layers)
         for r in dict.fromkeys(s.request for s, h in zip(plan.seqs, plan.held) if not h):
             r.stats.decode_seconds += seconds
+            r.stats.decode_calls += 1
         groups: dict[tuple, list[int]] = {}
         for j, s in enumerate(plan.seqs):
             if not plan.waiting[j]:
@@ -260,6 +261,7 @@ class Engine:
         ready, L = plan.ready, self.num_layers
         for r in dict.fromkeys(s.request for s in ready):
             r.stats.decode_seconds += seconds
+            r.stats.decode_calls += 1
             members = [s for s in ready if s.request is r]
             r.stats.verify_passes += 1
             r.stats.verified_rows += len(members)

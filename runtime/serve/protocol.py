@@ -65,6 +65,8 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     json_schema: dict | None = None  # response_format's schema: every choice's text is JSON matching it
     lossless: bool = False  # extension: the policy's layers draft, full depth verifies (full depth's text)
+    deep_copies: bool | None = None  # extension: rows copying a rare string of the prompt run deeper
+    # (runtime.decoding.copying); null: the model's default
 
     @property
     def rows(self) -> list:
@@ -79,7 +81,8 @@ class CompletionRequest:
                                 top_p=self.top_p, seed=self.seed, ignore_eos=self.ignore_eos,
                                 stop_strings=self.stop or None, presence_penalty=self.presence_penalty,
                                 frequency_penalty=self.frequency_penalty, logprobs=self.logprobs,
-                                json_schema=self.json_schema, lossless=self.lossless)
+                                json_schema=self.json_schema, lossless=self.lossless,
+                                deep_copies=self.deep_copies)
 
 
 # Fields OpenAI defines that this server accepts only at their neutral value: the message says why.
@@ -89,7 +92,7 @@ _NEUTRAL = {
 }
 _IGNORED = {"user"}  # accepted and not used, as many OpenAI-compatible servers do
 _COMMON = {"model", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "seed",
-           "stop", "ignore_eos", "speedup", "policy", "lossless", "logit_bias", "n", "presence_penalty",
+           "stop", "ignore_eos", "speedup", "policy", "lossless", "deep_copies", "logit_bias", "n", "presence_penalty",
            "frequency_penalty", "logprobs", "response_format", *_IGNORED}
 _KNOWN = {"prompt", "echo", *_COMMON, *_NEUTRAL}
 MAX_LOGPROBS = 5  # OpenAI's limit of a completion's logprobs
@@ -279,6 +282,7 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
                            f"{MAX_STOP_SEQUENCES} non-empty strings, got {stop!r}", "stop")
     ignore_eos = _bool(body, "ignore_eos")
     lossless = _bool(body, "lossless")
+    deep_copies = None if body.get("deep_copies") is None else _bool(body, "deep_copies")
 
     speedup, policy = body.get("speedup"), body.get("policy")
     if speedup is not None and policy is not None:
@@ -298,7 +302,7 @@ def _request(body: dict, prompts: list, max_tokens: int, max_batch: int, default
     return CompletionRequest(prompts, max_tokens, stream, include_usage, temperature, top_p, top_k,
                              seed, stops, ignore_eos, None if speedup is None else float(speedup), policy,
                              n=n, **penalties, json_schema=_response_format(body.get("response_format")),
-                             lossless=lossless, **extra)
+                             lossless=lossless, deep_copies=deep_copies, **extra)
 
 
 def _response_format(value) -> dict | None:

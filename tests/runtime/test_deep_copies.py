@@ -140,3 +140,16 @@ def test_the_rule_reads_each_rows_own_prompt(llama):
                             deep_copies=True)
     assert [s.copy.rule.prompt for s in request.seqs] == ["name[Kiln Quay]", "a longer prompt about Lantern Quay"]
     assert np.array_equal(request.seqs[0].copy.filled, np.zeros(8, np.int64))
+
+
+def test_the_server_and_the_command_line_spell_it():
+    from runtime.__main__ import _parser
+    from runtime.serve.protocol import RequestError, parse_completion
+
+    body = {"model": "m", "prompt": "name[Kiln Quay]"}
+    assert parse_completion(body, "m", 4).generation_config().deep_copies is None
+    assert parse_completion({**body, "deep_copies": False}, "m", 4).generation_config().deep_copies is False
+    with pytest.raises(RequestError, match="deep_copies must be true or false, got 'no'"):
+        parse_completion({**body, "deep_copies": "no"}, "m", 4)
+    assert _parser().parse_args(["art", "p", "--no-deep-copies"]).deep_copies is False
+    assert _parser().parse_args(["art", "p"]).deep_copies is None

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", choices=PREFILLS,
                    help="the prompt's layers under a skipping policy: full depth or the first step's "
                         "active set (default: the artifact's, else full)")
+    p.add_argument("--deep-copies", action=argparse.BooleanOptionalAction,
+                   help="the skipping policies' tokens that copy a rare string of the prompt run deeper "
+                        "(runtime.decoding.copying; default: each artifact's)")
     cli.add_max_new_tokens(p, 64, "(default 64)", type=_positive)
     p.add_argument("--batch-size", type=_positive, default=16, help="prompts per batch (default 16)")
     p.add_argument("--backend", choices=BACKENDS, default="onnxruntime", help="what runs the graphs (default onnxruntime)")
@@ -145,7 +148,8 @@ def measure(args, argv: list[str], log) -> dict:
                            batch_size=args.batch_size, backend=args.backend, threads=args.threads,
                            timing_rounds=args.timing_rounds, seed=args.seed, progress=cli.progress(args.quiet),
                            policy_options={k: v for k, v in (("decay", args.decay), ("exponent", args.exponent),
-                                                             ("prefill", args.prefill)) if v is not None})
+                                                             ("prefill", args.prefill),
+                                                             ("deep_copies", args.deep_copies)) if v is not None})
     data = {"tool": "tools.evaluate", "argv": argv, "machine": machine_info(),
             "settings": {"data": args.data, "prompt_column": args.prompt_column,
                          "target_column": args.target_column, "limit": args.limit,

@@ -202,6 +202,19 @@ def _skipping_policy(model: dict) -> dict | None:
     return next((r["policy"] for r in model["runs"] if float(r["speedup"]) != 1), None)
 
 
+def _deep_copies(model: dict) -> str:
+    """What deep copies did in the skipping runs (runtime.decoding.copying), if they ran."""
+    entry = (model.get("manifest_policy") or {}).get("deep_copies")
+    runs = [r for r in model["runs"] if r.get("deep_steps")]
+    if entry is None and not runs:
+        return ""
+    text = (f" Deep copies on: a step whose input lies in a rare string of the prompt also runs the "
+            f"warm-up layer and the top {entry['layers'] - 1} layers" if entry else " Deep copies on")
+    shares = [f"{r['speedup']:g}x {r['deep_steps'] / max(r['decode_steps'], 1):.0%} of tokens, "
+              f"{r['filled_positions'] / max(r['decode_steps'], 1):.1f} K/V written per token" for r in runs]
+    return text + (f" ({'; '.join(shares)}; counted in layers/token and in the times)." if shares else ".")
+
+
 def _model_origin(model: dict) -> str:
     if "command" not in model:
         return ""
@@ -222,7 +235,7 @@ def render(data: dict, summary: Summary, targets: list[Target], previous: str | 
         rows = summary.for_model(model["name"])
         lines += [f"## {_cell(model['name'])}", "",
                   f"`{model['dir']}`: {model['num_layers']} layers, {model['dtype']}.{_model_origin(model)} "
-                  f"Skipping policies: {_shape_text(_skipping_policy(model))}.", "",
+                  f"Skipping policies: {_shape_text(_skipping_policy(model))}.{_deep_copies(model)}", "",
                   markdown_table(rows), ""]
     lines += [
         "## The paper's rows",

@@ -31,7 +31,7 @@ class RunSettings:
     seed: int = 0
     progress: bool = True
     load_options: dict = field(default_factory=dict)  # extra runtime.load keyword arguments
-    policy_options: dict = field(default_factory=dict)  # decay / exponent / prefill of the skipping policies
+    policy_options: dict = field(default_factory=dict)  # decay / exponent / prefill / deep_copies of the skipping policies
 
 
 def batch_slices(n: int, size: int) -> list[range]:
@@ -107,10 +107,10 @@ def run_model(spec: ModelSpec, prompts: list[str], settings: RunSettings) -> dic
 def _record(run: dict, result, rows: range, first_round: bool) -> None:
     stats = result.stats
     run["timing"]["decode_seconds"] += stats.decode_seconds
-    run["timing"]["decode_steps"] += len(stats.steps)
+    run["timing"]["decode_steps"] += stats.decode_calls
     run["timing"]["prefill_seconds"] += stats.prefill_seconds
     run["timing"]["round_decode_seconds"][-1] += stats.decode_seconds
-    run["timing"]["round_decode_steps"][-1] += len(stats.steps)
+    run["timing"]["round_decode_steps"][-1] += stats.decode_calls
     if not first_round:
         return
     policy = result.policy.to_dict()
@@ -121,7 +121,10 @@ def _record(run: dict, result, rows: range, first_round: bool) -> None:
                              f"{run['policy']} then {policy}")
     for i, text in zip(rows, result.texts):
         run["hypotheses"][i] = text.strip()
-    run["decode_steps"] += len(stats.steps)
-    run["layers_run"] += sum(stats.layers_per_step)
+    tokens, layers = stats.row_steps  # per token: a deep copy's row runs more layers than its batch
+    run["decode_steps"] += tokens
+    run["layers_run"] += layers
+    run["deep_steps"] = run.get("deep_steps", 0) + stats.deep_steps
+    run["filled_positions"] = run.get("filled_positions", 0) + stats.filled_positions
     run["generated_tokens"] += sum(len(ids) for ids in result.token_ids)
     run["prefill_seconds"] += stats.prefill_seconds
