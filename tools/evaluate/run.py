@@ -52,7 +52,7 @@ def generation_kwargs(generator, speedup: float, max_new_tokens: int, policy_opt
 
 
 def _empty_run(speedup: float, n: int) -> dict:
-    return {"speedup": speedup, "policy": None, "hypotheses": [None] * n, "decode_steps": 0,
+    return {"speedup": speedup, "policy": None, "hypotheses": [None] * n, "decode_tokens": 0,
             "layers_run": 0, "generated_tokens": 0, "prefill_seconds": 0.0,
             "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0, "prefill_seconds": 0.0,
                        "round_decode_seconds": [], "round_decode_steps": []}}
@@ -122,7 +122,7 @@ def _record(run: dict, result, rows: range, first_round: bool) -> None:
     for i, text in zip(rows, result.texts):
         run["hypotheses"][i] = text.strip()
     tokens, layers = stats.row_steps  # per token: a deep copy's row runs more layers than its batch
-    run["decode_steps"] += tokens
+    run["decode_tokens"] += tokens
     run["layers_run"] += layers
     run["deep_steps"] = run.get("deep_steps", 0) + stats.deep_steps
     run["filled_positions"] = run.get("filled_positions", 0) + stats.filled_positions

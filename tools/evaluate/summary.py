@@ -82,7 +82,7 @@ def summarize(data: dict) -> Summary:
             model_rows.append(Row(
                 model=model["name"], speedup=float(run["speedup"]), policy=run["policy"],
                 num_layers=model["num_layers"],
-                avg_layers=ratio(run["layers_run"], run["decode_steps"]),
+                avg_layers=ratio(run["layers_run"], run.get("decode_tokens", run.get("decode_steps"))),
                 bleu=bleu.score, rouge_l=metrics.rouge_l(run["hypotheses"], references),
                 delta_bleu=NAN, ms_per_step=ratio(t["decode_seconds"] * 1e3, t["decode_steps"]),
                 measured_speedup=NAN, generated_tokens=run["generated_tokens"],
