@@ -121,7 +121,8 @@ class GenerationStats:
                 "first_token_seconds": round(self.first_token_seconds, 6), "seconds": round(self.seconds, 6),
                 "layers_per_step": self.layers_per_step,
                 "layer_reduction": round(self.layer_reduction, 4),
-                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4), **(self.lossless_dict() or {})}
+                "achieved_layer_ratio": round(self.achieved_layer_ratio, 4), **(self.lossless_dict() or {}),
+                **({"deep_steps": self.deep_steps, "filled_positions": self.filled_positions} if self.deep_steps else {})}
 
     def lossless_dict(self) -> dict | None:
         """Lossless decoding's counts (None: no verify pass ran), as to_dict and the server give them."""
