@@ -319,6 +319,19 @@ def test_export_build_keeps_the_trained_horizon(tiny_dir, tmp_path):
     assert gen.policy_for(max_new_tokens=40, speedup=2.0) == SkipPolicy.for_speedup(6, 2.0, horizon=6)
 
 
+def test_deep_copies_recorded_with_the_targets_common_words(tiny_dir, tmp_path):
+    from export.build import BuildOptions, build
+    from tools.finetune.data import common_words
+
+    with pytest.raises(TrainError, match=r"--deep-copies 7: a deep step's layers lie in \[1, 6\]"):
+        train(_config(tiny_dir, tmp_path, deep_copies=7))
+    out = train(_config(tiny_dir, tmp_path, epochs=1, speedups=(2.0,), deep_copies=4))
+    copies = json.loads((out / "skipdecode.json").read_text())["deep_copies"]
+    assert copies == {"layers": 4, "common_words": sorted(common_words([e.target for e in PAIRS]))}
+    manifest = build(BuildOptions(model=str(out), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    assert manifest.policy["deep_copies"] == copies  # so a default build turns them on
+
+
 def test_export_build_keeps_the_trained_policy_shape(tiny_dir, tmp_path):
     import runtime
     from export.build import BuildOptions, build

@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=0, metavar="R",
                    help="LoRA adapters of rank R on every decoder linear layer instead of full "
                         "fine-tuning (needs peft); the output holds the merged model and adapter/")
+    p.add_argument("--deep-copies", type=int, metavar="LAYERS",
+                   help="record deep copies in skipdecode.json: a step whose input lies in a rare string of "
+                        "the prompt runs LAYERS layers (the warm-up and the top ones; runtime.decoding.copying), "
+                        "rare = outside the words of 1%% of the targets (default: the starting model's)")
     p.add_argument("--copy-weight", type=float, default=1.0, metavar="W",
                    help="weigh W times in the loss the target tokens that copy a rare string of the prompt "
                         "(each letter in a string of 4+ characters the prompt holds, a word in under 1%% of "
@@ -108,6 +112,7 @@ def main(argv=None) -> int:
         prefill=args.prefill, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, copy_weight=args.copy_weight, distill=args.distill,
+        deep_copies=args.deep_copies,
         skipping_only=args.skipping_only,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,

@@ -64,6 +64,8 @@ class TrainConfig:
     # pass and full depth stay the starting model): adapters for export build --draft-adapter
     copy_weight: float = 1.0  # the loss weight of the target tokens that copy the prompt (data.copied_tokens:
     # a name, a number) against 1 for the others: what a skipping policy gets most wrong on new names
+    deep_copies: int | None = None  # the model's deep copies (runtime.decoding.copying): a deep step's
+    # layers, recorded in skipdecode.json with the training targets' common words; None: the base's
     distill: float = 0.0  # LoRA: the loss's share of KL(the starting model at full depth || the row's
     # policy) over the target tokens; the rest is cross-entropy on the targets (0: it alone, 1: no targets)
     lr: float = 5e-4
@@ -295,7 +297,11 @@ def train(cfg: TrainConfig) -> Path:
         pairs = faithful_pairs(pairs, cfg.train)
     if cfg.max_train is not None and cfg.max_train < len(pairs):
         pairs = random.Random(cfg.seed).sample(pairs, cfg.max_train)  # the same subset on resume
-    common = common_words([ex.target for ex in pairs]) if cfg.copy_weight != 1.0 else frozenset()
+    common = common_words([ex.target for ex in pairs]) if cfg.copy_weight != 1.0 or cfg.deep_copies else frozenset()
+    if cfg.deep_copies is not None and not 1 <= cfg.deep_copies <= L:
+        raise TrainError(f"--deep-copies {cfg.deep_copies}: a deep step's layers lie in [1, {L}] (the model's layers)")
+    copies = ({"deep_copies": {"layers": cfg.deep_copies, "common_words": sorted(common)}}
+              if cfg.deep_copies else {})
     train_items = [encode(tokenizer, ex, cfg.separator, limit, cfg.copy_weight, common) for ex in pairs]
     val_items = ([encode(tokenizer, ex, cfg.separator, limit)
                   for ex in read_pairs(cfg.val, cfg.prompt_column, cfg.target_column)]
@@ -342,7 +348,7 @@ def train(cfg: TrainConfig) -> Path:
                     "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {}),
                     **({"copy_weight": cfg.copy_weight} if cfg.copy_weight != 1.0 else {}),
                     **({"skipping_only": True} if cfg.skipping_only else {})}],
-                **cfg.extra}
+                **copies, **cfg.extra}
 
     # the adapters' base as export resolves it from anywhere: an alias or hub id as given, a path absolute
     base_spec = str(Path(cfg.model).expanduser().resolve()) if Path(cfg.model).expanduser().exists() else cfg.model
