@@ -345,3 +345,22 @@ def test_prompt_pass_speedup_is_full_depth_time_over_this_one():
     assert s.find("tuned", 5.0).prefill_speedup == pytest.approx(3)
     assert s.find("tuned", 1.0).prefill_speedup == pytest.approx(1)
     assert math.isnan(summary_mod.summarize(fabricated()).find("tuned", 2.0).prefill_speedup)  # older JSON
+
+
+@pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True)
+def test_deep_copies_counted_per_token_and_said(artifact_dir, tmp_path, capsys, monkeypatch):
+    """--deep-copies: the skipping runs' deep steps count in layers/token, row by row, and the page
+    says how many tokens ran deep (every one here: the test's own rule)."""
+    from runtime.decoding.copying import CopyRule
+
+    monkeypatch.setattr(CopyRule, "due", lambda self, text: True)
+    data = _write_csv(tmp_path / "val.csv", DATA_ROWS)
+    out, raw = tmp_path / "quality.md", tmp_path / "quality.json"
+    rc = main(["--data", str(data), "--prompt-column", "mr", "--target-column", "ref", "--model", f"tiny={artifact_dir}",
+               "--speedups", "1", "3", "--max-new-tokens", "4", "--threads", "1", "--deep-copies", "-q",
+               "--out", str(out), "--json", str(raw)])
+    assert rc == 0, capsys.readouterr().err
+    run = {r["speedup"]: r for r in json.loads(raw.read_text())["models"][0]["runs"]}[3.0]
+    assert run["deep_steps"] == run["decode_tokens"] > 0
+    assert run["layers_run"] == 4 * run["decode_tokens"]  # the deep set: warm-up + the top 3 of 6
+    assert "Deep copies on (3x 100% of tokens, " in out.read_text()

@@ -210,8 +210,8 @@ def _deep_copies(model: dict) -> str:
         return ""
     text = (f" Deep copies on: a step whose input lies in a rare string of the prompt also runs the "
             f"warm-up layer and the top {entry['layers'] - 1} layers" if entry else " Deep copies on")
-    shares = [f"{r['speedup']:g}x {r['deep_steps'] / max(r['decode_steps'], 1):.0%} of tokens, "
-              f"{r['filled_positions'] / max(r['decode_steps'], 1):.1f} K/V written per token" for r in runs]
+    shares = [f"{r['speedup']:g}x {r['deep_steps'] / max(r['decode_tokens'], 1):.0%} of tokens, "
+              f"{r['filled_positions'] / max(r['decode_tokens'], 1):.1f} K/V written per token" for r in runs]
     return text + (f" ({'; '.join(shares)}; counted in layers/token and in the times)." if shares else ".")
 
 
