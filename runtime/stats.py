@@ -77,16 +77,16 @@ class GenerationStats:
     @property
     def row_steps(self) -> tuple[int, int]:
         """(tokens run by the decode steps, layers they ran), every row's: per token, rows apart."""
-        return sum(len(s.rows) for s in self.steps), sum(len(s.rows) * len(s.layers) for s in self.steps)
+        return self._tokens, sum(self._rows(s) * len(s.layers) for s in self.steps)
 
     @property
     def layer_reduction(self) -> float:
-        """L / mean(policy budget) over the decode steps run (1.0 when none ran): how many times
+        """L / mean(policy budget) over the tokens the decode steps ran (1.0 when none ran): how many times
         fewer layers the policy gave each token, a count, not a measured speed (the time of a step
         also holds the embedding, the head and the framework's overhead)."""
         if not self.steps:
             return 1.0
-        return self.num_layers * len(self.steps) / sum(s.budget for s in self.steps)
+        return self.num_layers * self._tokens / sum(s.budget * self._rows(s) for s in self.steps)
 
     @property
     def theoretical_speedup(self) -> float:
@@ -95,10 +95,20 @@ class GenerationStats:
 
     @property
     def achieved_layer_ratio(self) -> float:
-        """L / mean(layers the backend actually ran) over the decode steps."""
+        """L / mean(layers the backend actually ran) over the tokens the decode steps ran."""
         if not self.steps:
             return 1.0
-        return self.num_layers * len(self.steps) / sum(len(s.layers) for s in self.steps)
+        return self.num_layers * self._tokens / sum(len(s.layers) * self._rows(s) for s in self.steps)
+
+    # each step weighs its rows (one where a step names none): rows of one request at one step may
+    # run different sets (deep copies)
+    @staticmethod
+    def _rows(s: StepStats) -> int:
+        return max(len(s.rows), 1)
+
+    @property
+    def _tokens(self) -> int:
+        return sum(map(self._rows, self.steps))
 
     @property
     def decode_tokens_per_second(self) -> float:

@@ -101,6 +101,8 @@ def test_deep_steps_are_the_dense_pass_with_their_layers(llama, backend, monkeyp
     s = result.stats
     assert s.deep_steps > 0 and s.filled_positions > 0 and plain.stats.deep_steps == 0
     assert s.to_dict()["deep_steps"] == s.deep_steps and "deep_steps" not in plain.stats.to_dict()
+    tokens, layers = s.row_steps  # rows of a step at different depths each count their own layers
+    assert tokens == 3 * 15 and s.achieved_layer_ratio == pytest.approx(8 * tokens / layers)
     assert any(len(step.layers) > 3 for step in s.steps)  # the deep set: warm-up + the top 4 of 8
     assert result.token_ids == dense_tokens(ckpt, result, ids)
     assert plain.token_ids == dense_tokens(ckpt, plain, ids)
