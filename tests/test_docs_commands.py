@@ -58,9 +58,9 @@ RUNTIME_SYNOPSIS = [  # README's synopsis of `python -m runtime`, made concrete:
     f'python -m runtime artifacts/opt-e2e-skipdecode "{DEMO_PROMPT}" "name[Loch Fyne]" --max-new-tokens 32 '
     f'--max-layers 6 --min-layers 3 --warmup-layers 1 --decay power --exponent 2 --prefill full '
     f'--backend onnxruntime --device cpu --threads 1 --max-batch 2 --prefill-chunk auto --do-sample '
-    f'--temperature 0.7 --top-k 50 --top-p 0.9 --seed 0 --stop . --ignore-eos --json',
+    f'--temperature 0.7 --top-k 50 --top-p 0.9 --seed 0 --stop . --ignore-eos --deep-copies --json',
     f'python -m runtime artifacts/opt-e2e-skipdecode "{DEMO_PROMPT}" --speedup 2 --backend torch '
-    f'--prefill-chunk none --stream',
+    f'--prefill-chunk none --no-deep-copies --stream',
 ]
 
 # (the command's start, or the whole command where the pattern ends in "$"; kind; reason): the
