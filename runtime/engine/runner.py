@@ -83,7 +83,8 @@ class Runner:
         the positions after the last one that ran it, computed from their hidden state after the
         warm-up layers (what a position that skips a layer carries past it: runtime.decoding.copying).
         Those positions' tokens are the row's generated ones (deep copies need the prompt at full
-        depth); the warm-up layers' own K/V there are written again, to the same values."""
+        depth); the warm-up layers' own K/V there are written again, to the same values. Calls take
+        at most the backend's ``max_tokens`` positions (TensorRT's profiles)."""
         cache, row, filled = self.cache, s.row, s.copy.filled
         t = int(cache.length[row])
         warm = range(s.request.policy.warmup_layers)
@@ -93,17 +94,30 @@ class Runner:
         first = int(filled[gaps].min())
         tokens = s.request.detok[s.index].tokens  # generated so far; the last is this step's input
         ids = np.array([tokens[len(tokens) - 1 - (t - first): len(tokens) - 1]], dtype=np.int64)  # (1, n)
-        cache.rewind(row, first)
-        mask = cache.mask(row, row + 1, np.ones_like(ids))
-        hidden = self.backend.run_layers(cache, row, 1, self.backend.embed(ids, mask), mask, warm)  # (1, n, D)
-        cache.grow(row, t - first)
-        for i in gaps:  # each layer from its own first missing position, the row's length put back after
-            n = t - int(filled[i])
-            cache.rewind(row, t - n)
-            self.backend.run_layers(cache, row, 1, hidden[:, -n:], cache.mask(row, row + 1, np.ones((1, n), np.int64)), [i])
-            cache.grow(row, n)
-            s.request.stats.filled_positions += n
+        hidden = np.concatenate([self._at(row, a, b, warm, ids=ids[:, a - first:b - first])
+                                 for a, b in self._spans(first, t)], axis=1)  # (1, n, D)
+        for i in gaps:  # each layer from its own first missing position
+            for a, b in self._spans(int(filled[i]), t):
+                self._at(row, a, b, [i], hidden=hidden[:, a - first:b - first])
+            s.request.stats.filled_positions += t - int(filled[i])
         filled[gaps] = t
+
+    def _spans(self, start: int, stop: int) -> list[tuple[int, int]]:
+        step = self.backend.max_tokens() or stop - start
+        return [(a, min(a + step, stop)) for a in range(start, stop, step)]
+
+    def _at(self, row: int, start: int, stop: int, layers, ids=None, hidden=None):
+        """``layers`` over positions [start, stop) of row ``row``, which already holds them (K/V
+        written there again), from their ``ids`` or their ``hidden`` (1, T, D); the row's length is
+        where it was after."""
+        cache, end = self.cache, int(self.cache.length[row])
+        cache.rewind(row, start)
+        mask = cache.mask(row, row + 1, np.ones((1, stop - start), np.int64))
+        if hidden is None:
+            hidden = self.backend.embed(ids, mask)
+        out = self.backend.run_layers(cache, row, 1, hidden, mask, layers)
+        cache.grow(row, end - start)
+        return out
 
     def verify(self, plan: VerifyPlan) -> tuple[np.ndarray, float]:
         """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most

@@ -156,3 +156,18 @@ def test_the_server_and_the_command_line_spell_it():
         parse_completion({**body, "deep_copies": "no"}, "m", 4)
     assert _parser().parse_args(["art", "p", "--no-deep-copies"]).deep_copies is False
     assert _parser().parse_args(["art", "p"]).deep_copies is None
+
+
+def test_fills_in_calls_a_backend_takes(llama, monkeypatch):
+    """A backend whose calls take at most 2 positions (TensorRT's profiles) fills in pieces: the
+    same tokens as in one call."""
+    _, art = llama
+    monkeypatch.setattr(CopyRule, "due", lambda self, text: len(text.split()) % 4 == 3)
+    policy = {"max_layers": 3, "min_layers": 2, "horizon": 8}
+    with runtime.load(art, max_batch=2, check_hashes=False) as g:
+        whole = g.generate(PROMPTS[:2], 16, policy=policy, deep_copies=True, ignore_eos=True)
+        monkeypatch.setattr(type(g.backend), "max_tokens", lambda self: 2)
+        pieces = g.generate(PROMPTS[:2], 16, policy=policy, deep_copies=True, ignore_eos=True)
+    assert whole.stats.filled_positions > 2 * whole.stats.deep_steps  # gaps longer than a call
+    assert pieces.token_ids == whole.token_ids
+    assert pieces.stats.filled_positions == whole.stats.filled_positions
