@@ -52,10 +52,9 @@ class Runner:
         layers = plan.layers
         ids = np.array([[s.token] for s in plan.seqs], dtype=np.int64)  # (R, 1)
         began, setup = time.perf_counter(), self.backend.setup_seconds()
-        deep = [(s, active) for s, active, h in zip(plan.seqs, plan.sets, plan.held)
-                if s.copy is not None and s.copy.due and not h]
-        for s, active in deep:
-            self.fill(s, active)
+        for s, active, h in zip(plan.seqs, plan.sets, plan.held):
+            if s.copy is not None and s.copy.due and not h:  # a deep step: the K/V it reads first
+                self.fill(s, active)
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
         new[plan.waiting] = 0

@@ -53,7 +53,7 @@ def generation_kwargs(generator, speedup: float, max_new_tokens: int, policy_opt
 
 def _empty_run(speedup: float, n: int) -> dict:
     return {"speedup": speedup, "policy": None, "hypotheses": [None] * n, "decode_tokens": 0,
-            "layers_run": 0, "generated_tokens": 0, "prefill_seconds": 0.0,
+            "layers_run": 0, "deep_steps": 0, "filled_positions": 0, "generated_tokens": 0, "prefill_seconds": 0.0,
             "timing": {"rounds": 0, "decode_seconds": 0.0, "decode_steps": 0, "prefill_seconds": 0.0,
                        "round_decode_seconds": [], "round_decode_steps": []}}
 
@@ -124,7 +124,7 @@ def _record(run: dict, result, rows: range, first_round: bool) -> None:
     tokens, layers = stats.row_steps  # per token: a deep copy's row runs more layers than its batch
     run["decode_tokens"] += tokens
     run["layers_run"] += layers
-    run["deep_steps"] = run.get("deep_steps", 0) + stats.deep_steps
-    run["filled_positions"] = run.get("filled_positions", 0) + stats.filled_positions
+    run["deep_steps"] += stats.deep_steps
+    run["filled_positions"] += stats.filled_positions
     run["generated_tokens"] += sum(len(ids) for ids in result.token_ids)
     run["prefill_seconds"] += stats.prefill_seconds
