@@ -214,10 +214,14 @@ class Generator:
                  streamer: Callable[[TokenEvent], None] | None = None, **kwargs) -> GenerationResult:
         """Generate for a batch of prompts: ``config=`` a GenerationConfig and/or its fields as
         keyword arguments (``max_new_tokens`` default 32). See ``runtime.generate``."""
-        with self.stream(prompts, max_new_tokens, **kwargs) as stream:
+        request = self.request(prompts, max_new_tokens, **kwargs)
+        # with no streamer, no event per step: on a busy engine, every caller woken at every step
+        # slowed the steps by a third (docs/benchmarks.md, "Rows at different depths")
+        request.streams = streamer is not None
+        self.engine.submit(request)
+        with GenerationStream(self.engine, request) as stream:
             for event in stream:
-                if streamer is not None:
-                    streamer(event)
+                streamer(event)
         return stream.result
 
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:

@@ -20,9 +20,10 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
     ends gives its KV row back (``release``)."""
     last = g == r.max_new_tokens - 1
     B = r.rows
-    if len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
+    logits = None  # (B, V): the event's, built only for a request that streams
+    if r.streams and len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
         logits = members[0].logits[None, :]  # (1, V): every backend's logits are fresh arrays
-    else:  # rows that have finished stream zeros
+    elif r.streams:  # rows that have finished stream zeros
         logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
         for s in members:
             logits[s.index] = s.logits
@@ -66,7 +67,8 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
         r.stats.first_token_seconds = time.perf_counter() - r.created
     if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
         r.stats.decode_tokens += len(members)
-    r.events.put(event)
+    if r.streams:
+        r.events.put(event)
 
 
 def result(r: Request, unfinished: str | None = None) -> GenerationResult:

@@ -82,6 +82,9 @@ class Request:
     copies: DeepCopies | None = None  # rows copying a rare string of their prompt run deeper (not lossless)
     prompts: list[str] | None = None  # each row's prompt text, which deep copies match
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
+    # a TokenEvent per step for the caller; False (generate() with no streamer): the result alone, so
+    # that callers waiting on their results are not woken at every step of the engine's thread
+    streams: bool = True
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
     stats: GenerationStats | None = None

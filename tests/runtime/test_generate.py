@@ -206,6 +206,34 @@ def test_streaming_yields_every_token(generator):
     assert [len(e.token_ids) for e in stream] == [1] * stream.result.stats.new_tokens
 
 
+def test_generate_without_a_streamer_wakes_its_caller_only_for_the_result(generator, monkeypatch):
+    """A caller that reads no events is not sent one per step (each woke it on the engine's
+    thread: on a busy engine that slowed every step); its result is the streamed one."""
+    import queue
+
+    class Recorded(queue.Queue):
+        def put(self, item, *args, **kwargs):
+            self.seen.append(item)
+            super().put(item, *args, **kwargs)
+
+    queues = []
+    submit = generator.engine.submit
+
+    def recording(request, *args, **kwargs):
+        request.events = Recorded()
+        request.events.seen = []
+        queues.append(request.events)
+        submit(request, *args, **kwargs)
+
+    monkeypatch.setattr(generator.engine, "submit", recording)
+    quiet = generator.generate(PROMPTS, NEW, ignore_eos=True)
+    events = []
+    streamed = generator.generate(PROMPTS, NEW, ignore_eos=True, streamer=events.append)
+    assert quiet.token_ids == streamed.token_ids and quiet.texts == streamed.texts
+    assert [type(x).__name__ for x in queues[0].seen] == ["GenerationResult", "object"]  # result, DONE
+    assert len(queues[1].seen) == NEW + 2 and len(events) == NEW
+
+
 def test_eos_finishes_a_row_while_others_continue(generator):
     full = generator.generate(PROMPTS, NEW, ignore_eos=True)
     eos = full.token_ids[0][2]
