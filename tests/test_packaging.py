@@ -25,7 +25,9 @@ def test_every_package_is_listed():
 
 def test_dev_extra_installs_what_the_tests_need():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,ray,quant,json,train,bench,emulate]"]
+    assert extras["dev"] == ["skipdecode-edge[export,test,eval,serve,ray,quant,json,train,bench,emulate,triton]"]
+    # Triton's CPU interpreter runs the torch backend's int4/int8 GPU kernel (tests/runtime/test_torch_quantized.py)
+    assert extras["triton"] == ["triton>=3.0"]
     # zig's clang and unicorn: the int4 kernel's ARM path under emulation (tests/runtime/test_kernels_neon.py)
     assert {r.split(">")[0] for r in extras["emulate"]} == {"ziglang", "unicorn"}
     assert extras["bench"] == ["matplotlib>=3.5"]  # the plot of python -m tools.bench (tests/tools/test_bench.py)

@@ -50,10 +50,18 @@ def read_graph_weights(path: Path) -> dict[str, np.ndarray]:
     directory (the artifact directory).
     """
     import onnx
+
+    return graph_weights(onnx.load(str(path), load_external_data=True))
+
+
+def graph_weights(proto) -> dict[str, np.ndarray]:
+    """``read_graph_weights`` of a graph already loaded (weights inside). A quantized product's
+    codes, scales and zero points are not float weights (runtime.models.quantized reads them)."""
     from onnx import numpy_helper
 
-    proto = onnx.load(str(path), load_external_data=True)
-    weights = split_fused({t.name: numpy_helper.to_array(t) for t in proto.graph.initializer})
+    blocks = {i for n in proto.graph.node if n.op_type == "MatMulNBits" for i in n.input[1:]}
+    weights = split_fused({t.name: numpy_helper.to_array(t) for t in proto.graph.initializer
+                           if t.name not in blocks})
     for name in [n for n in weights if n.endswith(TRANSPOSED)]:  # stored as MatMul reads them
         weights[name[: -len(TRANSPOSED)]] = weights.pop(name).T
     alias = {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Identity"}
@@ -73,10 +81,10 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
 
     from ..models.base import graph_module
 
-    if manifest.quantized:  # its graphs hold packed integer weights, not the modules' state_dict
-        raise ArtifactError(
-            f"{directory} has quantized weights ({manifest.weights_label}); the torch backend reads "
-            f"float weights only: use the onnxruntime backend, or re-export with --weights float")
+    import onnx
+
+    from ..models.quantized import read_products
+
     config_dir = directory / HF_CONFIG_DIR
     if not (config_dir / "config.json").is_file():
         raise ArtifactError(
@@ -91,33 +99,61 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     dtype = _DTYPES[manifest.dtype]
 
     state: dict[str, torch.Tensor] = {}
+    blocks = {}  # key -> Blocks: the products an int4/int8 artifact holds in MatMulNBits' blocks
     for spec in manifest.graphs:
-        found = read_graph_weights(directory / spec.file)
+        proto = onnx.load(str(directory / spec.file), load_external_data=True)
+        products = read_products(proto) if manifest.quantized else {}  # (first: it names a form it cannot read)
+        found = graph_weights(proto)
         converted: dict[int, torch.Tensor] = {}  # one tensor per distinct array: aliases share it
         for name in graph_module(skeleton, spec.name).state_dict():
             key = family.hf_key(spec.name, name)
-            if name not in found:
+            if name in products:
+                blocks[key] = products[name]
+                array = products[name].packed[:, :1]  # (N, ...): only its shape is checked, below
+                shape = (products[name].out_features, products[name].in_features)
+            elif name not in found:
                 raise ArtifactError(
                     f"{directory / spec.file} has no weight {name!r} ({key}), which the model in "
-                    f"{HF_CONFIG_DIR}/config.json needs: the graph was modified or comes from "
-                    f"another export; {REBUILD_HINT}")
-            array = found[name]
-            if tuple(array.shape) != tuple(expected[key].shape):
+                    f"{HF_CONFIG_DIR}/config.json needs: " + (
+                        f"its graph holds it in a form the torch backend does not read ({manifest.weights_label}); "
+                        f"use the onnxruntime backend, or re-export with --weights float"
+                        if manifest.quantized else
+                        f"the graph was modified or comes from another export; {REBUILD_HINT}"))
+            else:
+                array = found[name]
+                shape = tuple(array.shape)
+            if shape != tuple(expected[key].shape):
                 raise ArtifactError(
-                    f"{directory / spec.file}: weight {name!r} has shape {list(array.shape)}, but "
+                    f"{directory / spec.file}: weight {name!r} has shape {list(shape)}, but "
                     f"{HF_CONFIG_DIR}/config.json implies {list(expected[key].shape)} ({key}); "
                     f"{REBUILD_HINT}")
+            if key in blocks:
+                continue
             if id(array) not in converted:
                 # to_array gives read-only views of the protobuf bytes: copy once, then move.
                 converted[id(array)] = torch.from_numpy(np.array(array)).to(device=device, dtype=dtype)
             state[key] = converted[id(array)]
     _share_tied_embeddings(state, family.embed_key)
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(expected) - set(state) - set(blocks))
     if missing:  # a key no graph maps to: the family's hf_key and the exported modules disagree
         raise ArtifactError(f"no graph of {directory} provides {missing}; {REBUILD_HINT}")
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_state_dict(state, strict=not blocks, assign=True)
+    _quantized_linears(model, blocks, device, dtype)
     model.eval().requires_grad_(False)
     return model
+
+
+def _quantized_linears(model, blocks: dict, device: torch.device, dtype: torch.dtype) -> None:
+    """Each nn.Linear whose weight ``blocks`` holds (by its state_dict key) replaced by a QuantLinear
+    over those blocks, with the linear's bias: the product the CPU's graph runs, on ``device``."""
+    from ..models.quantized import QuantLinear
+
+    for key, found in blocks.items():
+        path = key.removesuffix(".weight")
+        parent, _, child = path.rpartition(".")
+        linear = model.get_submodule(path)
+        setattr(model.get_submodule(parent) if parent else model, child,
+                QuantLinear(found, linear.bias, device, dtype))
 
 
 def _share_tied_embeddings(state: dict[str, torch.Tensor], embed_key: str) -> None:

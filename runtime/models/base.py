@@ -17,6 +17,7 @@ from torch import nn
 
 from ..artifact.manifest import DRAFT_HEAD
 from ..policy import SkipPolicy
+from .quantized import QuantLinear
 
 
 @dataclass
@@ -45,7 +46,8 @@ class SkipModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.head.lm_head.weight.dtype
+        lm_head = self.head.lm_head
+        return lm_head.dtype if isinstance(lm_head, QuantLinear) else lm_head.weight.dtype
 
     def graph_layer(self, index: int) -> nn.Module:
         """The module layer ``index``'s graph is traced from (and the torch backend runs)."""

@@ -26,6 +26,7 @@ from torch import nn
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from . import head_dim, kv_heads
 from .base import SkipModel
+from .quantized import linear
 from .step import StepInputs, fuse_linears, step_attention, step_inputs
 
 
@@ -156,7 +157,7 @@ class CachedLlamaLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         B, T = hidden.shape[:2]
-        qkv = F.linear(step_rms_norm(self.input_layernorm, hidden), self.qkv_weight, self.qkv_bias)
+        qkv = linear(step_rms_norm(self.input_layernorm, hidden), self.qkv_weight, self.qkv_bias)
         qkv = qkv.view(B, T, nh + 2 * nkv, hd)  # (B, T, nh + 2 nkv, hd)
         if hasattr(attn, "q_norm"):  # Qwen3
             qk = torch.cat([step_rms_norm(attn.q_norm, qkv[:, :, :nh]),
@@ -167,7 +168,7 @@ class CachedLlamaLayer(nn.Module):
         q = (qk[:, :, :nh] * self.scaling).view(B, T, nkv, nh // nkv, hd).transpose(1, 2)  # (B, nkv, T, g, hd)
         out = step_attention(q, qk[:, :, nh:], qkv[:, :, nh + nkv:], key, value, keep, inputs)  # (B, T, nh * hd)
         hidden = hidden + attn.o_proj(out)
-        gate, up = F.linear(step_rms_norm(self.post_attention_layernorm, hidden), self.gate_up_weight).chunk(2, -1)
+        gate, up = linear(step_rms_norm(self.post_attention_layernorm, hidden), self.gate_up_weight).chunk(2, -1)
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..graph_ops import attention_bias, mask_positions, reshape, split_past, unflatten_rows
 from .base import SkipModel
+from .quantized import linear
 from .step import StepInputs, fuse_linears, step_attention, step_inputs
 
 POSITION_OFFSET = 2  # OPT's learned positional embedding reserves ids 0 and 1
@@ -184,7 +185,7 @@ class CachedOPTLayer(OPTLayer):
 
         def attend(h):
             B, T = h.shape[:2]
-            q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).view(B, T, 3, nh, hd).unbind(2)  # (B, T, nh, hd)
+            q, k, v = linear(h, self.qkv_weight, self.qkv_bias).view(B, T, 3, nh, hd).unbind(2)  # (B, T, nh, hd)
             q = (q * self.scaling).transpose(1, 2)[:, :, :, None]  # (B, nh, T, 1, hd): one query head per KV head
             return self.out_proj(step_attention(q, k, v, key, value, keep, inputs)), None, None
 

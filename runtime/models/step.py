@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..kvcache import MASK_VALUE
+from .quantized import QuantLinear
 
 
 @dataclass
@@ -74,9 +75,12 @@ def step_inputs(mask: torch.Tensor, at: torch.Tensor, positions: torch.Tensor, l
     return StepInputs(bias, at, cols, cos[:, 0, :, None], sin[:, 0, :, None])
 
 
-def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(*linears: nn.Linear):
     """One (sum of outs, in) weight (and bias) for ``linears`` applied to the same input; each
-    module's own weight becomes a view of it, so the memory is not held twice."""
+    module's own weight becomes a view of it, so the memory is not held twice. Quantized ones
+    (QuantLinear) give one QuantLinear, its bias inside, and None. Either goes to ``linear``."""
+    if all(isinstance(m, QuantLinear) for m in linears):
+        return QuantLinear.fused(list(linears)), None
     weight = torch.cat([m.weight for m in linears])  # (sum out, in)
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat(

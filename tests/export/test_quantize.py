@@ -195,11 +195,6 @@ def test_manifest_with_an_unknown_weights_format_is_refused(int4_dir, tmp_path):
         load_manifest(bad)
 
 
-def test_torch_backend_refuses_quantized_weights(int4_dir):
-    with pytest.raises(ArtifactError, match="torch backend reads float weights only: use the onnxruntime"):
-        runtime.load(int4_dir, backend="torch")
-
-
 def test_cli_weights_block_size_and_errors(ckpt, tmp_path, capsys):
     out = tmp_path / "cli8"
     assert export_main(["build", "--model", str(ckpt), "--out", str(out), "-q", "--weights", "int8",

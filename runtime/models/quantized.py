@@ -1,0 +1,223 @@
+"""Weight-only int4 / int8 products for the torch backend, from the artifact's own blocks.
+
+An artifact exported with ``--weights int4`` or ``int8`` holds each product as ONNX Runtime's
+``MatMulNBits`` reads it: per output column n, its K weights in blocks of ``block_size``, each
+weight a code q of ``bits`` bits (two 4-bit codes a byte, the first in the low nibble), each block a
+scale s and a zero point z (default 2^(bits - 1)): w = (q - z) * s. ``Blocks`` is that, read from a
+graph (``read_products``); ``QuantLinear`` multiplies by it where ``nn.Linear`` multiplied by a
+float weight. These are the very blocks the CPU runs, so the torch backend computes what the ONNX
+Runtime backend computes (the same dequantized values; only the order of the additions differs).
+
+The product is never dequantized into a float copy of the weight (that would cost the memory and
+the bandwidth the blocks save): on a GPU a Triton kernel (runtime.models.quantized_triton) reads the
+codes and dequantizes a tile at a time in registers; on the CPU, where the torch backend is the
+tests' reference rather than a fast path, the weight is dequantized a slice of columns at a time
+(at most ``CPU_SLICE`` floats). The same kernel runs on the CPU under Triton's interpreter in the
+tests (a process started with TRITON_INTERPRET=1), so CI checks the code a GPU runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..artifact.manifest import FUSED, REBUILD_HINT, TRANSPOSED, WIDTHS
+from ..errors import ArtifactError
+
+CPU_SLICE = 1 << 20  # floats of weight the CPU path dequantizes at once (4 MB in fp32)
+# Triton's interpreter runs the GPU kernel on the CPU (tests): on only in a process started with it
+TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass
+class Blocks:
+    """One product's weight in MatMulNBits' blocks: w[n, k] = (q[n, k] - zeros[n, b]) * scales[n, b],
+    b = k // block_size."""
+
+    packed: np.ndarray  # (N, K * bits / 8) uint8: each output's codes in K order, two a byte at 4 bits
+    scales: np.ndarray  # (N, nb) float32 or float16 (the activations' type)
+    zeros: np.ndarray  # (N, nb) uint8
+    bits: int  # 4 or 8
+    block_size: int
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.packed.shape[1] * 8 // self.bits
+
+    def codes(self) -> np.ndarray:
+        """(N, K) uint8: the codes unpacked."""
+        if self.bits == 8:
+            return self.packed
+        low, high = self.packed & 0x0F, self.packed >> 4  # (N, K / 2) each
+        return np.stack([low, high], axis=-1).reshape(self.out_features, self.in_features)
+
+    def dequantize(self) -> np.ndarray:
+        """(N, K) float32: the weight these blocks stand for (tests; never the runtime's path)."""
+        per = np.repeat(np.arange(self.scales.shape[1]), self.block_size)[: self.in_features]  # (K,) block of k
+        return ((self.codes().astype(np.float32) - self.zeros[:, per]) * self.scales[:, per].astype(np.float32))
+
+    def split(self, widths) -> list["Blocks"]:
+        """The blocks of consecutive runs of ``widths`` output columns (a fused product's parts)."""
+        cuts = np.cumsum(widths)[:-1]
+        return [Blocks(p, s, z, self.bits, self.block_size)
+                for p, s, z in zip(np.split(self.packed, cuts), np.split(self.scales, cuts), np.split(self.zeros, cuts))]
+
+
+def _attrs(node) -> dict:
+    return {a.name: a.i for a in node.attribute if a.type == a.INT}
+
+
+def read_products(proto) -> dict[str, Blocks]:
+    """Every ``MatMulNBits`` product of the graph ``proto`` (weights inside), keyed by the float
+    weight it replaced, a fused product's parts apart: ``self_attn.q_proj.weight`` (the module's
+    (out, in) weight, not the ``.T`` the graph multiplied by). Raises ArtifactError on a form the
+    torch backend does not read (the QDQ form, a GGUF's carried runs or minimums)."""
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    out: dict[str, Blocks] = {}
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            raise ArtifactError(
+                f"{node.name or node.output[0]!r} is a blocked DequantizeLinear (the qdq format, for "
+                f"TensorRT); the torch backend reads MatMulNBits products: re-export with "
+                f"--quant-format matmulnbits, or use the onnxruntime backend")
+        if node.op_type != "MatMulNBits":
+            continue
+        a = _attrs(node)
+        K, N, bits, block = a["K"], a["N"], a["bits"], a["block_size"]
+        name = node.input[1]
+        if not name.endswith(f"_Q{bits}") or bits not in (4, 8) or K % block \
+                or any(node.input[4:]) or name not in inits:
+            raise ArtifactError(
+                f"product {node.name or name!r} ({bits} bits, K {K}, block {block}, inputs "
+                f"{list(node.input)}) is no form the torch backend reads: whole blocks of 4- or 8-bit "
+                f"codes with scales and zero points (a GGUF's carried runs and minimums are not); "
+                f"use the onnxruntime backend, or re-export with --weights int4 from a float model")
+        nb = K // block
+        packed = numpy_helper.to_array(inits[name]).reshape(N, K * bits // 8)
+        scales = numpy_helper.to_array(inits[node.input[2]]).reshape(N, nb)
+        if len(node.input) > 3 and node.input[3]:
+            z = numpy_helper.to_array(inits[node.input[3]])
+            if z.dtype != np.uint8:
+                raise ArtifactError(f"product {name!r} has {z.dtype} zero points; the torch backend reads "
+                                    f"packed uint8 ones (ONNX Runtime's quantizer's); {REBUILD_HINT}")
+            z = z.reshape(N, -1)
+            zeros = np.stack([z & 0x0F, z >> 4], -1).reshape(N, -1)[:, :nb] if bits == 4 else z[:, :nb]
+        else:
+            zeros = np.full((N, nb), 1 << (bits - 1), np.uint8)
+        blocks = Blocks(np.ascontiguousarray(packed), np.ascontiguousarray(scales), np.ascontiguousarray(zeros),
+                        bits, block)
+        weight = name[: -len(f"_Q{bits}")]
+        parts = weight.split(FUSED)
+        if len(parts) > 1:
+            widths = inits.get(weight + WIDTHS)
+            if widths is None:
+                raise ArtifactError(f"fused product {weight!r} has no {weight + WIDTHS!r} beside it; {REBUILD_HINT}")
+            pieces = blocks.split(numpy_helper.to_array(widths))
+        else:
+            pieces = [blocks]
+        for part, piece in zip(parts, pieces):
+            out[part.removesuffix(TRANSPOSED)] = piece
+    return out
+
+
+class QuantLinear(nn.Module):
+    """``nn.Linear`` over ``Blocks``: x (..., K) -> (..., N), the codes, scales and zero points held
+    on the device as they are in the artifact (4 bits a weight, plus a scale and a zero point a
+    block)."""
+
+    def __init__(self, blocks: Blocks, bias: torch.Tensor | None, device, dtype: torch.dtype):
+        super().__init__()
+        self.bits, self.block_size = blocks.bits, blocks.block_size
+        self.in_features, self.out_features = blocks.in_features, blocks.out_features
+        self.register_buffer("packed", torch.from_numpy(np.array(blocks.packed)).to(device))  # (N, K * bits / 8) uint8
+        self.register_buffer("scales", torch.from_numpy(np.array(blocks.scales)).to(device=device, dtype=dtype))  # (N, nb)
+        self.register_buffer("zeros", torch.from_numpy(np.array(blocks.zeros)).to(device))  # (N, nb) uint8
+        self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.scales.dtype
+
+    @classmethod
+    def fused(cls, parts: list["QuantLinear"]) -> "QuantLinear":
+        """One product for ``parts`` applied to the same input (q/k/v, gate/up), their outputs
+        concatenated; each part's buffers become views of the fused ones, so nothing is held twice."""
+        first = parts[0]
+        if any((p.bits, p.block_size, p.in_features) != (first.bits, first.block_size, first.in_features)
+               for p in parts):
+            raise ValueError("fused products need one bit width, block size and input width")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.bits, fused.block_size = first.bits, first.block_size
+        fused.in_features, fused.out_features = first.in_features, sum(p.out_features for p in parts)
+        for name in ("packed", "scales", "zeros"):
+            whole = torch.cat([getattr(p, name) for p in parts])  # (sum N, ...)
+            fused.register_buffer(name, whole)
+            start = 0
+            for p in parts:
+                setattr(p, name, whole[start:start + p.out_features])
+                start += p.out_features
+        biases = [p.bias for p in parts]
+        fused.bias = None if all(b is None for b in biases) else nn.Parameter(torch.cat(
+            [b if b is not None else first.scales.new_zeros(p.out_features) for p, b in zip(parts, biases)]),
+            requires_grad=False)
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # (M, K)
+        if x.is_cuda or TRITON_INTERPRETER:
+            from .quantized_triton import matmul
+
+            out = matmul(flat, self)  # (M, N)
+        else:
+            out = self._cpu(flat)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) -> (M, N): the weight dequantized ``CPU_SLICE`` floats at a time."""
+        N, K = self.out_features, self.in_features
+        step = max(1, CPU_SLICE // K)
+        out = x.new_empty(x.shape[0], N)
+        for start in range(0, N, step):
+            stop = min(start + step, N)
+            out[:, start:stop] = x @ self.weight_rows(start, stop).to(x.dtype).T
+        return out
+
+    def weight_rows(self, start: int, stop: int) -> torch.Tensor:
+        """(stop - start, K) float32: output columns [start, stop) of the weight, dequantized."""
+        packed = self.packed[start:stop]
+        if self.bits == 4:
+            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(stop - start, -1)
+        else:
+            codes = packed
+        scales = self.scales[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
+        zeros = self.zeros[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
+        return (codes.float() - zeros) * scales
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+                f"block_size={self.block_size}")
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` over a float weight (out, in) or a QuantLinear (its own bias aside)."""
+    if isinstance(weight, QuantLinear):
+        out = weight(x)
+        return out if bias is None else out + bias
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+__all__ = ["Blocks", "CPU_SLICE", "QuantLinear", "linear", "read_products"]
