@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.artifact.manifest import MINS, minimums_term
+from runtime.artifact.manifest import LEVELS, MINIMUMS, MINS, PART, SCALES, minimums_term
 
 GGML_BLOCK = 32
-PART, CONCAT = "/part", "/concat"  # a product carried as runs of columns: BASE/part0 ..., joined by BASE/concat
+CONCAT = "/concat"  # a product carried as runs of columns (PART): BASE/part0 ..., joined by BASE/concat
 # the GGML types carried: (MatMulNBits bits, weights per scale, whether the blocks have minimums)
 TYPES = {"Q4_0": (4, 32, False), "Q4_1": (4, 32, True), "Q8_0": (8, 32, False), "Q5_0": (8, 32, False),
          "Q5_1": (8, 32, True), "Q4_K": (4, 32, True), "Q5_K": (8, 32, True), "Q6_K": (8, 16, False)}
@@ -302,10 +302,6 @@ def _carried_product(x: str, K: int, rows: Rows, tag: str, product_name: str, ou
         nodes += _mins_nodes(product_name, x, ranks[x], product, out, rows.m, rows.block, mine)
     new += mine
     return nodes
-
-
-# the carried embedding's initializers: its table's name and these (the head's own bytes where tied)
-LEVELS, SCALES, MINIMUMS = "_levels", "_scales", "_minimums"
 
 
 def carry_embedding(proto, index: BlockIndex) -> str | None:

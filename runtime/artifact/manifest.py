@@ -37,6 +37,11 @@ WIDTHS = ":widths"
 # "/add": the block sums of x times the minimums (blocks, N) float32, added); runtime.platform.kernels folds
 # the term into its own product.
 MINS = "/mins"
+# A product carried as runs of columns of several types: nodes BASE + PART + "0" ..., joined by a Concat
+PART = "/part"
+# A GGUF's 8-bit embedding table (export.gguf_blocks.carry_embedding): TABLE + LEVELS (V, nb, block) uint8,
+# TABLE + SCALES (V * nb,) and, for a type with minimums, TABLE + MINIMUMS (V * nb,)
+LEVELS, SCALES, MINIMUMS = "_levels", "_scales", "_minimums"
 
 
 def minimums_term(nodes, product_name: str) -> list:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..artifact.manifest import REBUILD_HINT, TRANSPOSED, Manifest, split_fused
+from ..artifact.manifest import MINS, REBUILD_HINT, TRANSPOSED, Manifest, split_fused
 from ..errors import ArtifactError, InvalidArgumentError
 from ..kvcache import ArrayStorage, KVCache
 from ..models import family_named
@@ -59,7 +59,7 @@ def graph_weights(proto) -> dict[str, np.ndarray]:
     codes, scales and zero points are not float weights (runtime.models.quantized reads them)."""
     from onnx import numpy_helper
 
-    blocks = {i for n in proto.graph.node if n.op_type == "MatMulNBits" for i in n.input[1:]}
+    blocks = {i for n in proto.graph.node if n.op_type == "MatMulNBits" or MINS + "/" in n.name for i in n.input[1:]}
     weights = split_fused({t.name: numpy_helper.to_array(t) for t in proto.graph.initializer
                            if t.name not in blocks})
     for name in [n for n in weights if n.endswith(TRANSPOSED)]:  # stored as MatMul reads them
@@ -138,22 +138,24 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
     if missing:  # a key no graph maps to: the family's hf_key and the exported modules disagree
         raise ArtifactError(f"no graph of {directory} provides {missing}; {REBUILD_HINT}")
     model.load_state_dict(state, strict=not blocks, assign=True)
-    _quantized_linears(model, blocks, device, dtype)
+    _quantized_modules(model, blocks, device, dtype)
     model.eval().requires_grad_(False)
     return model
 
 
-def _quantized_linears(model, blocks: dict, device: torch.device, dtype: torch.dtype) -> None:
-    """Each nn.Linear whose weight ``blocks`` holds (by its state_dict key) replaced by a QuantLinear
-    over those blocks, with the linear's bias: the product the CPU's graph runs, on ``device``."""
-    from ..models.quantized import QuantLinear
+def _quantized_modules(model, blocks: dict, device: torch.device, dtype: torch.dtype) -> None:
+    """Each nn.Linear (nn.Embedding) whose weight ``blocks`` holds (by its state_dict key) replaced
+    by a QuantLinear (QuantEmbedding) over those blocks, on ``device``: what the CPU's graph multiplies
+    by (looks up)."""
+    from ..models.quantized import QuantEmbedding, QuantLinear
 
     for key, found in blocks.items():
         path = key.removesuffix(".weight")
         parent, _, child = path.rpartition(".")
-        linear = model.get_submodule(path)
+        module = model.get_submodule(path)
         setattr(model.get_submodule(parent) if parent else model, child,
-                QuantLinear(found, linear.bias, device, dtype))
+                QuantEmbedding(found, device, dtype) if isinstance(module, torch.nn.Embedding)
+                else QuantLinear(found, module.bias, device, dtype))
 
 
 def _share_tied_embeddings(state: dict[str, torch.Tensor], embed_key: str) -> None:

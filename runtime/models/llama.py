@@ -191,7 +191,7 @@ def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:
     """The checkpoint's RoPE inverse frequencies (its scaling included) and attention factor, from
     transformers' own rotary module, on the device of the weights."""
     rotary = hf_model.model.rotary_emb
-    device = hf_model.model.embed_tokens.weight.device
+    device = hf_model.model.norm.weight.device  # (the embedding may be an 8-bit table: no .weight)
     if rotary.inv_freq.is_meta:  # a model built on the meta device (the torch backend): a buffer
         # that is no weight holds no values there, so compute it again
         with torch.device("cpu"):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..artifact.manifest import FUSED, REBUILD_HINT, TRANSPOSED, WIDTHS
+from ..artifact.manifest import FUSED, LEVELS, MINIMUMS, MINS, PART, REBUILD_HINT, SCALES, TRANSPOSED, WIDTHS
 from ..errors import ArtifactError
 
 CPU_SLICE = 1 << 20  # floats of weight the CPU path dequantizes at once (4 MB in fp32)
@@ -35,14 +35,15 @@ TRITON_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
 @dataclass
 class Blocks:
-    """One product's weight in MatMulNBits' blocks: w[n, k] = (q[n, k] - zeros[n, b]) * scales[n, b],
-    b = k // block_size."""
+    """One product's weight in MatMulNBits' blocks: w[n, k] = (q[n, k] - zeros[n, b]) * scales[n, b]
+    (+ mins[n, b]), b = k // block_size. An embedding table's too (n a token, k a feature)."""
 
     packed: np.ndarray  # (N, K * bits / 8) uint8: each output's codes in K order, two a byte at 4 bits
     scales: np.ndarray  # (N, nb) float32 or float16 (the activations' type)
     zeros: np.ndarray  # (N, nb) uint8
     bits: int  # 4 or 8
     block_size: int
+    mins: np.ndarray | None = None  # (N, nb) float32: a GGUF type's block minimums, added (w = (q - z) * s + m)
 
     @property
     def out_features(self) -> int:
@@ -62,13 +63,15 @@ class Blocks:
     def dequantize(self) -> np.ndarray:
         """(N, K) float32: the weight these blocks stand for (tests; never the runtime's path)."""
         per = np.repeat(np.arange(self.scales.shape[1]), self.block_size)[: self.in_features]  # (K,) block of k
-        return ((self.codes().astype(np.float32) - self.zeros[:, per]) * self.scales[:, per].astype(np.float32))
+        w = (self.codes().astype(np.float32) - self.zeros[:, per]) * self.scales[:, per].astype(np.float32)
+        return w if self.mins is None else w + self.mins[:, per]
 
     def split(self, widths) -> list["Blocks"]:
         """The blocks of consecutive runs of ``widths`` output columns (a fused product's parts)."""
         cuts = np.cumsum(widths)[:-1]
-        return [Blocks(p, s, z, self.bits, self.block_size)
-                for p, s, z in zip(np.split(self.packed, cuts), np.split(self.scales, cuts), np.split(self.zeros, cuts))]
+        mins = [None] * len(widths) if self.mins is None else np.split(self.mins, cuts)
+        return [Blocks(p, s, z, self.bits, self.block_size, m) for p, s, z, m in
+                zip(np.split(self.packed, cuts), np.split(self.scales, cuts), np.split(self.zeros, cuts), mins)]
 
 
 def _attrs(node) -> dict:
@@ -86,6 +89,10 @@ def read_products(proto) -> dict[str, Blocks]:
     inits = {t.name: t for t in graph.initializer}
     out: dict[str, Blocks] = {}
     for node in graph.node:
+        if node.op_type == "Gather" and node.input[0].endswith(LEVELS) and node.input[0] in inits:
+            table = node.input[0][: -len(LEVELS)]
+            out[table.removesuffix(TRANSPOSED)] = _table(inits, table)
+            continue
         if node.op_type == "DequantizeLinear" and node.input[0] in inits:
             raise ArtifactError(
                 f"{node.name or node.output[0]!r} is a blocked DequantizeLinear (the qdq format, for "
@@ -96,12 +103,12 @@ def read_products(proto) -> dict[str, Blocks]:
         a = _attrs(node)
         K, N, bits, block = a["K"], a["N"], a["bits"], a["block_size"]
         name = node.input[1]
-        if not name.endswith(f"_Q{bits}") or bits not in (4, 8) or K % block \
+        if not name.endswith(f"_Q{bits}") or bits not in (4, 8) or K % block or PART in node.name \
                 or any(node.input[4:]) or name not in inits:
             raise ArtifactError(
                 f"product {node.name or name!r} ({bits} bits, K {K}, block {block}, inputs "
                 f"{list(node.input)}) is no form the torch backend reads: whole blocks of 4- or 8-bit "
-                f"codes with scales and zero points (a GGUF's carried runs and minimums are not); "
+                f"codes with scales and zero points (a GGUF's products of several types are not); "
                 f"use the onnxruntime backend, or re-export with --weights int4 from a float model")
         nb = K // block
         packed = numpy_helper.to_array(inits[name]).reshape(N, K * bits // 8)
@@ -115,8 +122,9 @@ def read_products(proto) -> dict[str, Blocks]:
             zeros = np.stack([z & 0x0F, z >> 4], -1).reshape(N, -1)[:, :nb] if bits == 4 else z[:, :nb]
         else:
             zeros = np.full((N, nb), 1 << (bits - 1), np.uint8)
+        mins = inits.get(f"{node.name}{MINS}/m")  # (nb, N): a carried GGUF type's minimums' term
         blocks = Blocks(np.ascontiguousarray(packed), np.ascontiguousarray(scales), np.ascontiguousarray(zeros),
-                        bits, block)
+                        bits, block, None if mins is None else np.ascontiguousarray(numpy_helper.to_array(mins).T))
         weight = name[: -len(f"_Q{bits}")]
         parts = weight.split(FUSED)
         if len(parts) > 1:
@@ -131,6 +139,40 @@ def read_products(proto) -> dict[str, Blocks]:
     return out
 
 
+def _table(inits: dict, name: str) -> Blocks:
+    """A GGUF's 8-bit embedding table as export.gguf_blocks.carry_embedding writes it: levels (V, nb,
+    block) uint8 and scales (V * nb,), w = d * (q - 128), or d * q + m with minimums (V * nb,)."""
+    from onnx import numpy_helper
+
+    levels = numpy_helper.to_array(inits[name + LEVELS])  # (V, nb, block)
+    V, nb, block = levels.shape
+    scales = numpy_helper.to_array(inits[name + SCALES]).reshape(V, nb)
+    mins = inits.get(name + MINIMUMS)
+    zeros = np.full((V, nb), 0 if mins is not None else 128, np.uint8)
+    return Blocks(np.ascontiguousarray(levels.reshape(V, nb * block)), np.ascontiguousarray(scales), zeros, 8, block,
+                  None if mins is None else numpy_helper.to_array(mins).reshape(V, nb).astype(np.float32))
+
+
+class QuantEmbedding(nn.Module):
+    """``nn.Embedding`` over an 8-bit table's ``Blocks``: the rows looked up are dequantized, no others."""
+
+    def __init__(self, blocks: Blocks, device, dtype: torch.dtype):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = blocks.out_features, blocks.in_features
+        self.block_size = blocks.block_size
+        self.register_buffer("levels", torch.from_numpy(np.array(blocks.packed)).to(device))  # (V, D) uint8
+        self.register_buffer("scales", torch.from_numpy(np.array(blocks.scales)).to(device=device, dtype=torch.float32))
+        self.register_buffer("zeros", torch.from_numpy(np.array(blocks.zeros)).to(device))  # (V, nb) uint8
+        mins = None if blocks.mins is None else torch.from_numpy(np.array(blocks.mins)).to(device)
+        self.register_buffer("mins", mins)  # (V, nb) float32, or None
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        per = lambda t: t[ids].repeat_interleave(self.block_size, dim=-1)  # noqa: E731  (..., D)
+        w = (self.levels[ids].float() - per(self.zeros).float()) * per(self.scales)
+        return (w if self.mins is None else w + per(self.mins)).to(self.dtype)
+
+
 class QuantLinear(nn.Module):
     """``nn.Linear`` over ``Blocks``: x (..., K) -> (..., N), the codes, scales and zero points held
     on the device as they are in the artifact (4 bits a weight, plus a scale and a zero point a
@@ -143,6 +185,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("packed", torch.from_numpy(np.array(blocks.packed)).to(device))  # (N, K * bits / 8) uint8
         self.register_buffer("scales", torch.from_numpy(np.array(blocks.scales)).to(device=device, dtype=dtype))  # (N, nb)
         self.register_buffer("zeros", torch.from_numpy(np.array(blocks.zeros)).to(device))  # (N, nb) uint8
+        mins = None if blocks.mins is None else torch.from_numpy(np.array(blocks.mins)).to(device=device, dtype=dtype)
+        self.register_buffer("mins", mins)  # (N, nb) the activations' type, or None
         self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
 
     @property
@@ -154,14 +198,15 @@ class QuantLinear(nn.Module):
         """One product for ``parts`` applied to the same input (q/k/v, gate/up), their outputs
         concatenated; each part's buffers become views of the fused ones, so nothing is held twice."""
         first = parts[0]
-        if any((p.bits, p.block_size, p.in_features) != (first.bits, first.block_size, first.in_features)
-               for p in parts):
-            raise ValueError("fused products need one bit width, block size and input width")
+        if any((p.bits, p.block_size, p.in_features, p.mins is None) !=
+               (first.bits, first.block_size, first.in_features, first.mins is None) for p in parts):
+            raise ValueError("fused products need one bit width, block size and input width (and minimums or none)")
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.bits, fused.block_size = first.bits, first.block_size
         fused.in_features, fused.out_features = first.in_features, sum(p.out_features for p in parts)
-        for name in ("packed", "scales", "zeros"):
+        fused.register_buffer("mins", None)
+        for name in ("packed", "scales", "zeros") + (() if first.mins is None else ("mins",)):
             whole = torch.cat([getattr(p, name) for p in parts])  # (sum N, ...)
             fused.register_buffer(name, whole)
             start = 0
@@ -205,7 +250,8 @@ class QuantLinear(nn.Module):
             codes = packed
         scales = self.scales[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
         zeros = self.zeros[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
-        return (codes.float() - zeros) * scales
+        w = (codes.float() - zeros) * scales
+        return w if self.mins is None else w + self.mins[start:stop].float().repeat_interleave(self.block_size, dim=1)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
@@ -220,4 +266,4 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     return torch.nn.functional.linear(x, weight, bias)
 
 
-__all__ = ["Blocks", "CPU_SLICE", "QuantLinear", "linear", "read_products"]
+__all__ = ["Blocks", "CPU_SLICE", "QuantEmbedding", "QuantLinear", "linear", "read_products"]

@@ -5,7 +5,7 @@ must be on before Triton is first imported: the tests run it in a process of its
 
 Each program computes a (BM, BN) tile of y: it walks K in steps of BK, loading x's (BM, BK) tile
 and the codes of its BN output columns, (BK, BN), whose scales and zero points it gathers by block
-(k // block_size), and accumulates ``dot(x, (q - z) * s)`` in fp32. The codes of one output column
+(k // block_size), and accumulates ``dot(x, (q - z) * s (+ m))`` in fp32. The codes of one output column
 are contiguous in K, so a tile's loads are too. A decode step's M (its rows) is small: BM is the
 smallest tile ``tl.dot`` takes (16), and the columns are spread over many programs.
 """
@@ -23,9 +23,9 @@ except ImportError as exc:  # this module is imported only when a quantized prod
 
 
 @triton.jit
-def qmm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, NB,
+def qmm(x_ptr, p_ptr, s_ptr, z_ptr, m_ptr, y_ptr, M, N, K, NB,
         BITS: tl.constexpr, QBLOCK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        IEEE: tl.constexpr):
+        IEEE: tl.constexpr, MINS: tl.constexpr):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,) rows of x and y
     rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,) output columns
     in_m, in_n = rm < M, rn < N
@@ -44,6 +44,8 @@ def qmm(x_ptr, p_ptr, s_ptr, z_ptr, y_ptr, M, N, K, NB,
         s = tl.load(s_ptr + rn[None, :] * NB + b, mask=kn, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + rn[None, :] * NB + b, mask=kn, other=0).to(tl.float32)
         w = (q.to(tl.float32) - z) * s  # (BK, BN) the weight's tile, as ONNX Runtime dequantizes it
+        if MINS:  # a GGUF type's block minimums
+            w += tl.load(m_ptr + rn[None, :] * NB + b, mask=kn, other=0.0).to(tl.float32)
         if IEEE:  # fp32 activations: no TF32 rounding of either operand
             acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")
         else:  # fp16 / bf16 activations: the tensor cores' product, fp32 sums
@@ -66,9 +68,10 @@ def matmul(x: torch.Tensor, q) -> torch.Tensor:
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     BM, BN, BK = tiles(M)
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN))
+    mins = q.mins if q.mins is not None else q.scales  # (read only with MINS)
     qmm[grid](
-        x, q.packed, q.scales, q.zeros, y, M, N, K, q.zeros.shape[1], BITS=q.bits, QBLOCK=q.block_size,
-        BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32)
+        x, q.packed, q.scales, q.zeros, mins, y, M, N, K, q.zeros.shape[1], BITS=q.bits, QBLOCK=q.block_size,
+        BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32, MINS=q.mins is not None)
     return y
 
 

@@ -31,16 +31,26 @@ NEW = 8
 # (family, checkpoint overrides, weights): OPT (biases everywhere), Qwen2.5 (q/k/v bias fused with its
 # products, 8 bits), Llama 3.2 (tied embeddings: the head's product quantized, the table float);
 # widths that are whole blocks of 16
+# and a GGUF's own blocks carried (Q4_1: zero points 0 and a minimums' term; its Q8_0 embedding table
+# looked up as 8-bit rows), what the default build of smollm2-135m-instruct holds
 CASES = {
     "opt-int4": ("opt", {}, "int4"),
     "qwen2-int8": ("qwen2", dict(hidden_size=48, intermediate_size=64), "int8"),
     "llama3-int4": ("llama3", dict(hidden_size=48, intermediate_size=64), "int4"),
+    "gguf-q4_1": ("gguf", dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, num_hidden_layers=2), "int4"),
 }
 
 
 def _checkpoint(directory, family: str, overrides: dict):
     if family == "opt":
         return conftest.save_tiny_checkpoint(directory, "pre_ln", **overrides)
+    if family == "gguf":
+        from export.checkpoint import build_tokenizer
+        from tools.bench.gguf_file import write_checkpoint_gguf
+
+        return write_checkpoint_gguf(families.tiny_model("smollm2", **overrides), build_tokenizer(),
+                                     directory / "Q4_1.gguf", matrices="Q4_1", embedding="Q8_0")
     return families.save_tiny_checkpoint(directory, family, **overrides)
 
 
@@ -49,7 +59,8 @@ def quantized_dir(request, tmp_path_factory):
     family, overrides, weights = CASES[request.param]
     ckpt = _checkpoint(tmp_path_factory.mktemp(f"{request.param}-ckpt"), family, overrides)
     out = tmp_path_factory.mktemp(request.param) / "model"
-    build(BuildOptions(model=str(ckpt), out=str(out), weights=weights, block_size=16, progress=False),
+    block = 32 if family == "gguf" else 16  # a GGUF's blocks are 32 wide
+    build(BuildOptions(model=str(ckpt), out=str(out), weights=weights, block_size=block, progress=False),
           log=lambda *_: None)
     return out
 
@@ -85,10 +96,14 @@ def test_every_product_is_held_in_its_blocks(quantized_dir):
         products = [m for m in model.modules() if isinstance(m, QuantLinear)]
         linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
         assert not linears, f"products left float: {linears}"
+        from_gguf = "from_gguf" in json.loads((quantized_dir / "manifest.json").read_text())["weights"]
+        tables = [m for m in model.modules() if isinstance(m, quantized.QuantEmbedding)]
+        assert len(tables) == from_gguf  # the file's 8-bit embedding: rows dequantized as looked up
+        assert all(m.mins is not None for m in products[:-1]) == from_gguf  # Q4_1's minimums
         layers = model.config.num_hidden_layers
         assert len(products) == layers * (6 if model.config.model_type == "opt" else 7) + 1  # + the head
         bits = json.loads((quantized_dir / "manifest.json").read_text())["weights"]["layers"]
-        for m in products:
+        for m in products[:-1]:  # the layers' (a GGUF's head is its 8-bit table)
             assert m.packed.dtype == torch.uint8
             assert m.packed.numel() == m.out_features * m.in_features * {"int4": 4, "int8": 8}[bits] // 8
     finally:
@@ -98,10 +113,10 @@ def test_every_product_is_held_in_its_blocks(quantized_dir):
 def test_blocks_are_the_weights_onnxruntime_multiplies_by(quantized_dir):
     proto = onnx.load(str(quantized_dir / "layer_01.onnx"))
     found = read_products(proto)
-    reference = dequantized_weights(proto)  # ONNX Runtime's own MatMulNBits on an identity
+    reference = dequantized_weights(proto)  # ONNX Runtime's own MatMulNBits (and minimums' term) on an identity
     assert sorted(found) == sorted(name.removesuffix(".T") for name in reference)
     for name, blocks in found.items():
-        np.testing.assert_array_equal(blocks.dequantize(), reference[name + ".T"].T, err_msg=name)
+        np.testing.assert_allclose(blocks.dequantize(), reference[name + ".T"].T, atol=1e-6, rtol=0, err_msg=name)
 
 
 def test_the_cpu_path_dequantizes_a_slice_at_a_time(monkeypatch):
@@ -151,6 +166,7 @@ gen = runtime.load(sys.argv[1], backend="torch")
 events = []
 result = gen.generate({prompts!r}, {new}, ignore_eos=True, speedup=2, streamer=events.append)
 np.save(sys.argv[2], np.stack([e.logits for e in events]))
+assert "runtime.models.quantized_triton" in sys.modules  # the kernel ran, not the CPU path
 print(result.token_ids)
 """
 
