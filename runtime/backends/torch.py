@@ -155,7 +155,7 @@ def _quantized_modules(model, blocks: dict, device: torch.device, dtype: torch.d
         module = model.get_submodule(path)
         setattr(model.get_submodule(parent) if parent else model, child,
                 QuantEmbedding(found, device, dtype) if isinstance(module, torch.nn.Embedding)
-                else QuantLinear(found, module.bias, device, dtype))
+                else QuantLinear.from_blocks(found, module.bias, device, dtype))
 
 
 def _share_tied_embeddings(state: dict[str, torch.Tensor], embed_key: str) -> None:

@@ -174,20 +174,47 @@ class QuantEmbedding(nn.Module):
 
 
 class QuantLinear(nn.Module):
-    """``nn.Linear`` over ``Blocks``: x (..., K) -> (..., N), the codes, scales and zero points held
-    on the device as they are in the artifact (4 bits a weight, plus a scale and a zero point a
-    block)."""
+    """``nn.Linear`` over blocks: x (..., K) -> (..., N), the codes, scales and zero points held on
+    the device as they are in the artifact (4 bits a weight, plus a scale and a zero point a block).
+    ``from_blocks``: an artifact's; ``quantize``: a float linear's, on its device (benchmarks of
+    random weights at real shapes)."""
 
-    def __init__(self, blocks: Blocks, bias: torch.Tensor | None, device, dtype: torch.dtype):
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, mins: torch.Tensor | None,
+                 bits: int, block_size: int, bias: torch.Tensor | None):
         super().__init__()
-        self.bits, self.block_size = blocks.bits, blocks.block_size
-        self.in_features, self.out_features = blocks.in_features, blocks.out_features
-        self.register_buffer("packed", torch.from_numpy(np.array(blocks.packed)).to(device))  # (N, K * bits / 8) uint8
-        self.register_buffer("scales", torch.from_numpy(np.array(blocks.scales)).to(device=device, dtype=dtype))  # (N, nb)
-        self.register_buffer("zeros", torch.from_numpy(np.array(blocks.zeros)).to(device))  # (N, nb) uint8
-        mins = None if blocks.mins is None else torch.from_numpy(np.array(blocks.mins)).to(device=device, dtype=dtype)
+        self.bits, self.block_size = bits, block_size
+        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 8 // bits
+        self.register_buffer("packed", packed)  # (N, K * bits / 8) uint8
+        self.register_buffer("scales", scales)  # (N, nb) the activations' type
+        self.register_buffer("zeros", zeros)  # (N, nb) uint8
         self.register_buffer("mins", mins)  # (N, nb) the activations' type, or None
-        self.bias = None if bias is None else nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.to(scales.dtype), requires_grad=False)
+
+    @classmethod
+    def from_blocks(cls, blocks: Blocks, bias: torch.Tensor | None, device, dtype: torch.dtype) -> "QuantLinear":
+        tensor = lambda a, dt=None: torch.from_numpy(np.array(a)).to(device=device, dtype=dt)  # noqa: E731
+        return cls(tensor(blocks.packed), tensor(blocks.scales, dtype), tensor(blocks.zeros),
+                   None if blocks.mins is None else tensor(blocks.mins, dtype), blocks.bits, blocks.block_size,
+                   None if bias is None else bias.to(device))
+
+    @classmethod
+    @torch.no_grad()
+    def quantize(cls, linear: nn.Linear, bits: int, block_size: int) -> "QuantLinear":
+        """``linear``'s weight in asymmetric blocks as ONNX Runtime's quantizer makes them (each block's
+        range, 0 included, in 2^bits levels; its zero point rounded), on the weight's device."""
+        w = linear.weight.float()  # (N, K)
+        N, K = w.shape
+        if K % block_size:
+            raise ValueError(f"K {K} is no whole number of blocks of {block_size}")
+        blocks = w.reshape(N, K // block_size, block_size)
+        lo, hi = blocks.amin(-1).clamp(max=0), blocks.amax(-1).clamp(min=0)  # (N, nb)
+        top = (1 << bits) - 1
+        scales = torch.where(hi > lo, (hi - lo) / top, torch.ones_like(lo))
+        zeros = (-lo / scales).round().clamp(0, top)
+        q = (blocks / scales[..., None] + zeros[..., None]).round().clamp(0, top).to(torch.uint8).reshape(N, K)
+        packed = q if bits == 8 else q[:, 0::2] | (q[:, 1::2] << 4)  # two codes a byte, the first low
+        return cls(packed.contiguous(), scales.to(linear.weight.dtype), zeros.to(torch.uint8), None, bits, block_size,
+                   linear.bias)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -201,23 +228,18 @@ class QuantLinear(nn.Module):
         if any((p.bits, p.block_size, p.in_features, p.mins is None) !=
                (first.bits, first.block_size, first.in_features, first.mins is None) for p in parts):
             raise ValueError("fused products need one bit width, block size and input width (and minimums or none)")
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        fused.bits, fused.block_size = first.bits, first.block_size
-        fused.in_features, fused.out_features = first.in_features, sum(p.out_features for p in parts)
-        fused.register_buffer("mins", None)
-        for name in ("packed", "scales", "zeros") + (() if first.mins is None else ("mins",)):
-            whole = torch.cat([getattr(p, name) for p in parts])  # (sum N, ...)
-            fused.register_buffer(name, whole)
+        names = ("packed", "scales", "zeros") + (() if first.mins is None else ("mins",))
+        wholes = {name: torch.cat([getattr(p, name) for p in parts]) for name in names}  # (sum N, ...)
+        for name, whole in wholes.items():
             start = 0
             for p in parts:
                 setattr(p, name, whole[start:start + p.out_features])
                 start += p.out_features
         biases = [p.bias for p in parts]
-        fused.bias = None if all(b is None for b in biases) else nn.Parameter(torch.cat(
-            [b if b is not None else first.scales.new_zeros(p.out_features) for p, b in zip(parts, biases)]),
-            requires_grad=False)
-        return fused
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else first.scales.new_zeros(p.out_features) for p, b in zip(parts, biases)])
+        return cls(wholes["packed"], wholes["scales"], wholes["zeros"], wholes.get("mins"), first.bits,
+                   first.block_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # (M, K)

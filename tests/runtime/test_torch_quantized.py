@@ -124,7 +124,7 @@ def test_the_cpu_path_dequantizes_a_slice_at_a_time(monkeypatch):
     N, K, block = 40, 64, 16
     blocks = Blocks(rng.integers(0, 256, (N, K // 2), dtype=np.uint8), rng.random((N, K // block), np.float32),
                     rng.integers(0, 16, (N, K // block), dtype=np.uint8), 4, block)
-    product = QuantLinear(blocks, torch.randn(N), "cpu", torch.float32)
+    product = QuantLinear.from_blocks(blocks, torch.randn(N), "cpu", torch.float32)
     x = torch.randn(3, 2, K)
     expected = x.double() @ torch.from_numpy(blocks.dequantize()).double().T + product.bias.double()
     sizes = []
@@ -137,7 +137,7 @@ def test_the_cpu_path_dequantizes_a_slice_at_a_time(monkeypatch):
 
 def test_fused_products_share_their_parts_memory():
     rng = np.random.default_rng(1)
-    parts = [QuantLinear(Blocks(rng.integers(0, 256, (n, 16), dtype=np.uint8), rng.random((n, 2), np.float32),
+    parts = [QuantLinear.from_blocks(Blocks(rng.integers(0, 256, (n, 16), dtype=np.uint8), rng.random((n, 2), np.float32),
                                 rng.integers(0, 16, (n, 2), dtype=np.uint8), 4, 16), None, "cpu", torch.float32)
              for n in (8, 4, 4)]
     x = torch.randn(2, 32)
@@ -146,7 +146,7 @@ def test_fused_products_share_their_parts_memory():
     torch.testing.assert_close(fused(x), apart)
     assert parts[1].packed.data_ptr() == fused.packed.data_ptr() + 8 * 16  # a view, not a copy
     with pytest.raises(ValueError, match="one bit width, block size and input width"):
-        QuantLinear.fused([parts[0], QuantLinear(Blocks(np.zeros((4, 32), np.uint8), np.ones((4, 2), np.float32),
+        QuantLinear.fused([parts[0], QuantLinear.from_blocks(Blocks(np.zeros((4, 32), np.uint8), np.ones((4, 2), np.float32),
                                                         np.zeros((4, 2), np.uint8), 8, 16), None, "cpu", torch.float32)])
 
 
@@ -188,3 +188,28 @@ def test_the_triton_kernel_under_its_interpreter_equals_the_cpu_path(quantized_d
     assert done.stdout.strip() == str(tokens)
     np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), np.stack([e.logits for e in events]),
                                atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("bits, weights", [(4, "int4"), (8, "int8")])
+def test_quantize_makes_the_blocks_onnx_runtimes_quantizer_makes(bits, weights):
+    """What tools.bench.gpu --weights int4 runs at real shapes (random weights, no export) is what an
+    export of the same weights would hold."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.quantize import quantize_graph
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 24, bias=False)
+    with torch.no_grad():
+        linear.weight[:2] *= 5
+        linear.weight[3] = linear.weight[3].abs()  # a block of one sign: 0 is still in its range
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24])],
+                              [numpy_helper.from_array(linear.weight.detach().numpy().T.copy(), "w")])
+    exported = read_products(quantize_graph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                            weights, block_size=16))["w"]
+    ours = QuantLinear.quantize(linear, bits, 16)
+    np.testing.assert_array_equal(ours.packed.numpy(), exported.packed)
+    np.testing.assert_array_equal(ours.zeros.numpy(), exported.zeros)
+    np.testing.assert_array_equal(ours.scales.numpy(), exported.scales)
