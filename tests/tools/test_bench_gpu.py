@@ -40,6 +40,40 @@ def test_no_transformers_leaves_its_columns_empty(capsys):
     assert len(rows) == 4 and {(r[13].strip(), r[14].strip()) for r in rows} == {("-", "-")}
 
 
+def test_quantized_rows_beside_the_float_ones_and_the_compiled_peer(capsys):
+    """--weights float int4: each its rows on the same random weights, the int4 rows' last column
+    their step against the float row of the same batch and policy; --peer compiled: transformers'
+    static cache (eager on the CPU) beside its dynamic one."""
+    assert gpu.main(TINY + ["--batch", "1", "--weights", "float", "int4", "--peer", "eager", "compiled"]) == 0
+    out = capsys.readouterr().out
+    assert "| transformers compiled ms | graphs vs compiled | graphs / float graphs |" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny-random")]
+    assert [(r[0].strip(), r[2].strip()) for r in rows] == [("tiny-random", "full"), ("tiny-random", "2x"),
+                                                          ("tiny-random int4", "full"), ("tiny-random int4", "2x")]
+    float_full, float_2x, q_full, q_2x = rows
+    assert float(float_full[15]) > 0 and float_full[16].strip().endswith("x")  # the compiled peer, float rows
+    assert q_full[15].strip() == "-" and q_full[16].strip().endswith("x")  # measured on the float weights
+    assert [r[17].strip() for r in (float_full, float_2x)] == ["-", "-"]
+    for q, f in ((q_full, float_full), (q_2x, float_2x)):
+        assert float(q[17].strip()[:-1]) == pytest.approx(float(q[6]) / float(f[6]), rel=0.01, abs=0.01)
+        assert float(q[4]) < float(f[4])  # the floor: 4-bit products read fewer bytes
+
+
+def test_quantize_model_makes_every_product_blocks_and_step_bytes_counts_them():
+    from runtime.models.quantized import QuantLinear
+
+    model = gpu.build_model("tiny-random", torch.device("cpu"), torch.float32, 0)
+    before = gpu.step_bytes(model, [0, 1], batch=1, past=0)
+    gpu.quantize_model(model, 4)
+    assert not [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    layer = model.model.decoder.layers[0]
+    assert isinstance(layer.fc1, QuantLinear) and isinstance(model.lm_head, QuantLinear)
+    q = layer.fc1
+    assert sum(t.numel() * t.element_size() for t in (q.packed, q.scales, q.zeros)) == \
+        q.out_features * q.in_features // 2 + q.out_features * (q.in_features // gpu.BLOCK) * 5  # codes, fp32 scale, zero
+    assert gpu.step_bytes(model, [0, 1], batch=1, past=0) < before / 4
+
+
 def test_step_bytes_counts_active_weights_head_and_kv():
     model = gpu.build_model("tiny-random", torch.device("cpu"), torch.float32, 0)
     decoder, c = model.model.decoder, model.config

@@ -13,8 +13,15 @@ The floor of a step is the bytes it must read (the active layers' weights, the h
 row's K/V over its real past) divided by the best bandwidth the device showed: a device-to-device
 copy of ``--bandwidth-mib`` (counted as read + write) or a sum over it (read only), best of 5.
 
+``--weights int4`` (or ``int8``, or several: ``float int4``) multiplies by weight-only blocks instead, as an
+``--weights int4`` export holds them (runtime.models.quantized.QuantLinear.quantize: ONNX Runtime's
+quantizer's blocks of 32, made on the device; the Triton kernel on a GPU), the embedding float; such
+a row's last column is its step against the float row of the same shapes, batch and policy.
+
 Beside them, on the same weights and prompt: transformers' own ``generate`` (eager, its dynamic
-cache: what a PyTorch user runs first) per decoded token at full depth, and, on CUDA, the kernels
+cache: what a PyTorch user runs first) per decoded token at full depth, with ``--peer compiled`` also
+its static cache, which ``generate`` compiles itself on CUDA (torch.compile, CUDA graphs: what a
+user picks for speed; eager on the CPU, where transformers does not compile), and, on CUDA, the kernels
 the graph column's last timed step launched (the profiler's count; that step runs the policy's
 fewest layers), which is what sets a step's time at these sizes, far more than the bytes.
 
@@ -41,6 +48,9 @@ PAGE = 32  # the KV width's step, as export's default page_size
 
 ARCHS = ("opt-125m", "opt-1.3b", *PUBLISHED, "tiny-random")
 DTYPES = ("float16", "float32")
+WEIGHTS = {"float": None, "int8": 8, "int4": 4}  # --weights: bits of the layers' and head's products
+PEERS = ("eager", "compiled")  # transformers' generate: its dynamic cache, or its static cache compiled
+BLOCK = 32  # the quantized products' block, export's default
 
 
 @dataclass
@@ -56,6 +66,8 @@ class Options:
     bandwidth_mib: int = 1024  # buffer of the bandwidth measurement: far beyond any cache
     seed: int = 0  # random weights and prompt ids
     transformers: bool = True  # time transformers' generate at full depth too (the usual PyTorch way)
+    weights: list[str] = field(default_factory=lambda: ["float"])  # float, int8, int4 (WEIGHTS)
+    peers: list[str] = field(default_factory=lambda: ["eager"])  # which transformers generate (PEERS)
 
 
 @dataclass
@@ -70,6 +82,12 @@ class Row:
     graph_ms: float
     kernels: int | None = None  # kernels one graph step launches (CUDA only: the profiler's count)
     transformers_ms: float | None = None  # transformers' generate per token, full-depth rows only
+    compiled_ms: float | None = None  # the same with its static cache, compiled (--peer compiled)
+    weights: str = "float"
+
+    @property
+    def shapes(self) -> str:
+        return self.arch if self.weights == "float" else f"{self.arch} {self.weights}"
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -110,14 +128,16 @@ def step_bytes(model, layers, batch: int, past: int) -> int:
     from runtime.models import head_dim, kv_heads
 
     body = getattr(model.model, "decoder", model.model)  # OPT nests its layers one level deeper
-    size = lambda module: sum(p.numel() * p.element_size() for p in module.parameters())  # noqa: E731
+    # (a quantized product's codes, scales and zero points are buffers)
+    size = lambda module: sum(t.numel() * t.element_size()  # noqa: E731
+                              for t in (*module.parameters(), *module.buffers()))
     weights = sum(size(body.layers[i]) for i in layers)
-    head = model.lm_head.weight.numel() * model.lm_head.weight.element_size()  # tied or not, it is read
+    head = size(model.lm_head)  # tied or not, it is read
     norm = getattr(body, "final_layer_norm", None) if hasattr(model.model, "decoder") else body.norm
     if norm is not None:  # OPT-350m style checkpoints have none
         head += size(norm)
     config = model.config
-    element = model.lm_head.weight.element_size()
+    element = model.get_input_embeddings().weight.element_size()  # the cache's dtype: the model's (a float table)
     kv = 2 * batch * len(layers) * kv_heads(config) * head_dim(config) * past * element  # K and V
     return weights + head + kv
 
@@ -136,6 +156,19 @@ def build_model(arch: str, device, dtype, seed: int):
     with torch.device(device):  # initialised where it runs: OPT-1.3B in seconds on a GPU
         model = build(config)
     return model.to(dtype).eval()
+
+
+def quantize_model(model, bits: int) -> None:
+    """Every product of the layers and the head made weight-only blocks of ``bits`` (QuantLinear), in
+    place: what an export with --weights int4 / int8 holds; the embedding stays float, as there."""
+    import torch
+
+    from runtime.models.quantized import QuantLinear
+
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    for name, linear in targets:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, QuantLinear.quantize(linear, bits, BLOCK))
 
 
 def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=None) -> tuple[float, list[int]]:
@@ -180,24 +213,27 @@ def count_kernels(backend, cache, ids, policy, new_tokens: int) -> int:
     return sum(1 for e in probe.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def transformers_step(model, ids: np.ndarray, new_tokens: int, rounds: int) -> float:
-    """Seconds per decoded token of transformers' own ``generate`` (eager, its dynamic cache) on the
-    same weights and prompt: the time of ``new_tokens`` + 1 tokens less that of 1 (the prefill and
-    the first token), over ``new_tokens``; the median of ``rounds``."""
+def transformers_step(model, ids: np.ndarray, new_tokens: int, rounds: int, peer: str = "eager") -> float:
+    """Seconds per decoded token of transformers' own ``generate`` on the same weights and prompt:
+    ``peer`` "eager" (its dynamic cache) or "compiled" (its static cache, which generate compiles
+    itself on CUDA; on the CPU it runs eagerly); the time of ``new_tokens`` + 1 tokens less that of 1
+    (the prefill and the first token), over ``new_tokens``; the median of ``rounds``."""
     import torch
 
     input_ids = torch.from_numpy(ids).to(model.device)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    static = dict(cache_implementation="static", disable_compile=model.device.type != "cuda") if peer == "compiled" else {}
 
     def run(n: int) -> float:
         sync()
         start = time.perf_counter()
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=model.config.pad_token_id)
+                       do_sample=False, pad_token_id=model.config.pad_token_id, **static)
         sync()
         return time.perf_counter() - start
 
-    run(2)  # warm-up
+    for n in (new_tokens + 1, 1, new_tokens + 1):  # warm-up: a static cache compiles for each length it sees
+        run(n)
     return statistics.median((run(new_tokens + 1) - run(1)) / new_tokens for _ in range(rounds))
 
 
@@ -218,8 +254,10 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
     log(f"bandwidth: {bandwidth / 1e9:.1f} GB/s ({how})")
     rows: list[Row] = []
     rng = np.random.default_rng(options.seed)
-    for arch in options.archs:
-        model = build_model(arch, device, dtype, options.seed)
+    for arch, weights in [(a, w) for a in options.archs for w in options.weights]:
+        model = build_model(arch, device, dtype, options.seed)  # the same random weights for each --weights
+        if WEIGHTS[weights] is not None:
+            quantize_model(model, WEIGHTS[weights])
         L = model.config.num_hidden_layers
         eager = TorchBackend.from_model(model, cuda_graphs=False)
         graphs = TorchBackend.from_model(model, cuda_graphs=None if device.type == "cuda" else False)
@@ -247,12 +285,16 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                     step_bytes(model, policy.active_layers(g), batch, options.prompt + g)
                     for g in range(options.new_tokens)) / bandwidth
                 row = Row(arch, batch, speedup, L / layers, layers, floor * 1e3,
-                          statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3, kernels)
-                if speedup == 1 and options.transformers:
-                    row.transformers_ms = transformers_step(model, ids, options.new_tokens, options.rounds) * 1e3
-                peer = "" if row.transformers_ms is None else f", transformers {row.transformers_ms:.2f} ms"
-                log(f"{arch} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
-                    f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms{peer}")
+                          statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3, kernels,
+                          weights=weights)
+                if speedup == 1 and options.transformers and weights == "float":
+                    for peer in options.peers:
+                        ms = transformers_step(model, ids, options.new_tokens, options.rounds, peer) * 1e3
+                        setattr(row, "transformers_ms" if peer == "eager" else "compiled_ms", ms)
+                peers = "".join(f", transformers {name} {ms:.2f} ms" for name, ms in
+                                (("eager", row.transformers_ms), ("compiled", row.compiled_ms)) if ms is not None)
+                log(f"{row.shapes} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
+                    f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms{peers}")
                 rows.append(row)
         for backend in (eager, graphs):
             backend.close()
@@ -286,21 +328,28 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
              f"{options.rounds} interleaved rounds. Speedups are against the same column's full depth.", "",
              f"| shapes | batch | policy | layers/step | floor ms | eager ms | {graph_name} ms | "
              f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical | "
-             f"kernels, last step | transformers ms | graphs vs transformers |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    full = {(r.arch, r.batch): r for r in rows if r.speedup == 1}
+             f"kernels, last step | transformers ms | graphs vs transformers | transformers compiled ms | "
+             f"graphs vs compiled | graphs / float graphs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    full = {(r.arch, r.batch, r.weights): r for r in rows if r.speedup == 1}
+    floats = {(r.arch, r.batch, r.speedup): r for r in rows if r.weights == "float"}
     for r in rows:
-        base = full.get((r.arch, r.batch))
+        base = full.get((r.arch, r.batch, r.weights))
+        peer_base = full.get((r.arch, r.batch, "float"))  # transformers runs the float weights
         realised = f"{base.graph_ms / r.graph_ms:.2f}x" if base else "-"
         share = f"{base.graph_ms / r.graph_ms / r.theoretical:.0%}" if base else "-"
         policy = "full" if r.speedup == 1 else f"{r.speedup:g}x"
-        peer = base.transformers_ms if base else None  # a policy row against transformers' full depth
-        peer_ms = "-" if r.transformers_ms is None else f"{r.transformers_ms:.3f}"
-        peer_ratio = "-" if peer is None else f"{peer / r.graph_ms:.2f}x"
-        lines.append(f"| {r.arch} | {r.batch} | {policy} | {r.layers:.1f} | {r.floor_ms:.3f} | "
+        ms = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        # a policy row (and a quantized one) against transformers' full depth on the float weights
+        ratio = lambda peer: "-" if peer is None else f"{peer / r.graph_ms:.2f}x"  # noqa: E731
+        same = floats.get((r.arch, r.batch, r.speedup))
+        to_float = "-" if r.weights == "float" or same is None else f"{r.graph_ms / same.graph_ms:.2f}x"
+        lines.append(f"| {r.shapes} | {r.batch} | {policy} | {r.layers:.1f} | {r.floor_ms:.3f} | "
                      f"{r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.graph_ms / r.floor_ms:.2f}x | "
                      f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} | "
-                     f"{'-' if r.kernels is None else r.kernels} | {peer_ms} | {peer_ratio} |")
+                     f"{'-' if r.kernels is None else r.kernels} | {ms(r.transformers_ms)} | "
+                     f"{ratio(peer_base and peer_base.transformers_ms)} | {ms(r.compiled_ms)} | "
+                     f"{ratio(peer_base and peer_base.compiled_ms)} | {to_float} |")
     return "\n".join(lines) + "\n"
 
 
@@ -321,6 +370,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_mib,
                    help=f"bandwidth buffer in MiB (default {d.bandwidth_mib})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
+    p.add_argument("--weights", nargs="+", choices=list(WEIGHTS), default=d.weights,
+                   help="the products' weights, each its rows: float, int8, int4 (weight-only blocks of "
+                        f"{BLOCK}, as an export's; default float)")
+    p.add_argument("--peer", nargs="+", choices=PEERS, default=d.peers,
+                   help="transformers' generate at full depth: eager (its dynamic cache) and/or compiled "
+                        "(its static cache, compiled on CUDA) (default eager)")
     p.add_argument("--no-transformers", action="store_true",
                    help="skip timing transformers' generate at full depth (the table's last columns)")
     p.add_argument("--out", help="also write the table to this Markdown file")
@@ -332,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in args.speedups:
         args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
     options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
-                      args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed, not args.no_transformers)
+                      args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed, not args.no_transformers,
+                      args.weights, args.peer)
     return cli.run(lambda: _measure_and_print(args, argv, options))
 
 
