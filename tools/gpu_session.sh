@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One GPU loan's checks (issue 54), prepared so that a single call measures everything docs/benchmarks-gpu.md
+# needs: the CUDA tests, then the step against transformers' eager and compiled generate, int4 against
+# float16 at Llama-3.2-3B shapes, lossless decoding on the demo model. Each part runs under its own
+# timeout (seconds), its log in $OUT (the device tool's folder that comes back; default .work/gpu-session);
+# a part that fails or times out does not stop the next. Prints each part's tail and the tables.
+#
+#   bash tools/gpu_session.sh               # on the GPU: at most 9 min 45 s (the parts' timeouts)
+#   SMOKE=1 bash tools/gpu_session.sh       # the same parts at tiny sizes on the CPU (its test)
+set -u
+out=${OUT:-.work/gpu-session}
+mkdir -p "$out"
+if [ "${SMOKE:-0}" = 1 ]; then
+    device=cpu; archs=tiny-random; big=tiny-random; batches="1"; rounds=1; tokens=4
+    tests="tests/runtime/test_torch_quantized.py -k quantize_makes"; lossless="--device cpu --count 2"
+else
+    device=cuda; archs="smollm2-360m llama-3.2-1b"; big=llama-3.2-3b; batches="1 8"; rounds=2; tokens=32
+    tests="tests/runtime/test_cuda_graphs.py tests/runtime/test_torch_backend.py tests/runtime/test_torch_quantized.py"
+    lossless="--device cuda"
+fi
+bench="python -m tools.bench.gpu --device $device --max-new-tokens $tokens --rounds $rounds"
+[ "$device" = cpu ] && bench="$bench --prompt 4 --bandwidth-mib 16 --dtype float32"
+
+part() {  # part NAME LIMIT COMMAND...: run it, keep its log, say how it ended
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (timeout ${limit}s): $*"
+    local began=$SECONDS
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    echo "   exit $rc after $((SECONDS - began)) s$([ $rc = 124 ] && echo ': timed out')"
+    tail -n 25 "$out/$name.log"
+}
+
+date -u +"%Y-%m-%dT%H:%M:%SZ $(git rev-parse --short HEAD 2>/dev/null)" | tee "$out/when.txt"
+python -c "import torch, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$out/when.txt"
+# (the longest parts last; all of them together within the device tool's 600 s a call)
+part tests 120 python -m pytest -q -rs $tests
+# weight-only int4 (and int8) against float16, batch 1, the shapes a Jetson's memory-bound regime meets
+part int4 90 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
+# lossless decoding on the demo model, torch backend, batch 1 and 8
+part demo 30 python -m export build --out "$out/demo" -q
+part lossless 90 python -m tools.bench.lossless "$out/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
+    --rounds 2 --out "$out/lossless.md"
+# the step at full depth and under SkipDecode, beside transformers' generate, eager and compiled; a shape a part
+for arch in $archs; do
+    part "step-$arch" 125 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
+        --out "$out/step-$arch.md"
+done
+for table in "$out"/*.md; do
+    echo "== $(basename "$table")"
+    cat "$table"
+done
+exit 0
