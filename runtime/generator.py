@@ -517,7 +517,7 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
     streamer: called with a TokenEvent after every step.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
-    threads, spin, huge_pages, fused, int4_kernel, deterministic, device, cuda_graphs, engine_dir) apply
+    threads, spin, huge_pages, fused, int4_kernel, deterministic, device, cuda_graphs, compile_steps, engine_dir) apply
     when ``model`` is a directory.
     """
     # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's

@@ -5,8 +5,9 @@
 # timeout (seconds), its log in $OUT (the device tool's folder that comes back; default .work/gpu-session);
 # a part that fails or times out does not stop the next. Prints each part's tail and the tables.
 #
-#   bash tools/gpu_session.sh               # on the GPU: at most 9 min 45 s (the parts' timeouts)
+#   bash tools/gpu_session.sh               # on the GPU: at most 9 min 55 s (the parts' timeouts)
 #   SMOKE=1 bash tools/gpu_session.sh       # the same parts at tiny sizes on the CPU (its test)
+#   PARTS="step compile" bash tools/gpu_session.sh   # some parts only (tests int4 demo lossless step compile)
 set -u
 out=${OUT:-.work/gpu-session}
 mkdir -p "$out"
@@ -21,9 +22,10 @@ fi
 bench="python -m tools.bench.gpu --device $device --max-new-tokens $tokens --rounds $rounds"
 [ "$device" = cpu ] && bench="$bench --prompt 4 --bandwidth-mib 16 --dtype float32"
 
-part() {  # part NAME LIMIT COMMAND...: run it, keep its log, say how it ended
+part() {  # part NAME LIMIT COMMAND...: run it (unless PARTS names others), keep its log, say how it ended
     local name=$1 limit=$2
     shift 2
+    case " ${PARTS:-$name} " in *" ${name%%-*} "*|*" $name "*) ;; *) return ;; esac
     echo "== $name (timeout ${limit}s): $*"
     local began=$SECONDS
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
@@ -35,18 +37,21 @@ part() {  # part NAME LIMIT COMMAND...: run it, keep its log, say how it ended
 date -u +"%Y-%m-%dT%H:%M:%SZ $(git rev-parse --short HEAD 2>/dev/null)" | tee "$out/when.txt"
 python -c "import torch, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$out/when.txt"
 # (the longest parts last; all of them together within the device tool's 600 s a call)
-part tests 120 python -m pytest -q -rs $tests
+part tests 100 python -m pytest -q -rs $tests
 # weight-only int4 (and int8) against float16, batch 1, the shapes a Jetson's memory-bound regime meets
-part int4 90 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
+part int4 80 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
 # lossless decoding on the demo model, torch backend, batch 1 and 8
-part demo 30 python -m export build --out "$out/demo" -q
-part lossless 90 python -m tools.bench.lossless "$out/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
+part demo 25 python -m export build --out "$out/demo" -q
+part lossless 80 python -m tools.bench.lossless "$out/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
     --rounds 2 --out "$out/lossless.md"
 # the step at full depth and under SkipDecode, beside transformers' generate, eager and compiled; a shape a part
 for arch in $archs; do
-    part "step-$arch" 125 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
+    part "step-$arch" 110 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
         --out "$out/step-$arch.md"
 done
+# the graph steps with each layer compiled by torch.compile beside them (the first shape only: compiles)
+part compile 90 $bench --arch ${archs%% *} --batch $batches --speedups 1 2 --no-transformers --compile-steps \
+    --out "$out/compile.md"
 for table in "$out"/*.md; do
     echo "== $(basename "$table")"
     cat "$table"

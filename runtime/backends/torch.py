@@ -188,26 +188,33 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, directory, manifest: Manifest, device: str | torch.device = "cpu",
-                 cuda_graphs: bool | None = None, threads: int | None = None):
+                 cuda_graphs: bool | None = None, threads: int | None = None, compile_steps: bool = False):
         if threads:
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
         device = _resolve_device(device)
-        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs)
+        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs, compile_steps)
 
     @classmethod
-    def from_model(cls, hf_model, cuda_graphs: bool | None = None) -> "TorchBackend":
+    def from_model(cls, hf_model, cuda_graphs: bool | None = None, compile_steps: bool = False) -> "TorchBackend":
         """A backend over an OPTForCausalLM already in memory, on its device and in its dtype: what
         ``python -m tools.bench.gpu`` times, random weights at real shapes with no export."""
         backend = cls.__new__(cls)
         backend.manifest = None
-        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs)
+        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs, compile_steps)
         return backend
 
-    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None) -> None:
+    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None, compile_steps: bool) -> None:
         from ..models import head_dim, kv_heads, skip_model
 
         self.device = device
+        # compile_steps: each layer of a static step (a decode step or a verify pass, what a CUDA graph
+        # captures) compiled by torch.compile (inductor: norms, RoPE and the elementwise work fused
+        # into fewer kernels). One function for every layer, its weights inputs rather than constants,
+        # so one compile serves all layers and sets; shapes (batch and width buckets) recompile, then
+        # go dynamic (torch.compile's default).
+        self.layer_step, self.layer_pass = (torch.compile(f) for f in (layer_step, layer_pass)) if compile_steps \
+            else (layer_step, layer_pass)
         self.hf_model = hf_model
         self.model = skip_model(hf_model)  # embed and head; also the reference to compare with
         self.dtype = self.model.dtype
@@ -317,6 +324,19 @@ class TorchBackend(Backend):
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
+def layer_step(layer, hidden, shared, key, value, keep):
+    """One layer of a static decode step: it writes its K/V for the rows that run it (``keep`` (B, 1,
+    1, 1)); the others keep their hidden state. (A function of the layer, not a method of it, so that
+    torch.compile makes one graph for every layer.)"""
+    out = layer.step(hidden, shared, key, value, keep)  # (B, 1, D)
+    return torch.where(keep[..., 0], out, hidden)
+
+
+def layer_pass(layer, hidden, shared, key, value, write):
+    """One layer of a static verify pass: every row runs it, writing its K/V where ``write``."""
+    return layer.step(hidden, shared, key, value, write)  # (B, T, D)
+
+
 class _StaticInputs:
     """A static call's int64 inputs: one device buffer of ``sizes`` parts, staged on the host and
     copied in one transfer per call (what a CUDA graph reads at fixed addresses)."""
@@ -380,8 +400,7 @@ class StaticStep(_StaticInputs):
             keep = self.updates[k].bool()[:, None, None, None]  # (B, 1, 1, 1): rows that skip write back what was there
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
-            out = backend.layers[index].step(hidden, shared, key, value, keep)  # writes its K/V
-            hidden = torch.where(keep[..., 0], out, hidden)  # (B, 1, D)
+            hidden = backend.layer_step(backend.layers[index], hidden, shared, key, value, keep)  # (B, 1, D)
         self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
 
 
@@ -431,7 +450,7 @@ class StaticVerify(_StaticInputs):
         for index in self.key.layers:
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
-            hidden = backend.layers[index].step(hidden, shared, key, value, write)  # writes its K/V
+            hidden = backend.layer_pass(backend.layers[index], hidden, shared, key, value, write)  # writes its K/V
         self.logits.copy_(backend.model.head(hidden))  # (B, T, V), widened to fp32
 
 

@@ -231,3 +231,32 @@ def test_cuda_graphs_equal_eager_cuda(artifact_dir, options):
     finally:
         graphs.close()
         eager.close()
+
+
+def test_compiled_steps_equal_the_static_steps_with_one_graph_for_every_layer(tmp_path):
+    """compile_steps=True: each layer of a static step (and of a lossless verify pass) through
+    torch.compile (inductor, here its CPU code), the same tokens and logits as the static step; one
+    compiled graph serves every layer and layer set (the weights are its inputs, not constants)."""
+    from torch._dynamo.utils import counters
+
+    from export.build import BuildOptions, build
+    from tests.families import save_tiny_checkpoint
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "qwen3")  # RoPE, q/k norms, grouped KV heads
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "art"), progress=False), log=lambda *_: None)
+    plain = load(tmp_path / "art", EagerCapture(), max_batch=4)
+    compiled = load(tmp_path / "art", EagerCapture(), max_batch=4, compile_steps=True)
+    counters.clear()
+    try:
+        for options in (dict(speedup=2), dict(speedup=2, lossless=True)):
+            want, got = [], []
+            a = plain.generate(PROMPTS, NEW, ignore_eos=True, streamer=want.append, **options)
+            b = compiled.generate(PROMPTS, NEW, ignore_eos=True, streamer=got.append, **options)
+            assert a.token_ids == b.token_ids, options
+            for x, y in zip(want, got):
+                np.testing.assert_allclose(x.logits, y.logits, atol=1e-4, rtol=0)
+    finally:
+        plain.close()
+        compiled.close()
+    # a decode step's layer and a verify pass's: each compiled once or twice (a new shape, then dynamic)
+    assert 2 <= counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])

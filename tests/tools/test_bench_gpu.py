@@ -54,9 +54,19 @@ def test_quantized_rows_beside_the_float_ones_and_the_compiled_peer(capsys):
     assert float(float_full[15]) > 0 and float_full[16].strip().endswith("x")  # the compiled peer, float rows
     assert q_full[15].strip() == "-" and q_full[16].strip().endswith("x")  # measured on the float weights
     assert [r[17].strip() for r in (float_full, float_2x)] == ["-", "-"]
+    assert {(r[18].strip(), r[19].strip()) for r in rows} == {("-", "-")}  # no --compile-steps
     for q, f in ((q_full, float_full), (q_2x, float_2x)):
         assert float(q[17].strip()[:-1]) == pytest.approx(float(q[6]) / float(f[6]), rel=0.01, abs=0.01)
         assert float(q[4]) < float(f[4])  # the floor: 4-bit products read fewer bytes
+
+
+def test_compile_steps_times_the_graph_steps_again_compiled(capsys):
+    assert gpu.main(TINY + ["--batch", "1", "--speedups", "2", "--no-transformers", "--compile-steps"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 2
+    for r in rows:
+        assert float(r[18]) > 0
+        assert float(r[19].strip()[:-1]) == pytest.approx(float(r[6]) / float(r[18]), rel=0.01, abs=0.01)
 
 
 def test_quantize_model_makes_every_product_blocks_and_step_bytes_counts_them():

@@ -16,8 +16,16 @@ def test_every_part_runs_and_the_tables_come_back(tmp_path):
     ends = re.findall(r"^== (tests|int4|demo|lossless) \(timeout \d+s\).*\n   exit (\d+)", done.stdout, re.M)
     assert ends == [(name, "0") for name in ("tests", "int4", "demo", "lossless")], done.stdout[-4000:]
     assert re.search(r"^== step-tiny-random \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
-    for table in ("step-tiny-random", "int4", "lossless"):
+    assert re.search(r"^== compile \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
+    for table in ("step-tiny-random", "int4", "lossless", "compile"):
         assert (tmp_path / f"{table}.md").is_file() and f"== {table}.md" in done.stdout
     int4 = (tmp_path / "int4.md").read_text()
     assert "| tiny-random int4 | 1 | full |" in int4 and "| tiny-random int8 | 1 | 2x |" in int4
     assert "| 1 | lossless 5x |" in (tmp_path / "lossless.md").read_text()
+
+
+def test_parts_runs_only_the_parts_it_names(tmp_path):
+    done = subprocess.run(["bash", "tools/gpu_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SMOKE": "1", "OUT": str(tmp_path), "PARTS": "int4 step"})
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"^== ([\w-]+) \(timeout", done.stdout, re.M) == ["int4", "step-tiny-random"]

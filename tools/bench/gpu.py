@@ -21,7 +21,9 @@ a row's last column is its step against the float row of the same shapes, batch 
 Beside them, on the same weights and prompt: transformers' own ``generate`` (eager, its dynamic
 cache: what a PyTorch user runs first) per decoded token at full depth, with ``--peer compiled`` also
 its static cache, which ``generate`` compiles itself on CUDA (torch.compile, CUDA graphs: what a
-user picks for speed; eager on the CPU, where transformers does not compile), and, on CUDA, the kernels
+user picks for speed; eager on the CPU, where transformers does not compile); ``--compile-steps``
+times the graph steps again with each layer compiled (inductor's fused kernels under the same CUDA
+graphs); and, on CUDA, the kernels
 the graph column's last timed step launched (the profiler's count; that step runs the policy's
 fewest layers), which is what sets a step's time at these sizes, far more than the bytes.
 
@@ -68,6 +70,7 @@ class Options:
     transformers: bool = True  # time transformers' generate at full depth too (the usual PyTorch way)
     weights: list[str] = field(default_factory=lambda: ["float"])  # float, int8, int4 (WEIGHTS)
     peers: list[str] = field(default_factory=lambda: ["eager"])  # which transformers generate (PEERS)
+    compile_steps: bool = False  # also time the graph steps with each layer compiled (TorchBackend's compile_steps)
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Row:
     kernels: int | None = None  # kernels one graph step launches (CUDA only: the profiler's count)
     transformers_ms: float | None = None  # transformers' generate per token, full-depth rows only
     compiled_ms: float | None = None  # the same with its static cache, compiled (--peer compiled)
+    compiled_steps_ms: float | None = None  # the graph steps, each layer compiled (--compile-steps)
     weights: str = "float"
 
     @property
@@ -259,21 +263,23 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
         if WEIGHTS[weights] is not None:
             quantize_model(model, WEIGHTS[weights])
         L = model.config.num_hidden_layers
-        eager = TorchBackend.from_model(model, cuda_graphs=False)
-        graphs = TorchBackend.from_model(model, cuda_graphs=None if device.type == "cuda" else False)
-        if device.type != "cuda":
-            graphs.use_graphs(EagerCapture())  # the same static step, run eagerly
+        backends = {"eager": TorchBackend.from_model(model, cuda_graphs=False)}
+        for name in ("graph", "compiled") if options.compile_steps else ("graph",):
+            backends[name] = TorchBackend.from_model(model, cuda_graphs=None if device.type == "cuda" else False,
+                                                     compile_steps=name == "compiled")
+            if device.type != "cuda":
+                backends[name].use_graphs(EagerCapture())  # the same static step, run eagerly
+        graphs = backends["graph"]
         for batch in options.batches:
             capacity = options.prompt + options.new_tokens + 1
-            caches = {name: KVCache(backend.kv_storage(), batch, capacity, PAGE)
-                      for name, backend in (("eager", eager), ("graph", graphs))}
+            caches = {name: KVCache(backend.kv_storage(), batch, capacity, PAGE) for name, backend in backends.items()}
             ids = rng.integers(4, model.config.vocab_size, (batch, options.prompt)).astype(np.int64)
             for speedup in options.speedups:
                 policy = (SkipPolicy.full_depth(L, options.new_tokens) if speedup == 1 else
                           SkipPolicy.for_speedup(L, speedup, horizon=options.new_tokens))
-                times = {"eager": [], "graph": []}
+                times = {name: [] for name in backends}
                 for r in range(options.rounds + 1):  # round 0 warms up (and captures the graphs)
-                    order = [("eager", eager), ("graph", graphs)][:: 1 if r % 2 else -1]
+                    order = list(backends.items())[:: 1 if r % 2 else -1]
                     for name, backend in order:
                         seconds, counts = run_steps(backend, caches[name], ids, policy, options.new_tokens)
                         if r:
@@ -287,6 +293,8 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                 row = Row(arch, batch, speedup, L / layers, layers, floor * 1e3,
                           statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3, kernels,
                           weights=weights)
+                if options.compile_steps:
+                    row.compiled_steps_ms = statistics.median(times["compiled"]) * 1e3
                 if speedup == 1 and options.transformers and weights == "float":
                     for peer in options.peers:
                         ms = transformers_step(model, ids, options.new_tokens, options.rounds, peer) * 1e3
@@ -296,7 +304,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                 log(f"{row.shapes} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
                     f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms{peers}")
                 rows.append(row)
-        for backend in (eager, graphs):
+        for backend in backends.values():
             backend.close()
         del model
         if device.type == "cuda":
@@ -329,8 +337,8 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
              f"| shapes | batch | policy | layers/step | floor ms | eager ms | {graph_name} ms | "
              f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical | "
              f"kernels, last step | transformers ms | graphs vs transformers | transformers compiled ms | "
-             f"graphs vs compiled | graphs / float graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"graphs vs compiled | graphs / float graphs | compiled steps ms | compiled steps vs graphs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r.arch, r.batch, r.weights): r for r in rows if r.speedup == 1}
     floats = {(r.arch, r.batch, r.speedup): r for r in rows if r.weights == "float"}
     for r in rows:
@@ -349,7 +357,8 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
                      f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} | "
                      f"{'-' if r.kernels is None else r.kernels} | {ms(r.transformers_ms)} | "
                      f"{ratio(peer_base and peer_base.transformers_ms)} | {ms(r.compiled_ms)} | "
-                     f"{ratio(peer_base and peer_base.compiled_ms)} | {to_float} |")
+                     f"{ratio(peer_base and peer_base.compiled_ms)} | {to_float} | {ms(r.compiled_steps_ms)} | "
+                     f"{'-' if r.compiled_steps_ms is None else f'{r.graph_ms / r.compiled_steps_ms:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -376,6 +385,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", nargs="+", choices=PEERS, default=d.peers,
                    help="transformers' generate at full depth: eager (its dynamic cache) and/or compiled "
                         "(its static cache, compiled on CUDA) (default eager)")
+    p.add_argument("--compile-steps", action="store_true",
+                   help="also time the graph steps with each layer compiled by torch.compile (the torch "
+                        "backend's compile_steps; the table's last columns)")
     p.add_argument("--no-transformers", action="store_true",
                    help="skip timing transformers' generate at full depth (the table's last columns)")
     p.add_argument("--out", help="also write the table to this Markdown file")
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         args.speedups = [1.0, *args.speedups]  # the realised speedups need full depth beside them
     options = Options(args.device, args.arch, args.batch, args.speedups, args.dtype, args.prompt,
                       args.max_new_tokens, args.rounds, args.bandwidth_mib, args.seed, not args.no_transformers,
-                      args.weights, args.peer)
+                      args.weights, args.peer, args.compile_steps)
     return cli.run(lambda: _measure_and_print(args, argv, options))
 
 
