@@ -82,7 +82,7 @@ def read_products(proto) -> dict[str, Blocks]:
     """Every ``MatMulNBits`` product of the graph ``proto`` (weights inside), keyed by the float
     weight it replaced, a fused product's parts apart: ``self_attn.q_proj.weight`` (the module's
     (out, in) weight, not the ``.T`` the graph multiplied by). Raises ArtifactError on a form the
-    torch backend does not read (the QDQ form, a GGUF's carried runs or minimums)."""
+    torch backend does not read (the QDQ form, a GGUF product carried as runs of several types)."""
     from onnx import numpy_helper
 
     graph = proto.graph
