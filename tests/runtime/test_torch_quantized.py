@@ -89,6 +89,26 @@ def test_tokens_and_logits_equal_onnxruntime_at_float_activations(quantized_dir,
         ort.close()
 
 
+NO_CUDA = "no CUDA device visible to PyTorch on this machine; the Triton kernel runs on a GPU (or its interpreter)"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
+def test_the_triton_kernel_on_cuda_equals_the_cpu_path(quantized_dir, cuda_graphs):
+    """On a GPU: the kernel itself (float32 artifact, so IEEE products), eager and in CUDA graphs."""
+    cpu = runtime.load(quantized_dir, backend="torch")
+    gpu = runtime.load(quantized_dir, backend="torch", device="cuda", cuda_graphs=cuda_graphs)
+    try:
+        for speedup in (1, 2):
+            (want, want_events), (got, got_events) = _steps(cpu, speedup=speedup), _steps(gpu, speedup=speedup)
+            assert got == want, f"speedup {speedup}"
+            for step, (a, b) in enumerate(zip(got_events, want_events)):
+                np.testing.assert_allclose(a.logits, b.logits, atol=1e-3, rtol=0, err_msg=f"step {step}")
+    finally:
+        cpu.close()
+        gpu.close()
+
+
 def test_every_product_is_held_in_its_blocks(quantized_dir):
     gen = runtime.load(quantized_dir, backend="torch")
     try:
