@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One GPU loan's checks (issue 54), prepared so that a single call measures everything docs/benchmarks-gpu.md
-# needs: the CUDA tests, then the step against transformers' eager and compiled generate, int4 against
-# float16 at Llama-3.2-3B shapes, lossless decoding on the demo model. Each part runs under its own
+# needs: the CUDA tests, int4 against float16 at Llama-3.2-3B shapes, the GPU's int4 kernel's top-1
+# agreement with the CPU's on real weights, lossless decoding on the demo model, the step against
+# transformers' eager and compiled generate, and the step with each layer compiled. Each part runs under its own
 # timeout (seconds), its log in $OUT (the device tool's folder that comes back; default .work/gpu-session);
 # a part that fails or times out does not stop the next. Prints each part's tail and the tables.
 #
 #   bash tools/gpu_session.sh               # on the GPU: at most 9 min 55 s (the parts' timeouts)
 #   SMOKE=1 bash tools/gpu_session.sh       # the same parts at tiny sizes on the CPU (its test)
-#   PARTS="step compile" bash tools/gpu_session.sh   # some parts only (tests int4 demo lossless step compile)
+#   PARTS="step compile" bash tools/gpu_session.sh   # some parts only (tests int4 agree demo lossless step compile)
 set -u
 out=${OUT:-.work/gpu-session}
 mkdir -p "$out"
@@ -37,20 +38,24 @@ part() {  # part NAME LIMIT COMMAND...: run it (unless PARTS names others), keep
 date -u +"%Y-%m-%dT%H:%M:%SZ $(git rev-parse --short HEAD 2>/dev/null)" | tee "$out/when.txt"
 python -c "import torch, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$out/when.txt"
 # (the longest parts last; all of them together within the device tool's 600 s a call)
-part tests 100 python -m pytest -q -rs $tests
+part tests 90 python -m pytest -q -rs $tests
 # weight-only int4 (and int8) against float16, batch 1, the shapes a Jetson's memory-bound regime meets
-part int4 80 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
+part int4 75 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
+# the GPU's int4 kernel against the CPU's on real (the demo model's) weights: top-1 agreement, 100 E2E prompts
+part agree 60 bash -c "python -m export build --out '$out/demo-int4' --weights int4 --dtype float16 -q && \
+    python -m tools.evaluate.agreement --reference '$out/demo-int4' --model $device=$out/demo-int4 --backend torch \
+    --device $device --text data/e2e/devset.csv.gz --column mr --prompts 100 --deterministic --int4-kernel onnxruntime"
 # lossless decoding on the demo model, torch backend, batch 1 and 8
 part demo 25 python -m export build --out "$out/demo" -q
-part lossless 80 python -m tools.bench.lossless "$out/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
+part lossless 75 python -m tools.bench.lossless "$out/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
     --rounds 2 --out "$out/lossless.md"
 # the step at full depth and under SkipDecode, beside transformers' generate, eager and compiled; a shape a part
 for arch in $archs; do
-    part "step-$arch" 110 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
+    part "step-$arch" 95 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
         --out "$out/step-$arch.md"
 done
 # the graph steps with each layer compiled by torch.compile beside them (the first shape only: compiles)
-part compile 90 $bench --arch ${archs%% *} --batch $batches --speedups 1 2 --no-transformers --compile-steps \
+part compile 80 $bench --arch ${archs%% *} --batch $batches --speedups 1 2 --no-transformers --compile-steps \
     --out "$out/compile.md"
 for table in "$out"/*.md; do
     echo "== $(basename "$table")"

@@ -47,6 +47,23 @@ def test_the_cli_compares_a_float_export_with_itself_and_an_int4_one(tmp_path, c
     assert name == str(tmp_path / "int4") and 0 < float(kl) and 0 <= float(top1) <= 1
 
 
+def test_the_torch_backend_on_an_int4_artifact_agrees_with_onnx_runtimes(tmp_path, capsys):
+    """--backend torch: the compared artifact on the torch backend (its int4 blocks, the GPU's path on a
+    GPU), the reference on ONNX Runtime at float activations: the same artifact agrees with itself."""
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt", "pre_ln", max_position_embeddings=256)
+    build(BuildOptions(model=str(ckpt), out=str(tmp_path / "int4"), progress=False, weights="int4", block_size=16),
+          log=lambda *_: None)
+    (tmp_path / "text.txt").write_text(TEXT)
+    assert agreement.main(["--reference", str(tmp_path / "int4"), "--model", f"torch={tmp_path / 'int4'}",
+                           "--backend", "torch", "--device", "cpu", "--text", str(tmp_path / "text.txt"),
+                           "--prompts", "10", "--deterministic", "--int4-kernel", "onnxruntime"]) == 0
+    name, top1, kl = (c.strip() for c in capsys.readouterr().out.strip().splitlines()[2].strip("|").split("|"))
+    assert name == "torch" and top1 == "1.000" and float(kl) < 1e-3
+    assert agreement.main(["--reference", str(tmp_path / "int4"), "--model", str(tmp_path / "int4"), "--device",
+                           "cuda", "--text", str(tmp_path / "text.txt")]) == 2
+    assert "--device applies to --backend torch" in capsys.readouterr().err
+
+
 def test_llamacpp_rows_score_the_same_token_ids_through_the_worker(tmp_path, capsys):
     """--llamacpp: the reference's token ids go to llama.cpp's worker (tools/bench/llamacpp_worker.py
     logits, run by --llamacpp-python) and its .npy comes back as a row. A stand-in python answers the

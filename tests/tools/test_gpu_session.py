@@ -13,8 +13,9 @@ def test_every_part_runs_and_the_tables_come_back(tmp_path):
     done = subprocess.run(["bash", "tools/gpu_session.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "SMOKE": "1", "OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    ends = re.findall(r"^== (tests|int4|demo|lossless) \(timeout \d+s\).*\n   exit (\d+)", done.stdout, re.M)
-    assert ends == [(name, "0") for name in ("tests", "int4", "demo", "lossless")], done.stdout[-4000:]
+    ends = re.findall(r"^== (tests|int4|agree|demo|lossless) \(timeout \d+s\).*\n   exit (\d+)", done.stdout, re.M)
+    assert ends == [(name, "0") for name in ("tests", "int4", "agree", "demo", "lossless")], done.stdout[-4000:]
+    assert "| cpu | 1.000 |" in (tmp_path / "agree.log").read_text()  # the torch backend's int4 against ONNX Runtime's
     assert re.search(r"^== step-tiny-random \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
     assert re.search(r"^== compile \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
     for table in ("step-tiny-random", "int4", "lossless", "compile"):

@@ -11,6 +11,13 @@ Example (the int4 export of the real SmolLM2-135M-Instruct against its float32 e
   python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct \\
       --model int4=artifacts/smollm2-int4 --text data/prose/essays.txt --prompts 200
 
+``--backend torch --device cuda`` loads the compared artifacts on the torch backend there (the
+reference stays on ONNX Runtime): the GPU's int4 kernel against the CPU's on the same artifact
+(tools/gpu_session.sh):
+
+  python -m tools.evaluate.agreement --reference D --model cuda=D --backend torch --device cuda \
+      --text data/e2e/devset.csv.gz --column mr --prompts 100
+
 ``--llamacpp NAME=FILE.gguf`` (or a GGUF alias: smollm2-135m-instruct) adds llama.cpp as a row: its
 logits on the same token ids (the reference's tokenizer), computed by tools/bench/llamacpp_worker.py
 with the python of a venv that has llama-cpp-python (``--llamacpp-python``; by default
@@ -98,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="ONNX Runtime's intra-op threads")
     p.add_argument("--int4-kernel", choices=("auto", "skipdecode", "onnxruntime"), default="auto",
                    help="the int4 kernel of the compared artifacts (auto: this project's where it runs)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="ONNX Runtime's loads (the reference's too) with every int4/int8 product at float "
+                        "activations (with --int4-kernel onnxruntime: float32, what the torch backend computes)")
+    p.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
+                   help="the compared artifacts' backend (the reference's is ONNX Runtime's)")
+    p.add_argument("--device", help="the torch backend's device (cpu or cuda; default cpu)")
     p.add_argument("--llamacpp", nargs="+", default=[], metavar="[NAME=]FILE.gguf",
                    help="GGUF files whose llama.cpp logits are compared too (llama-cpp-python: --llamacpp-python)")
     p.add_argument("--llamacpp-python", help=f"python of an environment with llama-cpp-python (default: "
@@ -118,8 +131,13 @@ def _run(args) -> int:
         raise AgreementError(f"--prompts {args.prompts}: give a positive number of windows")
     if not args.model and not args.llamacpp:
         raise AgreementError("nothing to compare: give --model DIR (an artifact) or --llamacpp FILE.gguf")
+    if args.device and args.backend != "torch":
+        raise AgreementError("--device applies to --backend torch (ONNX Runtime runs on this CPU here)")
     prompts = prompts_of(read_text(args.text, args.column), args.prompts, args.seed)
     options = {"threads": args.threads} if args.threads else {}
+    ort = dict(int4_kernel=args.int4_kernel, deterministic=args.deterministic)
+    compared = (dict(backend="torch", **({"device": args.device} if args.device else {})) if args.backend == "torch"
+                else ort)
 
     def logits_of(directory: str, **extra):  # (its logits (P, V), its tokenizer)
         gen = runtime.load(directory, **options, **extra)
@@ -128,10 +146,10 @@ def _run(args) -> int:
         finally:
             gen.close()
 
-    reference, tokenizer = logits_of(args.reference)
+    reference, tokenizer = logits_of(args.reference, **ort)
     ids = [[int(i) for i in tokenizer(p)["input_ids"]] for p in prompts]  # what llama.cpp is given
     python = llamacpp_python(args.llamacpp_python) if args.llamacpp else None
-    found = [(spec, logits_of(spec.rpartition("=")[2], int4_kernel=args.int4_kernel)[0]) for spec in args.model]
+    found = [(spec, logits_of(spec.rpartition("=")[2], **compared)[0]) for spec in args.model]
     found += [(spec, llamacpp_logits(python, gguf_file(spec.rpartition("=")[2]), ids, args.threads or 2))
               for spec in args.llamacpp]
     rows = []
