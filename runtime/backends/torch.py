@@ -109,9 +109,10 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
             key = family.hf_key(spec.name, name)
             if name in products:
                 blocks[key] = products[name]
-                array = products[name].packed[:, :1]  # (N, ...): only its shape is checked, below
                 shape = (products[name].out_features, products[name].in_features)
-            elif name not in found:
+            elif name in found:
+                shape = tuple(found[name].shape)
+            else:
                 raise ArtifactError(
                     f"{directory / spec.file} has no weight {name!r} ({key}), which the model in "
                     f"{HF_CONFIG_DIR}/config.json needs: " + (
@@ -119,9 +120,6 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
                         f"use the onnxruntime backend, or re-export with --weights float"
                         if manifest.quantized else
                         f"the graph was modified or comes from another export; {REBUILD_HINT}"))
-            else:
-                array = found[name]
-                shape = tuple(array.shape)
             if shape != tuple(expected[key].shape):
                 raise ArtifactError(
                     f"{directory / spec.file}: weight {name!r} has shape {list(shape)}, but "
@@ -129,6 +127,7 @@ def load_hf_model(directory: Path, manifest: Manifest, device: torch.device):
                     f"{REBUILD_HINT}")
             if key in blocks:
                 continue
+            array = found[name]
             if id(array) not in converted:
                 # to_array gives read-only views of the protobuf bytes: copy once, then move.
                 converted[id(array)] = torch.from_numpy(np.array(array)).to(device=device, dtype=dtype)
