@@ -71,6 +71,19 @@ def _steps(gen, **kwargs):
     return result.token_ids, events
 
 
+def assert_same_steps(ours, theirs, atol: float) -> None:
+    """The same tokens at full depth and 2x, and every step's logits within ``atol``; both closed after."""
+    try:
+        for speedup in (1, 2):
+            (got, got_events), (want, want_events) = _steps(ours, speedup=speedup), _steps(theirs, speedup=speedup)
+            assert got == want, f"speedup {speedup}"
+            for step, (a, b) in enumerate(zip(got_events, want_events)):
+                np.testing.assert_allclose(a.logits, b.logits, atol=atol, rtol=0, err_msg=f"step {step}")
+    finally:
+        ours.close()
+        theirs.close()
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["layers", "static-step"])
 def test_tokens_and_logits_equal_onnxruntime_at_float_activations(quantized_dir, static):
     # deterministic: ONNX Runtime's own MatMulNBits at float activations, what the blocks mean exactly
@@ -78,15 +91,7 @@ def test_tokens_and_logits_equal_onnxruntime_at_float_activations(quantized_dir,
     gen = runtime.load(quantized_dir, backend="torch")
     if static:
         gen.engine.backend.use_graphs(EagerCapture())  # the step a CUDA graph captures, run eagerly
-    try:
-        for speedup in (1, 2):
-            (ours, our_events), (theirs, their_events) = _steps(gen, speedup=speedup), _steps(ort, speedup=speedup)
-            assert ours == theirs, f"speedup {speedup}"
-            for step, (a, b) in enumerate(zip(our_events, their_events)):
-                np.testing.assert_allclose(a.logits, b.logits, atol=1e-4, rtol=0, err_msg=f"step {step}")
-    finally:
-        gen.close()
-        ort.close()
+    assert_same_steps(gen, ort, atol=1e-4)
 
 
 NO_CUDA = "no CUDA device visible to PyTorch on this machine; the Triton kernel runs on a GPU (or its interpreter)"
@@ -96,17 +101,8 @@ NO_CUDA = "no CUDA device visible to PyTorch on this machine; the Triton kernel 
 @pytest.mark.parametrize("cuda_graphs", [False, True], ids=["eager", "graphs"])
 def test_the_triton_kernel_on_cuda_equals_the_cpu_path(quantized_dir, cuda_graphs):
     """On a GPU: the kernel itself (float32 artifact, so IEEE products), eager and in CUDA graphs."""
-    cpu = runtime.load(quantized_dir, backend="torch")
     gpu = runtime.load(quantized_dir, backend="torch", device="cuda", cuda_graphs=cuda_graphs)
-    try:
-        for speedup in (1, 2):
-            (want, want_events), (got, got_events) = _steps(cpu, speedup=speedup), _steps(gpu, speedup=speedup)
-            assert got == want, f"speedup {speedup}"
-            for step, (a, b) in enumerate(zip(got_events, want_events)):
-                np.testing.assert_allclose(a.logits, b.logits, atol=1e-3, rtol=0, err_msg=f"step {step}")
-    finally:
-        cpu.close()
-        gpu.close()
+    assert_same_steps(gpu, runtime.load(quantized_dir, backend="torch"), atol=1e-3)
 
 
 def test_every_product_is_held_in_its_blocks(quantized_dir):
