@@ -64,6 +64,12 @@ class GenerationStream:
         raise StopIteration
 
     @property
+    def step_times(self) -> list[float]:
+        """``time.perf_counter()`` when each step's tokens were chosen, so far (the engine's clock;
+        with or without events)."""
+        return list(self._request.step_times)
+
+    @property
     def prompt_lengths(self) -> list[int]:
         """Tokens of each row's prompt (its padding left out)."""
         return [int(n) for n in self._request.attention_mask.sum(axis=1)]
@@ -147,9 +153,15 @@ class Generator:
         return policy_for(self.manifest, GenerationConfig.build(
             config, **{k: v for k, v in given.items() if v is not None}, **fields))
 
-    def stream(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, **kwargs) -> GenerationStream:
-        """Like ``generate``, but yields a TokenEvent per step as tokens are produced."""
+    def stream(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, *, events: bool = True,
+               **kwargs) -> GenerationStream:
+        """Like ``generate``, but yields a TokenEvent per step as tokens are produced. ``events=False``:
+        none (the stream ends with its ``result``; ``step_times`` still says when each step's tokens
+        came): a caller that waits for the whole result is then not woken at every step of the
+        engine's thread, which on a busy engine slowed every step by a third (docs/benchmarks.md,
+        "Rows at different depths")."""
         request = self.request(prompts, max_new_tokens, **kwargs)
+        request.streams = events
         self.engine.submit(request)
         return GenerationStream(self.engine, request)
 
@@ -214,13 +226,8 @@ class Generator:
                  streamer: Callable[[TokenEvent], None] | None = None, **kwargs) -> GenerationResult:
         """Generate for a batch of prompts: ``config=`` a GenerationConfig and/or its fields as
         keyword arguments (``max_new_tokens`` default 32). See ``runtime.generate``."""
-        request = self.request(prompts, max_new_tokens, **kwargs)
-        # with no streamer, no event per step: on a busy engine, every caller woken at every step
-        # slowed the steps by a third (docs/benchmarks.md, "Rows at different depths")
-        request.streams = streamer is not None
-        self.engine.submit(request)
-        with GenerationStream(self.engine, request) as stream:
-            for event in stream:
+        with self.stream(prompts, max_new_tokens, events=streamer is not None, **kwargs) as stream:
+            for event in stream:  # (none without a streamer)
                 streamer(event)
         return stream.result
 

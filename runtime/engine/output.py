@@ -67,6 +67,7 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
         r.stats.first_token_seconds = time.perf_counter() - r.created
     if g > 0:  # a decode step's (or verify pass's) tokens, not the prompt's
         r.stats.decode_tokens += len(members)
+    r.step_times.append(time.perf_counter())
     if r.streams:
         r.events.put(event)
 

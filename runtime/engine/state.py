@@ -82,9 +82,10 @@ class Request:
     copies: DeepCopies | None = None  # rows copying a rare string of their prompt run deeper (not lossless)
     prompts: list[str] | None = None  # each row's prompt text, which deep copies match
     events: queue.Queue = field(default_factory=queue.Queue)  # TokenEvent ..., result | error, DONE
-    # a TokenEvent per step for the caller; False (generate() with no streamer): the result alone, so
-    # that callers waiting on their results are not woken at every step of the engine's thread
+    # a TokenEvent per step for the caller; False (generate() with no streamer, the server's whole
+    # answers): the result alone, so that callers waiting on their results are not woken at every step
     streams: bool = True
+    step_times: list[float] = field(default_factory=list)  # perf_counter() at each step's tokens, either way
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
     stats: GenerationStats | None = None

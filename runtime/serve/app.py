@@ -97,8 +97,11 @@ def _next_event(stream: GenerationStream, timer: RequestTimer):
 
 
 def _drain(stream: GenerationStream, timer: RequestTimer):
+    """A whole answer's result; its stream sends no event per step (``_submit``), so its token times
+    are the engine's."""
     for event in stream:
         timer.event(event)
+    timer.steps(stream.step_times, sum(map(len, stream.result.token_ids)))
     return stream.result
 
 
@@ -233,7 +236,8 @@ class CompletionServer:
     def _submit(self, req: CompletionRequest) -> GenerationStream:
         """Submit to the engine at once; its refusals become the HTTP errors they mean."""
         try:
-            return self.gen.stream(req.rows, config=req.generation_config())
+            # a whole answer's handler waits for the result: no event per step to wake it
+            return self.gen.stream(req.rows, config=req.generation_config(), events=req.stream)
         except QueueFullError as exc:
             engine = self.gen.engine
             raise RequestError(

@@ -77,7 +77,8 @@ def _locked(engine, read):
 
 
 class RequestTimer:
-    """Times one request's tokens as its handler receives them: TTFT from the request's arrival."""
+    """Times one request's tokens as its handler receives them (a stream's events), or as the engine
+    chose them (a whole answer's ``steps``): TTFT from the request's arrival."""
 
     def __init__(self, metrics: Metrics):
         self.metrics, self.start, self.last = metrics, time.perf_counter(), None
@@ -90,6 +91,17 @@ class RequestTimer:
             self.metrics.itl.observe(now - self.last)
         self.last = now
         self.metrics.generation_tokens.inc(sum(t is not None for t in event.token_ids))
+
+    def steps(self, times: list[float], tokens: int) -> None:
+        """A whole answer's steps, at the engine's ``times`` (perf_counter), ``tokens`` in all; nothing
+        when events came (``event`` counted them)."""
+        if self.last is not None or not times:
+            return
+        self.metrics.ttft.observe(times[0] - self.start)
+        for before, after in zip(times, times[1:]):
+            self.metrics.itl.observe(after - before)
+        self.last = times[-1]
+        self.metrics.generation_tokens.inc(tokens)
 
 
 class CountRequests:

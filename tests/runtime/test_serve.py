@@ -424,11 +424,16 @@ def test_lossless_requests_get_full_depths_text_and_their_counts(generator):
     assert samples["skipdecode_lossless_verify_passes_total"] == info["verify_passes"]
 
 
-def test_metrics_count_what_was_served(generator):
+def test_metrics_count_what_was_served(generator, monkeypatch):
+    """And a whole answer's handler is sent no event per step (its token times are the engine's),
+    a stream's one per step."""
     from prometheus_client.parser import text_string_to_metric_families
 
     prompt = PROMPTS[1]
     expected = generator.generate(prompt, 5, speedup=2, ignore_eos=True)
+    submitted, submit = [], generator.engine.submit
+    monkeypatch.setattr(generator.engine, "submit", lambda request, *a, **k: submitted.append(request) or
+                        submit(request, *a, **k))
     with LiveServer(create_app(generator, ServeConfig(close_generator=False))) as live, \
             httpx.Client(base_url=live.url, timeout=TIMEOUT) as c:
         body = dict(prompt=prompt, max_tokens=5, temperature=0, speedup=2, ignore_eos=True)
@@ -451,6 +456,7 @@ def test_metrics_count_what_was_served(generator):
     assert value("skipdecode_generation_tokens_total") == 10
     assert value("skipdecode_time_to_first_token_seconds_count") == 2
     assert value("skipdecode_inter_token_latency_seconds_count") == 8
+    assert [r.streams for r in submitted[:2]] == [False, True] and len(submitted[0].step_times) == 5
     layers = expected.stats.layers_per_step
     assert value("skipdecode_layers_per_token_count", speedup="2") == 2 * len(layers)
     assert value("skipdecode_layers_per_token_sum", speedup="2") == 2 * sum(layers)
