@@ -29,3 +29,18 @@ def test_bench_serve_prints_a_row_per_level(artifact_dir, tmp_path, capsys):
         for cell in cells[7:]:  # p50 / p90 of TTFT, per output token, latency: positive, in order
             p50, p90 = (float(x) for x in cell.split(" / "))
             assert 0 <= p50 <= p90, cell
+
+
+def test_whole_answers_give_latency_and_throughput_but_no_token_times(artifact_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.csv"
+    prompts.write_text("mr\nHello\nParis is\n")
+    assert main([str(artifact_dir), "--clients", "2", "--speedups", "2", "--max-tokens", "3", "--whole",
+                 "--requests-per-client", "1", "--min-requests", "2", "--warmup", "1",
+                 "--prompts", str(prompts), "--ignore-eos"]) == 0
+    out = capsys.readouterr().out
+    (line,) = out[out.index("| replicas | speedup |"):].strip().splitlines()[2:]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:5] == ["1 (no Ray)", "2x", "2", "2", "3.0"] and float(cells[5]) > 0
+    assert cells[7:9] == ["-", "-"]  # a whole answer's first token is not seen
+    p50, p90 = (float(x) for x in cells[9].split(" / "))
+    assert 0 < p50 <= p90

@@ -2,8 +2,8 @@
 
 Starts the server in a subprocess on 127.0.0.1 (``--replicas 0``: one Generator, no Ray; ``N``: N
 replicas on Ray Serve; several values: one server after the other), then for each SkipDecode
-speedup and each number of concurrent clients sends streaming /v1/completions requests (each
-client sends its next one when the previous ends) and prints a Markdown table: throughput
+speedup and each number of concurrent clients sends streaming /v1/completions requests (``--whole``:
+non-streamed ones; each client sends its next one when the previous ends) and prints a Markdown table: throughput
 (completion tokens and requests per second over the level's wall time) and p50/p90 of time to
 first token, time per output token after the first, and whole-request latency. Needs the serve
 extra (httpx; Ray for --replicas).
@@ -32,8 +32,8 @@ from .stats import percentile
 
 @dataclass
 class Sample:
-    ttft: float  # seconds from sending the request to its first text
-    latency: float  # seconds from sending to [DONE]
+    ttft: float | None  # seconds from sending the request to its first text (None: a whole answer)
+    latency: float  # seconds from sending to [DONE] (to the answer)
     tokens: int  # completion tokens (usage)
 
 
@@ -53,6 +53,11 @@ def load_prompts(path: str, column: str) -> list[str]:
 
 async def one_request(client, body: dict) -> Sample:
     start = time.perf_counter()
+    if not body["stream"]:  # a whole answer: its latency and tokens only
+        r = await client.post("/v1/completions", json=body)
+        if r.status_code != 200:
+            raise RequestFailed(f"HTTP {r.status_code}: {r.text[:300]}")
+        return Sample(None, time.perf_counter() - start, r.json()["usage"]["completion_tokens"])
     first, tokens = None, None
     import httpx
 
@@ -117,12 +122,16 @@ def server_label(replicas: int) -> str:
 
 def row(replicas: int, speedup: float, clients: int, samples: list[Sample], wall: float) -> str:
     tokens = sum(s.tokens for s in samples)
-    tpot = [(s.latency - s.ttft) / (s.tokens - 1) for s in samples if s.tokens > 1]
-    ttft, lat = [s.ttft for s in samples], [s.latency for s in samples]
+    lat = [s.latency for s in samples]
+    if any(s.ttft is None for s in samples):  # whole answers: no first token seen
+        ttft = tpot = "-"
+    else:
+        firsts = [s.ttft for s in samples]
+        per = [(s.latency - s.ttft) / (s.tokens - 1) for s in samples if s.tokens > 1]
+        ttft = f"{ms(percentile(firsts, 50))} / {ms(percentile(firsts, 90))}"
+        tpot = f"{percentile(per, 50) * 1e3:.1f} / {percentile(per, 90) * 1e3:.1f}"
     return (f"| {server_label(replicas)} | {speedup:g}x | {clients} | {len(samples)} | {tokens / len(samples):.1f} | "
-            f"{tokens / wall:.0f} | "
-            f"{len(samples) / wall:.1f} | {ms(percentile(ttft, 50))} / {ms(percentile(ttft, 90))} | "
-            f"{percentile(tpot, 50) * 1e3:.1f} / {percentile(tpot, 90) * 1e3:.1f} | "
+            f"{tokens / wall:.0f} | {len(samples) / wall:.1f} | {ttft} | {tpot} | "
             f"{ms(percentile(lat, 50))} / {ms(percentile(lat, 90))} |")
 
 
@@ -265,6 +274,8 @@ def main(argv=None) -> int:
     p.add_argument("--speedups", type=float, nargs="+", default=[1, 2], help="SkipDecode speedups (default 1 2)")
     p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
     p.add_argument("--ignore-eos", action="store_true", help="generate max_tokens every time")
+    p.add_argument("--whole", action="store_true",
+                   help="non-streamed requests (whole answers: latency and throughput, no TTFT or per-token time)")
     p.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch, per replica (default 8)")
     p.add_argument("--threads", type=int, default=1, help="the server's intra-op threads, per replica (default 1)")
     p.add_argument("--replicas", type=int, nargs="+", default=[0],
@@ -305,8 +316,10 @@ def main(argv=None) -> int:
         try:
             wait_healthy(url, proc, timeout=300)
             for speedup in args.speedups:
-                body = {"max_tokens": args.max_tokens, "temperature": 0, "speedup": speedup, "stream": True,
-                        "stream_options": {"include_usage": True}, "ignore_eos": args.ignore_eos}
+                body = {"max_tokens": args.max_tokens, "temperature": 0, "speedup": speedup, "stream": not args.whole,
+                        "ignore_eos": args.ignore_eos}
+                if not args.whole:
+                    body["stream_options"] = {"include_usage": True}
                 asyncio.run(run_level(url, prompts, min(args.warmup, 8) or 1, args.warmup, body))
                 if args.kill_replica_after is not None:
                     result = asyncio.run(fault_run(url, prompts, args.clients[0], args.duration,
