@@ -205,6 +205,7 @@ RULES = [
     ("python -m export build --model qwen3-0.6b --random-weights --weights int4$", "parse",
      LONG + " (exports Qwen3-0.6B's shape, 1 GB)"),
     ("python -m runtime artifacts/smollm2-135m-instruct --chat", "parse", REAL),
+    ("python -m runtime artifacts/smollm2-135m-instruct --backend torch", "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-135m-instruct$",
      "parse", REAL),
     ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-instruct-drafts",
