@@ -181,6 +181,7 @@ RULES = [
      "parse", REAL),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q4km-f32 ", "parse", LLAMACPP_FILES),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-q8-f32 ", "parse", LLAMACPP_FILES),
+    ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct-default ", "parse", REAL),
     ("python -m tools.evaluate.agreement --reference artifacts/smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_agreement.py runs it on tiny float and int4 exports"),
     ("python -m export build --model smollm2-135m-instruct --weights int8 --out artifacts/smollm2-int8$", "parse", REAL),
