@@ -327,6 +327,15 @@ def describe_device(device) -> str:
 # -- the table ---------------------------------------------------------------------------------
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _times(num: float | None, den: float | None) -> str:
+    """num / den as "1.23x", "-" where either is missing."""
+    return "-" if num is None or den is None else f"{num / den:.2f}x"
+
+
 def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
     graph_name = "CUDA graphs" if options.device.startswith("cuda") else "static step (eager stand-in)"
     lines = [f"Hardware: {info['device']}; bandwidth floor from {info['bandwidth'] / 1e9:.1f} GB/s "
@@ -343,22 +352,19 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
     floats = {(r.arch, r.batch, r.speedup): r for r in rows if r.weights == "float"}
     for r in rows:
         base = full.get((r.arch, r.batch, r.weights))
-        peer_base = full.get((r.arch, r.batch, "float"))  # transformers runs the float weights
-        realised = f"{base.graph_ms / r.graph_ms:.2f}x" if base else "-"
+        peer = floats.get((r.arch, r.batch, 1))  # transformers runs the float weights, at full depth
+        same = floats.get((r.arch, r.batch, r.speedup))
         share = f"{base.graph_ms / r.graph_ms / r.theoretical:.0%}" if base else "-"
         policy = "full" if r.speedup == 1 else f"{r.speedup:g}x"
-        ms = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         # a policy row (and a quantized one) against transformers' full depth on the float weights
-        ratio = lambda peer: "-" if peer is None else f"{peer / r.graph_ms:.2f}x"  # noqa: E731
-        same = floats.get((r.arch, r.batch, r.speedup))
-        to_float = "-" if r.weights == "float" or same is None else f"{r.graph_ms / same.graph_ms:.2f}x"
         lines.append(f"| {r.shapes} | {r.batch} | {policy} | {r.layers:.1f} | {r.floor_ms:.3f} | "
                      f"{r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.graph_ms / r.floor_ms:.2f}x | "
-                     f"{r.eager_ms / r.graph_ms:.2f}x | {realised} | {r.theoretical:.2f}x | {share} | "
-                     f"{'-' if r.kernels is None else r.kernels} | {ms(r.transformers_ms)} | "
-                     f"{ratio(peer_base and peer_base.transformers_ms)} | {ms(r.compiled_ms)} | "
-                     f"{ratio(peer_base and peer_base.compiled_ms)} | {to_float} | {ms(r.compiled_steps_ms)} | "
-                     f"{'-' if r.compiled_steps_ms is None else f'{r.graph_ms / r.compiled_steps_ms:.2f}x'} |")
+                     f"{r.eager_ms / r.graph_ms:.2f}x | {_times(base and base.graph_ms, r.graph_ms)} | "
+                     f"{r.theoretical:.2f}x | {share} | {'-' if r.kernels is None else r.kernels} | "
+                     f"{_ms(r.transformers_ms)} | {_times(peer and peer.transformers_ms, r.graph_ms)} | "
+                     f"{_ms(r.compiled_ms)} | {_times(peer and peer.compiled_ms, r.graph_ms)} | "
+                     f"{'-' if r.weights == 'float' else _times(r.graph_ms, same and same.graph_ms)} | "
+                     f"{_ms(r.compiled_steps_ms)} | {_times(r.graph_ms, r.compiled_steps_ms)} |")
     return "\n".join(lines) + "\n"
 
 
