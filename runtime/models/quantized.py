@@ -153,6 +153,15 @@ def _table(inits: dict, name: str) -> Blocks:
                   None if mins is None else numpy_helper.to_array(mins).reshape(V, nb).astype(np.float32))
 
 
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, mins: torch.Tensor | None,
+               block_size: int) -> torch.Tensor:
+    """(..., K) float32 weights from (..., K) codes and their blocks' (..., nb) scales, zero points
+    and minimums (or None): (q - z) * s (+ m), as ONNX Runtime dequantizes them."""
+    per = lambda t: t.float().repeat_interleave(block_size, dim=-1)  # noqa: E731  (..., K) each code's block's
+    w = (codes.float() - per(zeros)) * per(scales)
+    return w if mins is None else w + per(mins)
+
+
 class QuantEmbedding(nn.Module):
     """``nn.Embedding`` over an 8-bit table's ``Blocks``: the rows looked up are dequantized, no others."""
 
@@ -168,9 +177,8 @@ class QuantEmbedding(nn.Module):
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        per = lambda t: t[ids].repeat_interleave(self.block_size, dim=-1)  # noqa: E731  (..., D)
-        w = (self.levels[ids].float() - per(self.zeros).float()) * per(self.scales)
-        return (w if self.mins is None else w + per(self.mins)).to(self.dtype)
+        mins = None if self.mins is None else self.mins[ids]
+        return dequantize(self.levels[ids], self.scales[ids], self.zeros[ids], mins, self.block_size).to(self.dtype)
 
 
 class QuantLinear(nn.Module):
@@ -270,10 +278,8 @@ class QuantLinear(nn.Module):
             codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(stop - start, -1)
         else:
             codes = packed
-        scales = self.scales[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
-        zeros = self.zeros[start:stop].float().repeat_interleave(self.block_size, dim=1)  # (n, K)
-        w = (codes.float() - zeros) * scales
-        return w if self.mins is None else w + self.mins[start:stop].float().repeat_interleave(self.block_size, dim=1)
+        mins = None if self.mins is None else self.mins[start:stop]
+        return dequantize(codes, self.scales[start:stop], self.zeros[start:stop], mins, self.block_size)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
