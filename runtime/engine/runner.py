@@ -33,12 +33,13 @@ class Runner:
         began = time.perf_counter()
         cache.reserve(start, start + k, chunk)  # the width grows with the prompt, a page at a time
         mask = cache.mask(start, start + k, new)  # (k, W + T)
+        layers = p.request.policy.prefill_layers()
         hidden = backend.embed(ids, mask)  # (k, T, D)
-        hidden = backend.run_layers(cache, start, k, hidden, mask, p.request.policy.prefill_layers())
+        hidden = backend.run_layers(cache, start, k, hidden, mask, layers)
         cache.advance(start, start + k, new)
         for s in seqs:
             if s.copy is not None:
-                s.copy.filled[list(p.request.policy.prefill_layers())] = cache.length[s.row]
+                s.copy.filled[list(layers)] = cache.length[s.row]
         p.done += chunk
         logits = None
         if p.done == p.input_ids.shape[1]:
