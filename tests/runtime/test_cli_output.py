@@ -54,7 +54,9 @@ def test_plain_output_is_one_line_per_prompt(artifact_dir, capsys):
     ms = float(time.split("decode ")[1].split(" ms/token")[0])
     per_request = float(time.split("ms/token (")[1].split(" tokens/s per request")[0])
     in_all = float(time.split("the batch of 2: ")[1].split(" tokens/s in all")[0])
-    assert per_request == pytest.approx(1e3 / ms, rel=0.01) and in_all == pytest.approx(2 * per_request, rel=0.05)
+    # ms/token is printed to 0.01 ms: on this tiny model (~0.3 ms) that rounding alone moves 1e3 / ms by ~2%
+    assert 1e3 / (ms + 0.005) - 0.05 <= per_request <= 1e3 / (ms - 0.005) + 0.05
+    assert in_all == pytest.approx(2 * per_request, rel=0.05)
 
 
 def test_stream_takes_one_prompt_and_not_json(artifact_dir, capsys):

@@ -4,6 +4,7 @@
 import os
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +24,11 @@ def test_every_part_runs_and_the_tables_come_back(tmp_path):
     int4 = (tmp_path / "int4.md").read_text()
     assert "| tiny-random int4 | 1 | full |" in int4 and "| tiny-random int8 | 1 | 2x |" in int4
     assert "| 1 | lossless 5x |" in (tmp_path / "lossless.md").read_text()
+    # what comes back from the device machine (at most 8 files): one archive of the logs and tables, no artifact
+    with tarfile.open(tmp_path / "gpu-session.tgz") as archive:
+        names = {Path(name).name for name in archive.getnames()}
+    assert {"when.txt", "agree.log", "int4.md", "lossless.md"} <= names and "manifest.json" not in names
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
 def test_parts_runs_only_the_parts_it_names(tmp_path):
