@@ -85,10 +85,12 @@ def policies(num_layers: int, speedups, settings: Settings) -> dict:
     return dict(zip(speedups, PolicySampler(num_layers, speedups, settings.tokens, settings.warmup_layers).policies()))
 
 
-def measure(model, ids, policies: dict, settings: Settings, progress: bool = True, drafts=None) -> list[Row]:
+def measure(model, ids, policies: dict, settings: Settings, progress: bool = True, drafts=None,
+            bridges: dict | None = None) -> list[Row]:
     """Perplexity of ``ids``' scored tokens under each policy of ``policies`` ({speedup: policy}).
     ``drafts``: the peft-injected model under ``model`` whose adapters (a --skipping-only run's)
-    then act on the skipping tokens alone, as an artifact built with --draft-adapter drafts."""
+    then act on the skipping tokens alone, as an artifact built with --draft-adapter drafts.
+    ``bridges``: tools.finetune.bridge's maps, applied where a token jumps over skipped layers."""
     import torch
     import torch.nn.functional as F
     from tqdm.auto import tqdm
@@ -108,7 +110,7 @@ def measure(model, ids, policies: dict, settings: Settings, progress: bool = Tru
             mask = layer_mask([policy] * B, torch.full((B,), p), T)  # (B, T, L)
             gate = None if drafts is None else skipping_gate([policy] * B, torch.full((B,), p), T)
             with torch.no_grad(), lora.gated(drafts, gate):
-                logits = skip_forward(model, batch, torch.ones_like(batch), mask)  # (B, T, V)
+                logits = skip_forward(model, batch, torch.ones_like(batch), mask, bridges)  # (B, T, V)
             # position t's logits predict token t+1: the prompt's last predicts the first scored token
             scored = logits[:, p - 1:T - 1].float()  # (B, tokens, V)
             nll += float(F.cross_entropy(scored.flatten(0, 1), batch[:, p:].flatten(), reduction="sum"))
@@ -148,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="a LoRA adapter over --model trained with tools.finetune --skipping-only: the skipping "
                         "tokens run through it and the prompt and full depth through --model alone, as the "
                         "drafts of an artifact built with export build --draft-adapter")
+    p.add_argument("--bridges", metavar="FILE",
+                   help="linear bridges over the skipped layers, fitted on another text by "
+                        "`python -m tools.finetune.bridge`: the tokens that jump over layers go through them")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -173,10 +178,16 @@ def _run(args) -> int:
     drafts = with_drafts(hf_model, args.draft_adapter) if args.draft_adapter else None
     model = skip_model(hf_model).eval()
     ids = windows(tokenizer, text, settings)
-    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress, drafts)
+    bridges = None
+    if args.bridges:
+        from tools.finetune import bridge
+
+        bridges = bridge.load(args.bridges, model)
+    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress, drafts,
+                   bridges)
     print(f"{args.model}{f' with drafts {args.draft_adapter}' if drafts else ''}: {ids.shape[0]} windows of "
           f"{settings.prompt_tokens} prompt + {settings.tokens} scored tokens from {args.text}"
-          + (f" ({args.column})" if args.column else ""))
+          + (f" ({args.column})" if args.column else "") + (f", bridges {args.bridges}" if bridges else ""))
     print(table(rows))
     return 0
 

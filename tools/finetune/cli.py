@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --lora-rank: the adapters act only on the tokens that skip layers; the prompt's pass "
                         "and full depth stay the starting model exactly (for export build --draft-adapter: "
                         "the adapted layers become a lossless row's drafts)")
+    p.add_argument("--bridges", metavar="FILE",
+                   help="linear bridges over the skipped layers (`python -m tools.finetune.bridge`), fixed: the "
+                        "tokens that jump over layers go through them in training, as they must where the result "
+                        "is scored (tools.evaluate.perplexity --bridges)")
     p.add_argument("--lora-alpha", type=float, help="LoRA's alpha: the adapters are scaled by alpha / R (default: 2 R)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW's peak learning rate (linear warm-up, then cosine)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's weight decay")
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
         max_train=args.max_train, faithful_only=args.faithful_only, lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha, copy_weight=args.copy_weight, distill=args.distill,
         deep_copies=args.deep_copies,
-        skipping_only=args.skipping_only,
+        skipping_only=args.skipping_only, bridges=args.bridges,
         lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, device=args.device,
         threads=args.threads, checkpoint_every=args.checkpoint_every, val_every=args.val_every,
         select_best=args.select_best, resume=args.resume,

@@ -44,11 +44,13 @@ def _step_table(policy: SkipPolicy, steps: int) -> torch.Tensor:
 
 
 def skip_forward(model: SkipModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
+                 mask: torch.Tensor, bridges: dict | None = None) -> torch.Tensor:
     """Logits (B, T, V) of the whole sequence, each position through the layers ``mask`` gives it.
 
     Every layer runs over every position (one dense pass); where mask[b, t, l] is False the layer's
     output is dropped and the hidden state passes on unchanged, as when decoding skips the layer.
+    ``bridges`` ({layer: (D + 1, D) map}, tools.finetune.bridge) replace that unchanged state by its
+    linear map where a position runs a layer right after skipped ones.
     """
     # no past: the layers see the whole sequence (a family's own empty past: OPT's or the rows layout's)
     empty = [t.to(input_ids.device) for t in model.empty_past(input_ids.shape[0])]
@@ -59,9 +61,19 @@ def skip_forward(model: SkipModel, input_ids: torch.Tensor, attention_mask: torc
         keep = mask[:, :, i]  # (B, T)
         if not bool(keep.any()):
             continue
+        if bridges and i in bridges:
+            jumps = keep & ~mask[:, :, i - 1]  # (B, T): the first layer run after skipped ones
+            if bool(jumps.any()):
+                hidden = torch.where(jumps[..., None], bridge(hidden, bridges[i]), hidden)
         out, _, _ = layer(hidden, attention_mask, *empty)  # (B, T, D)
         hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
     return model.head(hidden)  # (B, T, V)
+
+
+def bridge(hidden: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """(B, T, D) hidden states through a bridge ``m`` (D + 1, D): its first D rows the linear map,
+    its last the offset."""
+    return hidden @ m[:-1].to(hidden.dtype) + m[-1].to(hidden.dtype)
 
 
 def set_dropout(model: SkipModel, p: float) -> None:

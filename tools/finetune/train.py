@@ -66,6 +66,8 @@ class TrainConfig:
     # a name, a number) against 1 for the others: what a skipping policy gets most wrong on new names
     deep_copies: int | None = None  # the model's deep copies (runtime.decoding.copying): a deep step's
     # layers, recorded in skipdecode.json with the training targets' common words; None: the base's
+    bridges: str | None = None  # a tools.finetune.bridge file: tokens that jump over layers go through its
+    # linear bridges in training (fixed, not trained), as they must where the result is scored or run
     distill: float = 0.0  # LoRA: the loss's share of KL(the starting model at full depth || the row's
     # policy) over the target tokens; the rest is cross-entropy on the targets (0: it alone, 1: no targets)
     lr: float = 5e-4
@@ -148,15 +150,17 @@ def faithful_pairs(pairs: list, source: str) -> list:
 
 
 def masked_loss(model: SkipModel, batch, policies, teacher: torch.Tensor | None = None,
-                distill: float = 0.0, skipping_only: nn.Module | None = None) -> tuple[torch.Tensor, int]:
+                distill: float = 0.0, skipping_only: nn.Module | None = None,
+                bridges: dict | None = None) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the target tokens of ``batch``, each row under its policy; with
     ``teacher`` (the target tokens' logits, ``teacher_logits``), ``distill`` of it is the KL from
     the teacher's distributions instead. ``skipping_only``: the model holding the LoRA adapters,
-    which then act only where a token skips layers (``skipping_gate``)."""
+    which then act only where a token skips layers (``skipping_gate``). ``bridges``: the linear
+    bridges of tools.finetune.bridge where a token jumps over skipped layers."""
     mask = layer_mask(policies, batch.prompt_lens, batch.input_ids.shape[1]).to(batch.input_ids.device)
     gate = None if skipping_only is None else skipping_gate(policies, batch.prompt_lens, batch.input_ids.shape[1])
     with lora.gated(skipping_only, None if gate is None else gate.to(batch.input_ids.device)):
-        logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask)  # (B, T, V)
+        logits = skip_forward(model, batch.input_ids, batch.attention_mask, mask, bridges)  # (B, T, V)
     targets = batch.labels != -100  # (B, T)
     n = int(targets.sum())
     # (n,) each target token's share of the loss: equal, or as batch.weights (--copy-weight) weighs them
@@ -200,7 +204,8 @@ def teacher_logits(model: torch.nn.Module, skip: SkipModel, batch) -> torch.Tens
 
 @torch.no_grad()
 def evaluate_loss(model: SkipModel, items: list[Encoded], sampler: PolicySampler, pad_id: int,
-                  batch_size: int, device, skipping_only: nn.Module | None = None) -> dict[str, float]:
+                  batch_size: int, device, skipping_only: nn.Module | None = None,
+                  bridges: dict | None = None) -> dict[str, float]:
     """Validation loss per policy of the sampler: {"2x": loss, ...}."""
     was_training = model.training
     model.eval()
@@ -209,7 +214,8 @@ def evaluate_loss(model: SkipModel, items: list[Encoded], sampler: PolicySampler
         total, count = 0.0, 0
         for batch in batches(items, batch_size, pad_id, shuffle=False, rng=random.Random(0)):
             batch = batch.to(device)
-            loss, n = masked_loss(model, batch, [policy] * batch.input_ids.shape[0], skipping_only=skipping_only)
+            loss, n = masked_loss(model, batch, [policy] * batch.input_ids.shape[0], skipping_only=skipping_only,
+                                  bridges=bridges)
             total += float(loss) * n
             count += n
         result[f"{speedup:g}x"] = total / max(count, 1)
@@ -308,6 +314,11 @@ def train(cfg: TrainConfig) -> Path:
                  if cfg.val else [])
     model.to(device).train()
     skip = skip_model(model).train()  # shares the parameters of ``model``
+    bridges = None
+    if cfg.bridges:
+        from . import bridge
+
+        bridges = {s: m.to(device) for s, m in bridge.load(cfg.bridges, skip).items()}
     set_dropout(skip, float(getattr(model.config, "dropout", 0.0) or 0.0))  # Llama's config has none
     # a GGUF tokenizer may name no pad token (transformers 5.17); padded positions carry no loss
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -347,7 +358,8 @@ def train(cfg: TrainConfig) -> Path:
                     "max_steps": cfg.max_steps, "max_train": cfg.max_train, "faithful_only": cfg.faithful_only,
                     "lora_rank": cfg.lora_rank, **({"distill": cfg.distill} if cfg.distill else {}),
                     **({"copy_weight": cfg.copy_weight} if cfg.copy_weight != 1.0 else {}),
-                    **({"skipping_only": True} if cfg.skipping_only else {})}],
+                    **({"skipping_only": True} if cfg.skipping_only else {}),
+                    **({"bridges": cfg.bridges} if cfg.bridges else {})}],
                 **copies, **cfg.extra}
 
     # the adapters' base as export resolves it from anywhere: an alias or hub id as given, a path absolute
@@ -390,7 +402,7 @@ def train(cfg: TrainConfig) -> Path:
             batch = batch.to(device)
             teacher = teacher_logits(model, skip, batch) if cfg.distill else None
             loss, _ = masked_loss(skip, batch, sampler.sample(batch.input_ids.shape[0], rng), teacher, cfg.distill,
-                                  model if cfg.skipping_only else None)
+                                  model if cfg.skipping_only else None, bridges)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
@@ -404,7 +416,7 @@ def train(cfg: TrainConfig) -> Path:
                                   "lr": scheduler.get_last_lr()[0]}) + "\n")
             if val_items and (step % val_every == 0 or step == total_steps):
                 val_loss = evaluate_loss(skip, val_items, sampler, pad_id, cfg.batch_size, device,
-                                         model if cfg.skipping_only else None)
+                                         model if cfg.skipping_only else None, bridges)
                 score = selection_score(val_loss)
                 improved = best is None or score < best["score"]
                 if improved and cfg.select_best:
