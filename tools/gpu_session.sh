@@ -14,8 +14,9 @@
 # most 8 files come back from $OUT, and a call killed at its 600 s limit returned nothing at all): carry
 # polygraphy's wheel (`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 # --platform manylinux2014_x86_64 -d .whl polygraphy`, `.whl` in .git/info/exclude and in the call's carry),
-# install it with the device README's line, then `bash tools/gpu_session.sh` with timeout_s 600: the
-# script leaves everything in one $OUT/gpu-session.tgz (the artifacts it builds go elsewhere).
+# install it with the device README's line, then, with timeout_s 600 (the tables also print as it ends):
+#   OUT=/tmp/gs bash tools/gpu_session.sh; cp /tmp/gs/gpu-session.tgz "$OUT"/
+# (the script packs its logs and tables into one gpu-session.tgz; the artifacts it builds go elsewhere).
 set -u
 out=${OUT:-.work/gpu-session}
 mkdir -p "$out"
