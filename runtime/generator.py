@@ -124,6 +124,8 @@ class Generator:
                                        f"got {batch_invariant!r}")
         backend.check_limits(max_batch, max_length)
         self.max_batch, self.max_length = max_batch, max_length
+        entry = manifest.policy.get("deep_copies")  # the manifest's deep copies, parsed once (checked at load)
+        self.named_copies = None if entry is None else DeepCopies.from_manifest(entry, manifest.model.num_layers)
         self.engine = Engine(backend, manifest.model.num_layers, max_batch, max_length, manifest.page_size,
                              max_queue, prefill_chunk)
         # int8/int4 layers quantize their activations, where float noise shifts a rounding and then
@@ -206,7 +208,7 @@ class Generator:
                               limit_name=f"max_length {{limit}} of this Generator (the model's "
                                          f"max_position_embeddings is {self.manifest.model.max_position_embeddings})",
                               last_resort="load with a larger max_length")
-        copies = deep_copies(self.manifest, c, chosen)
+        copies = deep_copies(self.named_copies, self.manifest.model.num_layers, c, chosen)
         return Request(input_ids, attention_mask, max_new_tokens, chosen, c.sampling(), eos, stops,
                        [IncrementalDetokenizer(self.tokenizer) for _ in prompts], c.logprobs, config=c,
                        constraint=constraint, lossless=c.lossless,
@@ -393,13 +395,13 @@ def policy_for(manifest: Manifest, config: GenerationConfig) -> SkipPolicy:
     return chosen
 
 
-def deep_copies(manifest: Manifest, config: GenerationConfig, policy: SkipPolicy) -> DeepCopies | None:
-    """The deep-copy setting a call runs under (runtime.decoding.copying): the manifest's where it
-    names one, unless the call turns it off; a default one where the call turns it on. None where
+def deep_copies(named: DeepCopies | None, num_layers: int, config: GenerationConfig,
+                policy: SkipPolicy) -> DeepCopies | None:
+    """The deep-copy setting a call runs under (runtime.decoding.copying): the one the manifest
+    ``named``, unless the call turns it off; a default one where the call turns it on. None where
     nothing skips (full depth, lossless rows) or the prompt skips layers too (a deep step reads
     the prompt's K/V at every layer it runs)."""
-    entry = manifest.policy.get("deep_copies")
-    on = config.deep_copies if config.deep_copies is not None else entry is not None
+    on = config.deep_copies if config.deep_copies is not None else named is not None
     if not on or config.lossless or policy.is_full_depth:
         return None
     if policy.prefill != "full":
@@ -407,8 +409,7 @@ def deep_copies(manifest: Manifest, config: GenerationConfig, policy: SkipPolicy
             raise InvalidArgumentError("deep_copies=True reads the prompt's K/V at every layer a deep step "
                                        "runs: it needs prefill='full'", param="deep_copies")
         return None
-    L = manifest.model.num_layers
-    return DeepCopies.from_manifest(entry, L) if entry is not None else DeepCopies.default(L)
+    return named or DeepCopies.default(num_layers)
 
 
 def _policy(manifest: Manifest, c: GenerationConfig) -> SkipPolicy:
