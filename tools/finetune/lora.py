@@ -87,14 +87,16 @@ def disabled(model: nn.Module):
 def gated(model: nn.Module, gate: torch.Tensor | None):
     """Inside the block, each adapter's contribution at position (b, t) is scaled by ``gate[b, t]``
     (B, T), 0 where the base weights alone apply: the adapters of a ``--skipping-only`` run act on
-    the tokens that skip layers and nowhere else. None: everywhere, as without this block."""
+    the tokens that skip layers and nowhere else. None: everywhere, as without this block. A call
+    over the first T' < T positions (skip_forward cuts a layer's call where no row runs it further)
+    takes the gate's first T' columns."""
     if gate is None:
         yield model
         return
     from peft.tuners.lora import LoraLayer
 
     scale = gate[..., None].to(next(model.parameters()).dtype)  # (B, T, 1)
-    hooks = [b.register_forward_hook(lambda module, args, out: out * scale)
+    hooks = [b.register_forward_hook(lambda module, args, out: out * scale[:, :out.shape[1]])
              for m in model.modules() if isinstance(m, LoraLayer) for b in m.lora_B.values()]
     try:
         yield model

@@ -47,8 +47,9 @@ def skip_forward(model: SkipModel, input_ids: torch.Tensor, attention_mask: torc
                  mask: torch.Tensor, bridges: dict | None = None) -> torch.Tensor:
     """Logits (B, T, V) of the whole sequence, each position through the layers ``mask`` gives it.
 
-    Every layer runs over every position (one dense pass); where mask[b, t, l] is False the layer's
-    output is dropped and the hidden state passes on unchanged, as when decoding skips the layer.
+    Every layer runs over every position up to the last one that runs it in any row (one dense pass);
+    where mask[b, t, l] is False the layer's output is dropped and the hidden state passes on
+    unchanged, as when decoding skips the layer.
     ``bridges`` ({layer: (D + 1, D) map}, tools.finetune.bridge) replace that unchanged state by its
     linear map where a position runs a layer right after skipped ones.
     """
@@ -65,8 +66,15 @@ def skip_forward(model: SkipModel, input_ids: torch.Tensor, attention_mask: torc
             jumps = keep & ~mask[:, :, i - 1]  # (B, T): the first layer run after skipped ones
             if bool(jumps.any()):
                 hidden = torch.where(jumps[..., None], bridge(hidden, bridges[i]), hidden)
-        out, _, _ = layer(hidden, attention_mask, *empty)  # (B, T, D)
-        hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
+        # the positions after the last one any row runs this layer at are cut from its call: attention
+        # is causal, so the others' outputs do not change (a decaying budget drops the middle layers
+        # from the later positions: at 2x the pass runs ~half the layer-positions it did)
+        end = int(keep.any(dim=0).nonzero()[-1]) + 1
+        part = hidden[:, :end]  # (B, end, D)
+        out, _, _ = layer(part, attention_mask[:, :end], *empty)  # (B, end, D)
+        if not bool(keep[:, :end].all()):
+            out = torch.where(keep[:, :end, None], out, part)
+        hidden = out if end == hidden.shape[1] else torch.cat([out, hidden[:, end:]], dim=1)
     return model.head(hidden)  # (B, T, V)
 
 
