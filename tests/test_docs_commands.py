@@ -155,6 +155,7 @@ RULES = [
     ("python -m export build --model smollm2-135m-instruct --weights float --out artifacts/smollm2-135m-instruct "
      "--draft-head none "
      "--draft-layers none$", "parse", REAL),
+    ("python -m tools.finetune.general_text --out .work/general-b.csv$", "run", ""),
     ("python -m tools.finetune.bridge --model smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_finetune_bridge.py fits bridges on a tiny model and scores with them"),
     ("python -m tools.evaluate.perplexity --model MODEL ", "parse",
