@@ -31,7 +31,7 @@ from runtime.errors import InvalidArgumentError
 
 
 def load_prompts(path: str | None, column: str, count: int) -> list[str]:
-    from tools.evaluate.perplexity import read_text
+    from tools.finetune.data import read_text
 
     if path is None:
         path = "data/e2e/devset.csv.gz"

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     import runtime
-    from tools.evaluate.perplexity import read_text
+    from tools.finetune.data import read_text
 
     if args.prompts < 1:
         raise AgreementError(f"--prompts {args.prompts}: give a positive number of windows")

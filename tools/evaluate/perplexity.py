@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from runtime import cli
 from runtime.errors import SkipDecodeError
+from tools.finetune.data import read_text
 
 
 class PerplexityError(SkipDecodeError):
@@ -43,23 +44,6 @@ class Settings:
     windows: int = 32  # windows taken from the start of the text: prompt_tokens + tokens each
     batch_size: int = 8  # windows per forward pass
     warmup_layers: int = 1  # bottom layers every step runs (the paper's setting)
-
-
-def read_text(path, column: str | None) -> str:
-    """A .txt file's text, or a .csv/.jsonl (.gz) column's unique values in file order, one per line."""
-    from pathlib import Path
-
-    from tools.finetune.data import read_rows
-
-    path = Path(path)
-    if column is None:
-        if not path.is_file():
-            raise PerplexityError(f"text file {path} does not exist")
-        return path.read_text(encoding="utf-8")
-    rows = read_rows(path)
-    if column not in rows[0]:
-        raise PerplexityError(f"{path} has no column {column!r}; its columns: {', '.join(rows[0])}")
-    return "\n".join(dict.fromkeys(str(r[column]).strip() for r in rows if str(r[column]).strip()))
 
 
 def windows(tokenizer, text: str, settings: Settings):

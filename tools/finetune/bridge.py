@@ -29,6 +29,7 @@ from runtime.errors import SkipDecodeError
 from runtime.models.base import SkipModel
 
 RIDGE = 0.1  # the ridge, relative to the mean squared norm of a state's coordinates
+WIDTH = 160  # tokens per window of the fitting text (tools.evaluate.perplexity's default window)
 KEY = "layer_{:02d}"  # a bridge's name in the file: the layer it jumps to
 
 
@@ -126,10 +127,16 @@ def load(path, model: SkipModel) -> dict[int, torch.Tensor]:
     return bridges
 
 
-def _parser() -> argparse.ArgumentParser:
-    from tools.evaluate.perplexity import Settings
+def windows(tokenizer, text: str, count: int) -> torch.Tensor:
+    """(N, WIDTH) token ids, N <= count: consecutive windows from the text's start."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    n = min(count, len(ids) // WIDTH)
+    if n < 1:
+        raise BridgeError(f"the text has {len(ids)} tokens, fewer than one window of {WIDTH}; pass a longer text")
+    return torch.tensor(ids[:n * WIDTH]).view(n, WIDTH)
 
-    d = Settings()
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.finetune.bridge",
                                 description="Fit linear bridges over the layers SkipDecode skips, in closed form.")
     p.add_argument("--model", required=True,
@@ -138,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                                                  "(not a text you will score them on)")
     p.add_argument("--column", help="the column of a .csv/.jsonl whose unique values make the text")
     p.add_argument("--windows", type=int, default=200,
-                   help=f"windows of {d.prompt_tokens + d.tokens} tokens to fit on (default 200)")
+                   help=f"windows of {WIDTH} tokens to fit on (default 200)")
     p.add_argument("--ridge", type=float, default=RIDGE, help=f"pull towards plain skipping (default {RIDGE})")
     p.add_argument("--out", required=True, help="the .safetensors file to write")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -153,16 +160,16 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     from export import checkpoint
     from runtime.models import skip_model
-    from tools.evaluate.perplexity import Settings, read_text, windows
+
+    from .data import read_text
 
     if args.windows < 1:
         raise BridgeError(f"--windows must be >= 1, got {args.windows}")
     progress = cli.progress(args.quiet)
     hf_model, tokenizer = checkpoint.load(checkpoint.resolve(args.model), dtype=torch.float32, progress=progress)
     model = skip_model(hf_model).eval()
-    settings = Settings(windows=args.windows)
-    ids = windows(tokenizer, read_text(args.text, args.column), settings)
-    bridges = fit(model, ids, settings.warmup_layers, args.ridge, progress=progress)
+    ids = windows(tokenizer, read_text(args.text, args.column), args.windows)
+    bridges = fit(model, ids, 1, args.ridge, progress=progress)  # the paper's one warm-up layer, as the policies
     save(bridges, args.out)
     print(f"{args.out}: {len(bridges)} bridges (layers {min(bridges)}-{max(bridges)}) fitted on {ids.numel()} "
           f"tokens of {args.text}, ridge {args.ridge:g}")

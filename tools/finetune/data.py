@@ -235,3 +235,16 @@ def batches(items: list[Encoded], batch_size: int, pad_id: int, shuffle: bool, r
         groups = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
     for g in groups:
         yield collate([items[i] for i in g], pad_id)
+
+
+def read_text(path, column: str | None) -> str:
+    """A .txt file's text, or a .csv/.jsonl (.gz) column's unique values in file order, one per line."""
+    path = Path(path)
+    if column is None:
+        if not path.is_file():
+            raise DataError(f"text file {path} does not exist")
+        return path.read_text(encoding="utf-8")
+    rows = read_rows(path)
+    if column not in rows[0]:
+        raise DataError(f"{path} has no column {column!r}; its columns: {', '.join(rows[0])}")
+    return "\n".join(dict.fromkeys(str(r[column]).strip() for r in rows if str(r[column]).strip()))
