@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from runtime import cli
 from runtime.errors import SkipDecodeError
-from tools.finetune.data import read_text
+from tools.finetune.data import read_text, token_windows
 
 
 class PerplexityError(SkipDecodeError):
@@ -48,16 +48,9 @@ class Settings:
 
 def windows(tokenizer, text: str, settings: Settings):
     """(N, prompt_tokens + tokens) token ids: consecutive windows from the text's start."""
-    import torch
-
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    width = settings.prompt_tokens + settings.tokens
-    n = min(settings.windows, len(ids) // width)
-    if n < 1:
-        raise PerplexityError(f"the text has {len(ids)} tokens, fewer than one window of {width} "
-                              f"(--prompt-tokens {settings.prompt_tokens} + --tokens {settings.tokens}); "
-                              f"pass a longer text or smaller windows")
-    return torch.tensor(ids[:n * width]).view(n, width)
+    return token_windows(tokenizer, text, settings.prompt_tokens + settings.tokens, settings.windows,
+                         f" (--prompt-tokens {settings.prompt_tokens} + --tokens {settings.tokens}); "
+                         f"pass a longer text or smaller windows", PerplexityError)
 
 
 def policies(num_layers: int, speedups, settings: Settings) -> dict:

@@ -127,15 +127,6 @@ def load(path, model: SkipModel) -> dict[int, torch.Tensor]:
     return bridges
 
 
-def windows(tokenizer, text: str, count: int) -> torch.Tensor:
-    """(N, WIDTH) token ids, N <= count: consecutive windows from the text's start."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    n = min(count, len(ids) // WIDTH)
-    if n < 1:
-        raise BridgeError(f"the text has {len(ids)} tokens, fewer than one window of {WIDTH}; pass a longer text")
-    return torch.tensor(ids[:n * WIDTH]).view(n, WIDTH)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tools.finetune.bridge",
                                 description="Fit linear bridges over the layers SkipDecode skips, in closed form.")
@@ -161,14 +152,15 @@ def _run(args) -> int:
     from export import checkpoint
     from runtime.models import skip_model
 
-    from .data import read_text
+    from .data import read_text, token_windows
 
     if args.windows < 1:
         raise BridgeError(f"--windows must be >= 1, got {args.windows}")
     progress = cli.progress(args.quiet)
     hf_model, tokenizer = checkpoint.load(checkpoint.resolve(args.model), dtype=torch.float32, progress=progress)
     model = skip_model(hf_model).eval()
-    ids = windows(tokenizer, read_text(args.text, args.column), args.windows)
+    ids = token_windows(tokenizer, read_text(args.text, args.column), WIDTH, args.windows, "; pass a longer text",
+                        BridgeError)
     bridges = fit(model, ids, 1, args.ridge, progress=progress)  # the paper's one warm-up layer, as the policies
     save(bridges, args.out)
     print(f"{args.out}: {len(bridges)} bridges (layers {min(bridges)}-{max(bridges)}) fitted on {ids.numel()} "

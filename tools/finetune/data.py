@@ -248,3 +248,15 @@ def read_text(path, column: str | None) -> str:
     if column not in rows[0]:
         raise DataError(f"{path} has no column {column!r}; its columns: {', '.join(rows[0])}")
     return "\n".join(dict.fromkeys(str(r[column]).strip() for r in rows if str(r[column]).strip()))
+
+
+def token_windows(tokenizer, text: str, width: int, count: int, fix: str, error: type = DataError):
+    """(N, width) token ids, N = min(count, as many as the text holds): consecutive windows from its
+    start; ``error`` where it holds none, its message ending with ``fix`` (how to get one)."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    n = min(count, len(ids) // width)
+    if n < 1:
+        raise error(f"the text has {len(ids)} tokens, fewer than one window of {width}{fix}")
+    return torch.tensor(ids[:n * width]).view(n, width)
