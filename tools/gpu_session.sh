@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# One GPU loan's checks (issue 54), prepared so that a single call measures everything docs/benchmarks-gpu.md
+# One GPU loan's checks (issue 54), prepared so that two calls measure everything docs/benchmarks-gpu.md
 # needs: the CUDA tests, int4 against float16 at Llama-3.2-3B shapes, the GPU's int4 kernel's top-1
-# agreement with the CPU's on real weights, lossless decoding on the demo model, the step against
-# transformers' eager and compiled generate, and the step with each layer compiled. Each part runs under its own
-# timeout (seconds), its log in $OUT (the device tool's folder that comes back; default .work/gpu-session);
-# a part that fails or times out does not stop the next. Prints each part's tail and the tables.
+# agreement with the CPU's on real (the demo model's) weights, lossless decoding on the demo model, and the
+# step (CUDA graphs, and each layer compiled) beside transformers' compiled generate. Each part runs under its
+# own timeout (seconds), its log in $OUT (default .work/gpu-session), its end in $OUT/parts.txt; a part that
+# fails or times out does not stop the next. Prints each part's tail and the tables.
 #
-#   bash tools/gpu_session.sh               # on the GPU: at most 8 min 5 s (the parts' timeouts)
-#   SMOKE=1 bash tools/gpu_session.sh       # the same parts at tiny sizes on the CPU (its test)
-#   PARTS="step compile" bash tools/gpu_session.sh   # some parts only (tests int4 agree demo lossless step compile)
+#   PARTS="tests int4 agree demo lossless" bash tools/gpu_session.sh   # on the GPU, call 1: at most 5 min 20 s
+#   PARTS=step bash tools/gpu_session.sh    # call 2: at most 5 min (both shapes, batch 1 and 8, 1x/2x/5x)
+#   SMOKE=1 bash tools/gpu_session.sh       # every part at tiny sizes on the CPU (its test)
 #
-# On the device machine (2026-11-29: its plain `python` is not the one with torch, polygraphy is missing, at
-# most 8 files come back from $OUT, and a call killed at its 600 s limit returned nothing at all): carry
-# polygraphy's wheel (`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
-# --platform manylinux2014_x86_64 -d .whl polygraphy`, `.whl` in .git/info/exclude and in the call's carry),
-# install it with the device README's line, then, with timeout_s 600 (the tables also print as it ends):
-#   OUT=/tmp/gs bash tools/gpu_session.sh; cp /tmp/gs/gpu-session.tgz "$OUT"/
+# On the device machine (2026-11-29/30: its plain `python` is not the one with torch, polygraphy is missing, at
+# most 8 files come back from $OUT, a call killed at its 600 s limit returns nothing at all, and the sixth
+# loan's one call ran out of part time in the tests and both step parts): carry polygraphy's wheel (`pip
+# download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform
+# manylinux2014_x86_64 -d .whl polygraphy`, `.whl` in .git/info/exclude and in the call's carry), install it
+# with the device README's line, then, with timeout_s 600, once for each PARTS above (the machine stays warm
+# between the calls while they follow at once):
+#   OUT=/tmp/gs PARTS=... bash tools/gpu_session.sh; cp /tmp/gs/gpu-session.tgz "$OUT"/
 # (the script packs its logs and tables into one gpu-session.tgz; the artifacts it builds go elsewhere).
 set -u
 out=${OUT:-.work/gpu-session}
@@ -42,14 +44,18 @@ part() {  # part NAME LIMIT COMMAND...: run it (unless PARTS names others), keep
     local began=$SECONDS
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local rc=$?
-    echo "   exit $rc after $((SECONDS - began)) s$([ $rc = 124 ] && echo ': timed out')"
+    local end="exit $rc after $((SECONDS - began)) s$([ $rc = 124 ] && echo ': timed out')"
+    echo "   $end"
+    echo "$name: $end" >> "$out/parts.txt"  # (the call's output keeps only its tail)
     tail -n 25 "$out/$name.log"
 }
 
 date -u +"%Y-%m-%dT%H:%M:%SZ $(git rev-parse --short HEAD 2>/dev/null)" | tee "$out/when.txt"
 $py -c "import torch, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', transformers.__version__)" | tee -a "$out/when.txt"
-# (the longest parts last; all of them together within the device tool's 600 s a call)
-part tests 75 $py -m pytest -q -rs $tests
+# (the longest parts last; the first five, then the step, each within the device tool's 600 s a call)
+jobs=""  # the device machine has pytest-xdist and 16 cores (the fifth loan's tests: 55 s with -n 8)
+[ "${SMOKE:-0}" = 1 ] || ! $py -c "import xdist" 2> /dev/null || jobs="-n 8"
+part tests 150 $py -m pytest -q -rs $jobs $tests
 # weight-only int4 (and int8) against float16, batch 1, the shapes a Jetson's memory-bound regime meets
 part int4 60 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
 # the GPU's int4 kernel against the CPU's on real (the demo model's) weights: top-1 agreement, 100 E2E prompts
@@ -58,19 +64,17 @@ part agree 50 bash -c "$py -m export build --out '$work/demo-int4' --weights int
     --device $device --text data/e2e/devset.csv.gz --column mr --prompts 100 --deterministic --int4-kernel onnxruntime"
 # lossless decoding on the demo model, torch backend, batch 1 and 8
 part demo 20 $py -m export build --out "$work/demo" -q
-part lossless 60 $py -m tools.bench.lossless "$work/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
+part lossless 40 $py -m tools.bench.lossless "$work/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
     --rounds 2 --out "$out/lossless.md"
-# the step at full depth and under SkipDecode, beside transformers' generate, eager and compiled; a shape a part
+# the step at full depth and under SkipDecode, as CUDA graphs and with each layer compiled (torch.compile) under
+# them, beside transformers' compiled static-cache generate (its eager generate: slower than either, see the docs)
 for arch in $archs; do
-    part "step-$arch" 80 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer eager compiled \
+    part "step-$arch" 150 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer compiled --compile-steps \
         --out "$out/step-$arch.md"
 done
-# the graph steps with each layer compiled by torch.compile beside them (the first shape only: compiles)
-part compile 60 $bench --arch ${archs%% *} --batch $batches --speedups 1 2 --no-transformers --compile-steps \
-    --out "$out/compile.md"
 for table in "$out"/*.md; do
     echo "== $(basename "$table")"
     cat "$table"
 done
-tar czf "$out/gpu-session.tgz" -C "$out" --exclude=gpu-session.tgz . && rm -r "$work"
+tar czf "$work/gpu-session.tgz" -C "$out" --exclude=gpu-session.tgz . && mv "$work/gpu-session.tgz" "$out"/ && rm -r "$work"
 exit 0

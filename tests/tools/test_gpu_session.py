@@ -18,16 +18,18 @@ def test_every_part_runs_and_the_tables_come_back(tmp_path):
     assert ends == [(name, "0") for name in ("tests", "int4", "agree", "demo", "lossless")], done.stdout[-4000:]
     assert "| cpu | 1.000 |" in (tmp_path / "agree.log").read_text()  # the torch backend's int4 against ONNX Runtime's
     assert re.search(r"^== step-tiny-random \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
-    assert re.search(r"^== compile \(timeout \d+s\).*\n   exit 0", done.stdout, re.M)
-    for table in ("step-tiny-random", "int4", "lossless", "compile"):
+    for table in ("step-tiny-random", "int4", "lossless"):
         assert (tmp_path / f"{table}.md").is_file() and f"== {table}.md" in done.stdout
     int4 = (tmp_path / "int4.md").read_text()
     assert "| tiny-random int4 | 1 | full |" in int4 and "| tiny-random int8 | 1 | 2x |" in int4
+    step = (tmp_path / "step-tiny-random.md").read_text()  # each layer compiled, beside the plain graph steps
+    assert re.search(r"^\| tiny-random \| 1 \| 5x \|.*\| \d+\.\d+ \| \d+\.\d+x \|$", step, re.M), step
+    assert "lossless: exit 0 after" in (tmp_path / "parts.txt").read_text()
     assert "| 1 | lossless 5x |" in (tmp_path / "lossless.md").read_text()
     # what comes back from the device machine (at most 8 files): one archive of the logs and tables, no artifact
     with tarfile.open(tmp_path / "gpu-session.tgz") as archive:
         names = {Path(name).name for name in archive.getnames()}
-    assert {"when.txt", "agree.log", "int4.md", "lossless.md"} <= names and "manifest.json" not in names
+    assert {"when.txt", "parts.txt", "agree.log", "int4.md", "lossless.md"} <= names and "manifest.json" not in names
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
