@@ -229,3 +229,46 @@ def test_quantize_makes_the_blocks_onnx_runtimes_quantizer_makes(bits, weights):
     np.testing.assert_array_equal(ours.packed.numpy(), exported.packed)
     np.testing.assert_array_equal(ours.zeros.numpy(), exported.zeros)
     np.testing.assert_array_equal(ours.scales.numpy(), exported.scales)
+
+
+KERNELS_RUN = """
+import numpy as np, torch
+from runtime.models.quantized import Blocks, QuantLinear
+from runtime.models import quantized_triton as kernels
+rng = np.random.default_rng(0)
+N, K = 70, 320  # neither a whole number of any tile's columns nor of its codes
+worst = {{}}
+for bits, block, mins, dtype in {cases!r}:
+    dtype = getattr(torch, dtype)
+    blocks = Blocks(rng.integers(0, 256, (N, K * bits // 8), dtype=np.uint8),
+                    rng.random((N, K // block), np.float32) * 0.1,
+                    rng.integers(0, 1 << bits, (N, K // block), dtype=np.uint8), bits, block,
+                    (rng.random((N, K // block), np.float32) - 0.5) if mins else None)
+    product = QuantLinear.from_blocks(blocks, None, "cpu", dtype)
+    weight = torch.from_numpy(blocks.dequantize()).double()
+    for M in (1, 3, 20):  # one row and three: qmv; twenty: the tensor cores' tile
+        x = torch.randn(M, K).to(dtype)
+        expected = x.double() @ weight.T
+        for tile in ({{"BN": 16, "BK": 128}}, {{"BN": 8, "BK": 256}}, {{"BN": 32, "BK": 512}}):
+            kernels.GEMV_TILE = tile
+            error = ((kernels.matmul(x, product).double() - expected).abs().max() / expected.abs().max()).item()
+            key = (bits, block, mins, str(dtype), M <= kernels.GEMV_ROWS)
+            worst[key] = max(worst.get(key, 0.0), error)
+print(worst)
+"""
+
+
+def test_the_decode_kernel_under_its_interpreter_equals_the_dequantized_product(tmp_path):
+    """qmv (a decode step's few rows) and qmm (more rows) against x @ w.T in float64, w the blocks
+    dequantized: 4 and 8 bits, blocks of 16-64, GGUF minimums or none, fp32 and fp16 activations, tiles
+    that do not divide the product (the autotuner's candidates on a GPU)."""
+    pytest.importorskip("triton")
+    cases = [(4, 16, False, "float32"), (4, 32, True, "float32"), (4, 64, False, "float16"),
+             (8, 32, False, "float32"), (8, 16, True, "float16")]
+    done = subprocess.run([sys.executable, "-c", KERNELS_RUN.format(cases=cases)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    worst = eval(done.stdout.strip().splitlines()[-1])  # {(bits, block, mins, dtype, qmv): relative error}
+    assert {key[-1] for key in worst} == {True, False}
+    for (bits, block, mins, dtype, _), error in worst.items():
+        assert error < (1e-6 if dtype == "torch.float32" else 2e-3), (bits, block, mins, dtype, error)
