@@ -343,7 +343,10 @@ class _StaticInputs:
     def __init__(self, backend: TorchBackend, key: GraphKey, sizes: list[int]):
         self.backend, self.key, self._sizes = backend, key, sizes
         self.inputs = torch.zeros(sum(sizes), dtype=torch.int64, device=backend.device)
-        self.host = np.zeros(sum(sizes), np.int64)
+        # Pinned on CUDA: the copy is queued ahead of the replay without a staging copy or a wait (the
+        # host writes the buffer again only after the step's logits came back, so after the copy).
+        self._host = torch.zeros(sum(sizes), dtype=torch.int64, pin_memory=backend.device.type == "cuda")
+        self.host = self._host.numpy()  # the same memory
         self.at = torch.arange(key.batch, device=backend.device)[:, None]  # (B, 1) each row's own cache row
 
     def _parts(self) -> list[torch.Tensor]:
@@ -356,7 +359,7 @@ class _StaticInputs:
         return np.split(self.host, np.cumsum(self._sizes[:-1]))
 
     def _upload(self) -> None:
-        self.inputs.copy_(torch.from_numpy(self.host), non_blocking=False)
+        self.inputs.copy_(self._host, non_blocking=self.inputs.is_cuda)
 
 
 class StaticStep(_StaticInputs):

@@ -25,19 +25,19 @@ def test_cpu_dry_run_prints_the_table(tmp_path, capsys):
         floor, eager, graphs = (float(r[k]) for k in (4, 5, 6))
         assert 0 < floor < eager and graphs > 0
     assert [r[10].strip() for r in rows] == ["1.00x", "2.00x", "1.00x", "2.00x"]  # 8 layers: 8 / 4
-    assert {r[12].strip() for r in rows} == {"-"}  # kernels: counted on CUDA only
-    peer = [r[13].strip() for r in rows]  # transformers' generate, at full depth
+    assert {(r[12].strip(), r[13].strip()) for r in rows} == {("-", "-")}  # kernels and their time: CUDA only
+    peer = [r[14].strip() for r in rows]  # transformers' generate, at full depth
     assert peer[1] == peer[3] == "-" and float(peer[0]) > 0 and float(peer[2]) > 0
     for full, skip in (rows[:2], rows[2:]):  # every row against its batch's transformers figure
         for r in (full, skip):
             # within the rounding of the printed ms (3 decimals) and ratio (2)
-            assert float(r[14].strip()[:-1]) == pytest.approx(float(full[13]) / float(r[6]), rel=0.01, abs=0.01)
+            assert float(r[15].strip()[:-1]) == pytest.approx(float(full[14]) / float(r[6]), rel=0.01, abs=0.01)
 
 
 def test_no_transformers_leaves_its_columns_empty(capsys):
     assert gpu.main(TINY + ["--no-transformers"]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
-    assert len(rows) == 4 and {(r[13].strip(), r[14].strip()) for r in rows} == {("-", "-")}
+    assert len(rows) == 4 and {(r[14].strip(), r[15].strip()) for r in rows} == {("-", "-")}
 
 
 def test_quantized_rows_beside_the_float_ones_and_the_compiled_peer(capsys):
@@ -51,12 +51,12 @@ def test_quantized_rows_beside_the_float_ones_and_the_compiled_peer(capsys):
     assert [(r[0].strip(), r[2].strip()) for r in rows] == [("tiny-random", "full"), ("tiny-random", "2x"),
                                                           ("tiny-random int4", "full"), ("tiny-random int4", "2x")]
     float_full, float_2x, q_full, q_2x = rows
-    assert float(float_full[15]) > 0 and float_full[16].strip().endswith("x")  # the compiled peer, float rows
-    assert q_full[15].strip() == "-" and q_full[16].strip().endswith("x")  # measured on the float weights
-    assert [r[17].strip() for r in (float_full, float_2x)] == ["-", "-"]
-    assert {(r[18].strip(), r[19].strip()) for r in rows} == {("-", "-")}  # no --compile-steps
+    assert float(float_full[16]) > 0 and float_full[17].strip().endswith("x")  # the compiled peer, float rows
+    assert q_full[16].strip() == "-" and q_full[17].strip().endswith("x")  # measured on the float weights
+    assert [r[18].strip() for r in (float_full, float_2x)] == ["-", "-"]
+    assert {(r[19].strip(), r[20].strip()) for r in rows} == {("-", "-")}  # no --compile-steps
     for q, f in ((q_full, float_full), (q_2x, float_2x)):
-        assert float(q[17].strip()[:-1]) == pytest.approx(float(q[6]) / float(f[6]), rel=0.01, abs=0.01)
+        assert float(q[18].strip()[:-1]) == pytest.approx(float(q[6]) / float(f[6]), rel=0.01, abs=0.01)
         assert float(q[4]) < float(f[4])  # the floor: 4-bit products read fewer bytes
 
 
@@ -65,8 +65,8 @@ def test_compile_steps_times_the_graph_steps_again_compiled(capsys):
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
     assert len(rows) == 2
     for r in rows:
-        assert float(r[18]) > 0
-        assert float(r[19].strip()[:-1]) == pytest.approx(float(r[6]) / float(r[18]), rel=0.01, abs=0.01)
+        assert float(r[19]) > 0
+        assert float(r[20].strip()[:-1]) == pytest.approx(float(r[6]) / float(r[19]), rel=0.01, abs=0.01)
 
 
 def test_quantize_model_makes_every_product_blocks_and_step_bytes_counts_them():

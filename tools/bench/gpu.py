@@ -25,7 +25,9 @@ user picks for speed; eager on the CPU, where transformers does not compile); ``
 times the graph steps again with each layer compiled (inductor's fused kernels under the same CUDA
 graphs); and, on CUDA, the kernels
 the graph column's last timed step launched (the profiler's count; that step runs the policy's
-fewest layers), which is what sets a step's time at these sizes, far more than the bytes.
+fewest layers), which is what sets a step's time at these sizes, far more than the bytes, and their
+device time summed ("device busy"): at full depth, the graph column's time beyond it is the host's work
+(the step's inputs and its logits' copy waited for, the decode loop) and the device's idle gaps.
 
 ``--device cpu --arch tiny-random`` runs the same code on the CPU in seconds (its test); there
 the graph column is the static step run eagerly (cuda_graphs.EagerCapture), not a CUDA graph.
@@ -84,6 +86,7 @@ class Row:
     eager_ms: float
     graph_ms: float
     kernels: int | None = None  # kernels one graph step launches (CUDA only: the profiler's count)
+    busy_ms: float | None = None  # the device time of those kernels and copies (CUDA only)
     transformers_ms: float | None = None  # transformers' generate per token, full-depth rows only
     compiled_ms: float | None = None  # the same with its static cache, compiled (--peer compiled)
     compiled_steps_ms: float | None = None  # the graph steps, each layer compiled (--compile-steps)
@@ -208,13 +211,16 @@ def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=No
     return seconds, counts
 
 
-def count_kernels(backend, cache, ids, policy, new_tokens: int) -> int:
-    """The CUDA kernels the last decode step of a run launches (a replayed graph's, once captured)."""
+def profile_last_step(backend, cache, ids, policy, new_tokens: int) -> tuple[int, float]:
+    """(kernels, device busy ms) of the last decode step of a run (a replayed graph's, once captured): the
+    CUDA kernels and copies the profiler saw, and the sum of their device times. A step's wall time
+    beyond its busy time is the host's (the step's inputs, the decode loop) and the device's idle gaps."""
     import torch
 
     probe = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
     run_steps(backend, cache, ids, policy, new_tokens, probe=probe)
-    return sum(1 for e in probe.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    device = [e for e in probe.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(device), sum(e.device_time_total for e in device) / 1e3
 
 
 def transformers_step(model, ids: np.ndarray, new_tokens: int, rounds: int, peer: str = "eager") -> float:
@@ -284,15 +290,15 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                         seconds, counts = run_steps(backend, caches[name], ids, policy, options.new_tokens)
                         if r:
                             times[name].append(seconds)
-                kernels = (count_kernels(graphs, caches["graph"], ids, policy, options.new_tokens)
-                           if device.type == "cuda" else None)
+                kernels, busy = (profile_last_step(graphs, caches["graph"], ids, policy, options.new_tokens)
+                                 if device.type == "cuda" else (None, None))
                 layers = statistics.fmean(counts)
                 floor = statistics.fmean(
                     step_bytes(model, policy.active_layers(g), batch, options.prompt + g)
                     for g in range(options.new_tokens)) / bandwidth
                 row = Row(arch, batch, speedup, L / layers, layers, floor * 1e3,
                           statistics.median(times["eager"]) * 1e3, statistics.median(times["graph"]) * 1e3, kernels,
-                          weights=weights)
+                          weights=weights, busy_ms=busy)
                 if options.compile_steps:
                     row.compiled_steps_ms = statistics.median(times["compiled"]) * 1e3
                 if speedup == 1 and options.transformers and weights == "float":
@@ -345,9 +351,10 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
              f"{options.rounds} interleaved rounds. Speedups are against the same column's full depth.", "",
              f"| shapes | batch | policy | layers/step | floor ms | eager ms | {graph_name} ms | "
              f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical | "
-             f"kernels, last step | transformers ms | graphs vs transformers | transformers compiled ms | "
+             f"kernels, last step | device busy, last step ms | transformers ms | graphs vs transformers | "
+             f"transformers compiled ms | "
              f"graphs vs compiled | graphs / float graphs | compiled steps ms | compiled steps vs graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r.arch, r.batch, r.weights): r for r in rows if r.speedup == 1}
     floats = {(r.arch, r.batch, r.speedup): r for r in rows if r.weights == "float"}
     for r in rows:
@@ -361,6 +368,7 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
                      f"{r.eager_ms:.3f} | {r.graph_ms:.3f} | {r.graph_ms / r.floor_ms:.2f}x | "
                      f"{r.eager_ms / r.graph_ms:.2f}x | {_times(base and base.graph_ms, r.graph_ms)} | "
                      f"{r.theoretical:.2f}x | {share} | {'-' if r.kernels is None else r.kernels} | "
+                     f"{_ms(r.busy_ms)} | "
                      f"{_ms(r.transformers_ms)} | {_times(peer and peer.transformers_ms, r.graph_ms)} | "
                      f"{_ms(r.compiled_ms)} | {_times(peer and peer.compiled_ms, r.graph_ms)} | "
                      f"{'-' if r.weights == 'float' else _times(r.graph_ms, same and same.graph_ms)} | "
