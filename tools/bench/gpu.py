@@ -52,7 +52,8 @@ PAGE = 32  # the KV width's step, as export's default page_size
 
 ARCHS = ("opt-125m", "opt-1.3b", *PUBLISHED, "tiny-random")
 DTYPES = ("float16", "float32")
-WEIGHTS = {"float": None, "int8": 8, "int4": 4}  # --weights: bits of the layers' and head's products
+WEIGHTS = {"float": None, "int8": 8, "int4": 4}
+GRAPH_NAMES = {"graph": "graph steps", "compiled": "compiled steps"}  # the timed backends' names in the setup line  # --weights: bits of the layers' and head's products
 PEERS = ("eager", "compiled")  # transformers' generate: its dynamic cache, or its static cache compiled
 BLOCK = 32  # the quantized products' block, export's default
 
@@ -263,6 +264,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
     bandwidth, how = device_bandwidth(device, options.bandwidth_mib)
     log(f"bandwidth: {bandwidth / 1e9:.1f} GB/s ({how})")
     rows: list[Row] = []
+    setups: list[str] = []
     rng = np.random.default_rng(options.seed)
     for arch, weights in [(a, w) for a in options.archs for w in options.weights]:
         model = build_model(arch, device, dtype, options.seed)  # the same random weights for each --weights
@@ -276,6 +278,9 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
             if device.type != "cuda":
                 backends[name].use_graphs(EagerCapture())  # the same static step, run eagerly
         graphs = backends["graph"]
+        # what a user pays before the fast steps (captures, warm-up runs, compiles): the warm-up round's
+        # time beyond a timed round's, over all batches and policies
+        first = {name: 0.0 for name in backends}
         for batch in options.batches:
             capacity = options.prompt + options.new_tokens + 1
             caches = {name: KVCache(backend.kv_storage(), batch, capacity, PAGE) for name, backend in backends.items()}
@@ -290,6 +295,10 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                         seconds, counts = run_steps(backend, caches[name], ids, policy, options.new_tokens)
                         if r:
                             times[name].append(seconds)
+                        else:
+                            first[name] += seconds * options.new_tokens
+                for name in backends:  # (never below 0: a timed round may be the slower one)
+                    first[name] = max(0.0, first[name] - statistics.median(times[name]) * options.new_tokens)
                 kernels, busy = (profile_last_step(graphs, caches["graph"], ids, policy, options.new_tokens)
                                  if device.type == "cuda" else (None, None))
                 layers = statistics.fmean(counts)
@@ -310,12 +319,14 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                 log(f"{row.shapes} batch {batch} {speedup:g}x: eager {row.eager_ms:.2f} ms, graphs "
                     f"{row.graph_ms:.2f} ms, floor {row.floor_ms:.2f} ms{peers}")
                 rows.append(row)
+        setups.append(f"{rows[-1].shapes}: " + ", ".join(f"{GRAPH_NAMES[name]} {first[name]:.1f} s"
+                                                     for name in backends if name != "eager"))
         for backend in backends.values():
             backend.close()
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return rows, {"device": describe_device(device), "bandwidth": bandwidth, "bandwidth_how": how}
+    return rows, {"device": describe_device(device), "bandwidth": bandwidth, "bandwidth_how": how, "setups": setups}
 
 
 def describe_device(device) -> str:
@@ -373,6 +384,10 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
                      f"{_ms(r.compiled_ms)} | {_times(peer and peer.compiled_ms, r.graph_ms)} | "
                      f"{'-' if r.weights == 'float' else _times(r.graph_ms, same and same.graph_ms)} | "
                      f"{_ms(r.compiled_steps_ms)} | {_times(r.graph_ms, r.compiled_steps_ms)} |")
+    if info.get("setups"):
+        lines += ["", "Setup (captures, warm-up runs, compiles: the warm-up round's time beyond a timed "
+                  "round's, over all the batches and policies above): "
+                  + "; ".join(info["setups"]) + "."]
     return "\n".join(lines) + "\n"
 
 
