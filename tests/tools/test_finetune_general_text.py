@@ -14,7 +14,7 @@ def _read(path):
 def test_paragraphs_are_prose_only():
     long = "word " * 80
     text = "\n\n".join([long, "# A heading " + long, "| a | table |\n|---|---|", "```\ncode\n```",
-                        "    indented " + long, ">>> 1 + 1\n2", "too short", "python -m tools.x " + long,
+                        "    indented " + long, ">>> 1 + 1\n2", "A session:\n  >>> 1 + 1\n  2 " + long, "too short", "python -m tools.x " + long,
                         "two\nlines " + long])
     assert gt.paragraphs(text) == [" ".join(long.split()), "two lines " + " ".join(long.split())]
 
@@ -42,3 +42,18 @@ def test_bad_options_are_one_line(tmp_path, capsys):
     assert gt.main(["--out", str(tmp_path / "x.csv"), "--max-chars", "50"]) == 2
     assert capsys.readouterr().err == "error: --max-chars must exceed the prompt's 100 characters, got 50\n"
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_stdlib_docstrings_are_a_fourth_source(tmp_path, capsys):
+    out = tmp_path / "general.csv"
+    assert gt.main(["--out", str(out), "--e2e-rows", "0", "--stdlib"]) == 0
+    rows = _read(out)
+    counts = {s: sum(r["source"] == s for r in rows) for s in ("pydoc", "docs", "e2e", "stdlib")}
+    assert capsys.readouterr().out.endswith(f"{counts['pydoc']} pydoc, {counts['docs']} docs, 0 e2e, "
+                                            f"{counts['stdlib']} stdlib)\n")
+    assert counts["stdlib"] > 300
+    stdlib = " ".join(r["prompt"] + r["target"] for r in rows if r["source"] == "stdlib")
+    import inspect
+    import logging  # a docstring of the standard library's own, read from its source
+    assert gt.paragraphs(inspect.cleandoc(logging.Logger.__doc__))[0][:80] in stdlib
+    assert ">>>" not in stdlib
