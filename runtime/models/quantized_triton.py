@@ -106,8 +106,8 @@ GEMV_TILE = dict(BN=16, BK=128)  # the interpreter's (and any run's where Triton
 GEMV_CONFIGS = [triton.Config({"BN": bn, "BK": bk}, num_warps=w)
                 for bn in (8, 16, 32, 64) for bk in (128, 256, 512) for w in (2, 4, 8) if bn * bk <= 16384]
 # Short timings (Triton's default, 25 + 100 ms a candidate, would be ~20 s for a model's five shapes).
-qmv_tuned = triton.autotune(configs=GEMV_CONFIGS, key=["N", "K"], do_bench=lambda call, quantiles: triton.testing.do_bench(
-    call, warmup=5, rep=15, quantiles=quantiles))(qmv)
+qmv_tuned = triton.autotune(configs=GEMV_CONFIGS, key=["N", "K"], do_bench=lambda call, quantiles: (
+    triton.testing.do_bench(call, warmup=5, rep=15, quantiles=quantiles)))(qmv)
 
 
 def gemv_fits(q) -> bool:

@@ -52,8 +52,8 @@ PAGE = 32  # the KV width's step, as export's default page_size
 
 ARCHS = ("opt-125m", "opt-1.3b", *PUBLISHED, "tiny-random")
 DTYPES = ("float16", "float32")
-WEIGHTS = {"float": None, "int8": 8, "int4": 4}
-GRAPH_NAMES = {"graph": "graph steps", "compiled": "compiled steps"}  # the timed backends' names in the setup line  # --weights: bits of the layers' and head's products
+WEIGHTS = {"float": None, "int8": 8, "int4": 4}  # --weights: bits of the layers' and head's products
+GRAPH_NAMES = {"graph": "graph steps", "compiled": "compiled steps"}  # the timed backends, in the setup line
 PEERS = ("eager", "compiled")  # transformers' generate: its dynamic cache, or its static cache compiled
 BLOCK = 32  # the quantized products' block, export's default
 
