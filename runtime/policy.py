@@ -117,6 +117,9 @@ class SkipPolicy:
             raise PolicyError(f"speedup must be a finite number, got {speedup!r}", param="speedup")
         if horizon < 1:
             raise PolicyError(f"horizon must be >= 1, got {horizon}", param="horizon")
+        if not 0 <= warmup_layers <= num_layers:
+            raise PolicyError(f"warmup_layers must lie in [0, {num_layers}] (the model's layers), got "
+                              f"{warmup_layers}", param="warmup_layers")
         lo_bound = max(warmup_layers, 1)
         ceiling = num_layers / lo_bound
         if speedup < 1 or speedup > ceiling + 1e-9:

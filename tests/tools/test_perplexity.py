@@ -79,3 +79,16 @@ def test_draft_adapters_score_the_skipping_tokens_alone(setup, tmp_path):
     gated = ppl.measure(skip_model(drafts), ids, policies, SETTINGS, progress=False, drafts=drafts)
     assert gated[0].perplexity == own[0].perplexity
     assert gated[1].perplexity != pytest.approx(own[1].perplexity, rel=1e-3)
+
+
+def test_warmup_layers_sets_the_policies_bottom_layers(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 3)
+    common = ["--model", "tiny-random", "--text", str(text), "--speedups", "1", "2", "--prompt-tokens", "8",
+              "--tokens", "16", "--windows", "2", "-q"]
+    assert ppl.main(common + ["--warmup-layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2x | SkipPolicy(" in out and "warm-up 2" in out and "warm-up 1" not in out
+    assert ppl.main(common + ["--warmup-layers", "99"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: warmup_layers must lie in [0, 8] (the model's layers), got 99\n"

@@ -123,6 +123,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"scored tokens per window, the policy's horizon (default {d.tokens})")
     p.add_argument("--windows", type=int, default=d.windows, help=f"windows scored (default {d.windows})")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"windows per pass (default {d.batch_size})")
+    p.add_argument("--warmup-layers", type=int, default=d.warmup_layers,
+                   help=f"bottom layers every skipping step runs (default {d.warmup_layers}, the paper's)")
     p.add_argument("--draft-adapter", metavar="DIR",
                    help="a LoRA adapter over --model trained with tools.finetune --skipping-only: the skipping "
                         "tokens run through it and the prompt and full depth through --model alone, as the "
@@ -148,7 +150,7 @@ def _run(args) -> int:
     for name in ("prompt_tokens", "tokens", "windows", "batch_size"):
         if getattr(args, name) < 1:
             raise PerplexityError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    settings = Settings(args.prompt_tokens, args.tokens, args.windows, args.batch_size)
+    settings = Settings(args.prompt_tokens, args.tokens, args.windows, args.batch_size, args.warmup_layers)
     text = read_text(args.text, args.column)
     progress = cli.progress(args.quiet)
     hf_model, tokenizer = checkpoint.load(checkpoint.resolve(args.model), dtype=torch.float32, progress=progress)
