@@ -156,6 +156,7 @@ RULES = [
      "--draft-head none "
      "--draft-layers none$", "parse", REAL),
     ("python -m tools.finetune.general_text --out .work/general-b.csv$", "run", ""),
+    ("python -m tools.finetune.general_text --out .work/general-s.csv --stdlib$", "run", ""),
     ("python -m tools.finetune.bridge --model smollm2-135m-instruct ", "parse",
      REAL + "; tests/tools/test_finetune_bridge.py fits bridges on a tiny model and scores with them"),
     ("python -m tools.evaluate.perplexity --model MODEL ", "parse",
