@@ -65,7 +65,7 @@ part agree 50 bash -c "$py -m export build --out '$work/demo-int4' --weights int
 # lossless decoding on the demo model, torch backend, batch 1 and 8
 part demo 20 $py -m export build --out "$work/demo" -q
 part lossless 40 $py -m tools.bench.lossless "$work/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
-    --rounds 2 --out "$out/lossless.md"
+    --rounds 2 --warmup-rounds 1 --out "$out/lossless.md"
 # the step at full depth and under SkipDecode, as CUDA graphs and with each layer compiled (torch.compile) under
 # them, beside transformers' compiled static-cache generate (its eager generate: slower than either, see the docs)
 for arch in $archs; do

@@ -96,3 +96,28 @@ def test_the_torch_backend_and_its_device(artifact_dir, tmp_path, capsys):
     with pytest.raises(InvalidArgumentError, match="--device applies to --backend torch"):
         lossless._run(lossless.parse([str(artifact_dir), "--device", "cuda"]), [])
 
+
+
+def test_warmup_rounds_run_every_row_untimed_first(artifact_dir, tmp_path, capsys, monkeypatch):
+    import runtime
+
+    calls = []
+    load = runtime.load
+
+    def counting_load(*args, **kwargs):
+        gen = load(*args, **kwargs)
+        generate = gen.generate
+        gen.generate = lambda *a, **k: calls.append(k) or generate(*a, **k)
+        return gen
+
+    monkeypatch.setattr(runtime, "load", counting_load)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello, my name is\nThe quick brown fox\n")
+    argv = [str(artifact_dir), "--prompts", str(prompts), "--batch", "1", "--speedups", "2", "--rounds", "1",
+            "--max-new-tokens", "6", "--threads", "1", "--warmup-rounds", "1"]
+    assert lossless.main(argv) == 0
+    assert "median of 1 rounds after 1 untimed (" in capsys.readouterr().out
+    # one call warms up; then 3 rows x 2 prompts untimed, and the same timed
+    assert len(calls) == 1 + 2 * 3 * 2 and calls[1:7] == calls[7:]
+    assert lossless.main(argv[:-1] + ["-1"]) == 2
+    assert capsys.readouterr().err == "error: --warmup-rounds must be >= 0, got -1\n"

@@ -50,13 +50,17 @@ def rows(speedups: list[float]) -> list[tuple[str, dict]]:
 
 
 def measure(gen, prompts: list[str], batch: int, speedups: list[float], new_tokens: int, rounds: int,
-            log=print) -> list[dict]:
+            log=print, warmup_rounds: int = 0) -> list[dict]:
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     table = rows(speedups)
     seconds = {name: [] for name, _ in table}
     calls = {name: [] for name, _ in table}  # each round's whole calls, prompt in to last token out
     tokens, drafted, accepted, verified, outputs, costs = {}, {}, {}, {}, {}, {}
     gen.generate(prompts[:1], 4)  # warm up
+    for _ in range(warmup_rounds):  # every row's shapes once, untimed (a GPU's graph captures for each)
+        for _, options in table:
+            for group in groups:
+                gen.generate(group, new_tokens, **options)
     for r in range(rounds):
         order = table if r % 2 == 0 else table[::-1]
         for name, options in order:
@@ -131,6 +135,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--speedups", type=float, nargs="+", default=[2, 3, 5], help="policies (default 2 3 5)")
     cli.add_max_new_tokens(p, 64, "tokens per prompt (EOS ends a row earlier)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, every row once each (default 3)")
+    p.add_argument("--warmup-rounds", type=int, default=0,
+                   help="untimed rounds first, every row once each (default 0; on a GPU 1: the rows' CUDA "
+                        "graphs are captured in their first run, which a timed round would count)")
     p.add_argument("--backend", choices=["onnxruntime", "torch"], default="onnxruntime",
                    help="what runs the graphs (default onnxruntime; torch: --device cuda replays CUDA graphs)")
     p.add_argument("--device", help="the torch backend's device, cpu or cuda (default cpu)")
@@ -155,6 +162,8 @@ def main(argv=None) -> int:
 def _run(args, argv: list[str]) -> int:
     import runtime
 
+    if args.warmup_rounds < 0:
+        raise InvalidArgumentError(f"--warmup-rounds must be >= 0, got {args.warmup_rounds}")
     prompts = load_prompts(args.prompts, args.column, args.count)
     if args.backend == "torch":
         if args.spin or not args.fused:
@@ -184,12 +193,14 @@ def _run(args, argv: list[str]) -> int:
         results = []
         for batch in args.batch:
             results += measure(gen, prompts, batch, args.speedups, args.max_new_tokens, args.rounds,
-                               log=lambda m: print(m, file=sys.stderr))
+                               log=lambda m: print(m, file=sys.stderr), warmup_rounds=args.warmup_rounds)
     finally:
         gen.close()
     command = "python -m tools.bench.lossless " + " ".join(argv)
     header = (f"{args.artifact}, {len(prompts)} prompts, greedy, up to {args.max_new_tokens} new tokens, "
-              f"{args.threads} threads ({load}), median of {args.rounds} rounds ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+              f"{args.threads} threads ({load}), median of {args.rounds} rounds"
+              + (f" after {args.warmup_rounds} untimed" if args.warmup_rounds else "")
+              + f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
               f"\nCommand: `{command.strip()}`")
     table = render(results, header)
     print(table)
