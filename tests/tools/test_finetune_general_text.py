@@ -14,7 +14,8 @@ def _read(path):
 def test_paragraphs_are_prose_only():
     long = "word " * 80
     text = "\n\n".join([long, "# A heading " + long, "| a | table |\n|---|---|", "```\ncode\n```",
-                        "    indented " + long, ">>> 1 + 1\n2", "A session:\n  >>> 1 + 1\n  2 " + long, "too short", "python -m tools.x " + long,
+                        "    indented " + long, ">>> 1 + 1\n2", "A session:\n  >>> 1 + 1\n  2 " + long, "too short",
+                        "python -m tools.x " + long,
                         "two\nlines " + long])
     assert gt.paragraphs(text) == [" ".join(long.split()), "two lines " + " ".join(long.split())]
 

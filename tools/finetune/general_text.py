@@ -8,8 +8,8 @@ Three sources, each named in the rows' ``source`` column: Python's own documenta
 repository's README.md and docs/ (prose paragraphs: no tables, code or headings), and the E2E
 training references (data/e2e/trainset.csv.gz) in groups of six; with ``--stdlib`` a fourth, the
 docstrings of the standard library's modules, classes and functions (read from its source with
-``ast``, nothing imported; no test suites; ~600 paragraphs on Python 3.11). Each text becomes one row of at
-most ``--max-chars`` characters: its first ~100 characters the prompt, the rest the target
+``ast``, nothing imported; no test suites; ~600 paragraphs on Python 3.11). Each text becomes one
+row of at most ``--max-chars`` characters: its first ~100 characters the prompt, the rest the target
 (``tools.finetune --prompt-column prompt --target-column target --separator ''``). The held-out
 texts of docs/quality.md (data/prose/) are not among them. Rows shuffled with a fixed seed.
 """
