@@ -62,14 +62,27 @@ def test_concurrent_requests_from_threads_equal_each_alone(engine_gen):
     results = [None] * len(REQUESTS)
 
     def worker(k):
-        time.sleep(0.003 * k)  # staggered starts: later ones join a running batch
+        time.sleep(0.003 * k)  # staggered starts, in a known order
         results[k] = alone(engine_gen, *REQUESTS[k])
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(REQUESTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    # the engine is held in the first request's prefill until every request has arrived: on a
+    # loaded machine a request could otherwise end before the next one starts (and nothing batch)
+    real = engine_gen.engine.backend
+    engine_gen.engine.backend = gate = Gate(real)
+    try:
+        for t in threads:
+            t.start()
+        scheduler = engine_gen.engine.scheduler
+        arrived = lambda: len({id(r) for r in [*scheduler.waiting, *scheduler.running]})  # noqa: E731
+        wait_for(lambda: arrived() == len(REQUESTS))
+        assert arrived() == len(REQUESTS)
+        gate.step(10_000)
+        for t in threads:
+            t.join(60)
+    finally:
+        gate.step(10_000)  # never leave a thread held
+        engine_gen.engine.backend = real
     assert [r.token_ids for r in results] == expected
     for r in results:
         check_layers(r)
