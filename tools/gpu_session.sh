@@ -2,11 +2,12 @@
 # One GPU loan's checks (issue 54), prepared so that two calls measure everything docs/benchmarks-gpu.md
 # needs: the CUDA tests, int4 against float16 at Llama-3.2-3B shapes, the GPU's int4 kernel's top-1
 # agreement with the CPU's on real (the demo model's) weights, lossless decoding on the demo model, and the
-# step (CUDA graphs, and each layer compiled) beside transformers' compiled generate. Each part runs under its
+# step (CUDA graphs, and each layer compiled) beside transformers' compiled generate, and what a step's logits
+# cost on their way to the host (pageable against pinned). Each part runs under its
 # own timeout (seconds), its log in $OUT (default .work/gpu-session), its end in $OUT/parts.txt; a part that
 # fails or times out does not stop the next. Prints each part's tail and the tables.
 #
-#   PARTS="tests int4 agree demo lossless" bash tools/gpu_session.sh   # on the GPU, call 1: at most 5 min 20 s
+#   PARTS="tests int4 agree demo lossless copy" bash tools/gpu_session.sh   # on the GPU, call 1: at most 5 min 40 s
 #   PARTS=step bash tools/gpu_session.sh    # call 2: at most 5 min (both shapes, batch 1 and 8, 1x/2x/5x)
 #   SMOKE=1 bash tools/gpu_session.sh       # every part at tiny sizes on the CPU (its test)
 #
@@ -28,10 +29,11 @@ python -c "import torch" 2> /dev/null || py=python3
 if [ "${SMOKE:-0}" = 1 ]; then
     device=cpu; archs=tiny-random; big=tiny-random; batches="1"; rounds=1; tokens=4
     tests="tests/runtime/test_torch_quantized.py -k quantize_makes"; lossless="--device cpu --count 2"
+    copies="--batch 1 --vocab 64 --rounds 2"
 else
     device=cuda; archs="smollm2-360m llama-3.2-1b"; big=llama-3.2-3b; batches="1 8"; rounds=2; tokens=32
     tests="tests/runtime/test_cuda_graphs.py tests/runtime/test_torch_backend.py tests/runtime/test_torch_quantized.py"
-    lossless="--device cuda"
+    lossless="--device cuda"; copies=""
 fi
 bench="$py -m tools.bench.gpu --device $device --max-new-tokens $tokens --rounds $rounds"
 [ "$device" = cpu ] && bench="$bench --prompt 4 --bandwidth-mib 16 --dtype float32"
@@ -66,6 +68,8 @@ part agree 50 bash -c "$py -m export build --out '$work/demo-int4' --weights int
 part demo 20 $py -m export build --out "$work/demo" -q
 part lossless 40 $py -m tools.bench.lossless "$work/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
     --rounds 2 --warmup-rounds 1 --out "$out/lossless.md"
+# a decode step's logits to the host: pageable (.cpu()) against pinned (the torch backend's to_host)
+part copy 20 $py -m tools.bench.host_copy --device $device $copies --out "$out/copy.md"
 # the step at full depth and under SkipDecode, as CUDA graphs and with each layer compiled (torch.compile) under
 # them, beside transformers' compiled static-cache generate (its eager generate: slower than either, see the docs)
 for arch in $archs; do

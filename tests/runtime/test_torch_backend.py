@@ -375,3 +375,16 @@ def test_fp16_cuda_matches_onnxruntime_fp16(fp16_artifact_dir):
     finally:
         ours.close()
         theirs.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_logits_come_back_through_pinned_memory_whole_and_owned():
+    from runtime.backends.torch import to_host
+
+    logits = torch.randn(8, 1000, device="cuda")  # (R, V)
+    first = to_host(logits)
+    want = logits.cpu().numpy()
+    logits.add_(1.0)
+    second = to_host(logits)  # a later step's copy must not land in the array the engine still holds
+    np.testing.assert_array_equal(first, want)
+    np.testing.assert_array_equal(second, want + np.float32(1.0))
