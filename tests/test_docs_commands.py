@@ -240,6 +240,8 @@ RULES = [
     ("python -m tools.bench.startup artifacts/opt-e2e-skipdecode --runs 10 --checkout /tmp/", "parse", BEFORE),
     ("python -m tools.bench.context --before", "parse", BEFORE),
     ("python -m tools.bench.gpu", "parse", LONG + " (on a CUDA GPU; --device cpu runs the same for 8 minutes)"),
+    ("python -m tools.bench.host_copy --device cuda", "parse",
+     "on a CUDA GPU (tests/tools/test_bench_host_copy.py runs it with --device cpu)"),
     ("python -m tools.bench.prefix artifacts/smollm2-135m-int4$", "parse",
      LONG + " (the real model's int4 export; tests/tools/test_bench_prefix.py runs it on a tiny model)"),
     ("python -m tools.bench.structured /tmp/fz/q3q4", "parse",
