@@ -27,7 +27,8 @@ def test_cpu_dry_run_prints_the_table(tmp_path, capsys):
     assert [r[10].strip() for r in rows] == ["1.00x", "2.00x", "1.00x", "2.00x"]  # 8 layers: 8 / 4
     assert {(r[12].strip(), r[13].strip()) for r in rows} == {("-", "-")}  # kernels and their time: CUDA only
     peer = [r[14].strip() for r in rows]  # transformers' generate, at full depth
-    assert peer[1] == peer[3] == "-" and float(peer[0]) > 0 and float(peer[2]) > 0
+    # a figure, not its sign: (33 tokens' time - 1 token's) / 32 of a tiny model on a loaded CPU can be ~0
+    assert peer[1] == peer[3] == "-" and all(re.fullmatch(r"-?\d+\.\d{3}", p) for p in (peer[0], peer[2])), peer
     for full, skip in (rows[:2], rows[2:]):  # every row against its batch's transformers figure
         for r in (full, skip):
             # within the rounding of the printed ms (3 decimals) and ratio (2)
@@ -51,7 +52,8 @@ def test_quantized_rows_beside_the_float_ones_and_the_compiled_peer(capsys):
     assert [(r[0].strip(), r[2].strip()) for r in rows] == [("tiny-random", "full"), ("tiny-random", "2x"),
                                                           ("tiny-random int4", "full"), ("tiny-random int4", "2x")]
     float_full, float_2x, q_full, q_2x = rows
-    assert float(float_full[16]) > 0 and float_full[17].strip().endswith("x")  # the compiled peer, float rows
+    assert re.fullmatch(r"-?\d+\.\d{3}", float_full[16].strip()) and float_full[17].strip().endswith("x")  # the
+    # compiled peer, float rows (a figure: a difference of two times, ~0 for a tiny model on a loaded CPU)
     assert q_full[16].strip() == "-" and q_full[17].strip().endswith("x")  # measured on the float weights
     assert [r[18].strip() for r in (float_full, float_2x)] == ["-", "-"]
     assert {(r[19].strip(), r[20].strip()) for r in rows} == {("-", "-")}  # no --compile-steps
