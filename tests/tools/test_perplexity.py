@@ -92,3 +92,24 @@ def test_warmup_layers_sets_the_policies_bottom_layers(tmp_path, capsys):
     assert ppl.main(common + ["--warmup-layers", "99"]) == 2
     err = capsys.readouterr().err
     assert err == "error: warmup_layers must lie in [0, 8] (the model's layers), got 99\n"
+
+
+def test_policy_scores_a_speedup_under_its_own_budgets(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 3)
+    common = ["--model", "tiny-random", "--text", str(text), "--speedups", "1", "2", "--prompt-tokens", "8",
+              "--tokens", "16", "--windows", "2", "-q"]
+    assert ppl.main(common) == 0
+    picked = capsys.readouterr().out
+    assert ppl.main(common + ["--policy", "2=4:4"]) == 0  # 2x flat: 4 of the 8 layers at every step
+    flat = capsys.readouterr().out
+    assert "| 2x | SkipPolicy(L=8, layers 4->4 over 16 steps" in flat and "layers 4->4" not in picked
+    row = next(line for line in flat.splitlines() if line.startswith("| 2x"))
+    assert row.split("|")[3].strip() == "4.2"  # the first scored token from the full-depth prompt: (8 + 15 x 4) / 16
+    assert ppl.main(common + ["--policy", "3=4:2"]) == 2
+    assert capsys.readouterr().err == "error: --policy names speedup 3, which --speedups does not score; add it there\n"
+    assert ppl.main(common + ["--policy", "2=8:6"]) == 2
+    assert "8->6 is a 1.1" in capsys.readouterr().err  # a policy of another speedup than its key's
+    with pytest.raises(SystemExit):
+        ppl.main(common + ["--policy", "2=4"])
+    assert "'2=4' is not S=MAX:MIN (e.g. 5=18:3)" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from runtime import cli
 from runtime.errors import SkipDecodeError
 from tools.finetune.data import read_text, token_windows
+from tools.finetune.own_policy import own_policy
 
 
 class PerplexityError(SkipDecodeError):
@@ -53,13 +54,21 @@ def windows(tokenizer, text: str, settings: Settings):
                          f"pass a longer text or smaller windows", PerplexityError)
 
 
-def policies(num_layers: int, speedups, settings: Settings) -> dict:
+def policies(num_layers: int, speedups, settings: Settings, own=()) -> dict:
     """{speedup: SkipPolicy}: each over ``settings.tokens`` steps, as a generation of that length
-    picks it for ``--speedup``; an impossible one raises PolicyError."""
+    picks it for ``--speedup``, or the (speedup, max_layers, min_layers) of ``own`` for its speedup
+    (``--policy``, as tools.finetune's and skipdecode.json's ``speedup_policies``); an impossible one,
+    or one of ``own`` that is not its speedup's, raises PolicyError."""
     from tools.finetune.skip import PolicySampler  # the policies fine-tuning trains under, the same way
 
     speedups = tuple(speedups)
-    return dict(zip(speedups, PolicySampler(num_layers, speedups, settings.tokens, settings.warmup_layers).policies()))
+    missing = [s for s, _, _ in own if s not in speedups]
+    if missing:
+        raise PerplexityError(f"--policy names speedup {missing[0]:g}, which --speedups does not score; add it there")
+    sampler = PolicySampler(num_layers, speedups, settings.tokens, settings.warmup_layers, own=tuple(own))
+    if own:
+        sampler.speedup_policies()  # each within 0.05 of its speedup over the horizon
+    return dict(zip(speedups, sampler.policies()))
 
 
 def measure(model, ids, policies: dict, settings: Settings, progress: bool = True, drafts=None,
@@ -123,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"scored tokens per window, the policy's horizon (default {d.tokens})")
     p.add_argument("--windows", type=int, default=d.windows, help=f"windows scored (default {d.windows})")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"windows per pass (default {d.batch_size})")
+    p.add_argument("--policy", action="append", default=[], type=own_policy, metavar="S=MAX:MIN",
+                   help="score speedup S (one of --speedups) under budgets MAX -> MIN over the horizon instead of "
+                        "the policy for_speedup picks (max:min near 2:1), as tools.finetune --policy trains it")
     p.add_argument("--warmup-layers", type=int, default=d.warmup_layers,
                    help=f"bottom layers every skipping step runs (default {d.warmup_layers}, the paper's)")
     p.add_argument("--draft-adapter", metavar="DIR",
@@ -162,8 +174,8 @@ def _run(args) -> int:
         from tools.finetune import bridge
 
         bridges = bridge.load(args.bridges, model)
-    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings), settings, progress, drafts,
-                   bridges)
+    rows = measure(model, ids, policies(model.num_layers, args.speedups, settings, args.policy), settings, progress,
+                   drafts, bridges)
     print(f"{args.model}{f' with drafts {args.draft_adapter}' if drafts else ''}: {ids.shape[0]} windows of "
           f"{settings.prompt_tokens} prompt + {settings.tokens} scored tokens from {args.text}"
           + (f" ({args.column})" if args.column else "") + (f", bridges {args.bridges}" if bridges else ""))

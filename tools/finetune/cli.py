@@ -7,6 +7,7 @@ import argparse
 from runtime import cli
 from runtime.policy import DECAYS, PREFILLS
 
+from .own_policy import own_policy
 from .train import TrainConfig, train
 
 
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="budget curve of the policies over the horizon (linear: the paper's)")
     p.add_argument("--exponent", type=float, default=2.0,
                    help="power decay: budget = min + (max - min) * (1 - t) ** exponent")
-    p.add_argument("--policy", action="append", default=[], type=_own_policy, metavar="S=MAX:MIN",
+    p.add_argument("--policy", action="append", default=[], type=own_policy, metavar="S=MAX:MIN",
                    help="the policy of speedup S (one of --speedups): budgets MAX -> MIN over the horizon "
                         "instead of the one for_speedup picks (its max:min near 2:1), e.g. 5=18:3 with "
                         "--decay power --exponent 4: deep first tokens; recorded as skipdecode.json's "
@@ -94,16 +95,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="continue from the latest checkpoint in --out, or from the one named")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
-
-
-def _own_policy(text: str) -> tuple[float, int, int]:
-    """"5=18:3" -> (5.0, 18, 3)."""
-    try:
-        speedup, budgets = text.split("=")
-        hi, lo = budgets.split(":")
-        return float(speedup), int(hi), int(lo)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not S=MAX:MIN (e.g. 5=18:3)") from None
 
 
 def main(argv=None) -> int:
