@@ -57,8 +57,9 @@ def windows(tokenizer, text: str, settings: Settings):
 def policies(num_layers: int, speedups, settings: Settings, own=()) -> dict:
     """{speedup: SkipPolicy}: each over ``settings.tokens`` steps, as a generation of that length
     picks it for ``--speedup``, or the (speedup, max_layers, min_layers) of ``own`` for its speedup
-    (``--policy``, as tools.finetune's and skipdecode.json's ``speedup_policies``); an impossible one,
-    or one of ``own`` that is not its speedup's, raises PolicyError."""
+    (``--policy``, as tools.finetune's and skipdecode.json's ``speedup_policies``). An impossible one,
+    or one of ``own`` that is not its speedup's, raises PolicyError; one for a speedup that
+    ``speedups`` lacks, PerplexityError."""
     from tools.finetune.skip import PolicySampler  # the policies fine-tuning trains under, the same way
 
     speedups = tuple(speedups)
