@@ -92,6 +92,32 @@ def _grow_heap(at_least: int) -> tuple[int, list[bytearray]]:
     pytest.skip("the blocks did not grow one region (a malloc that mmaps them?)")
 
 
+def _collapsed_or_skip(before) -> int:
+    """``collapse_new(before)``; a skip where the kernel cannot collapse even a fresh, touched mapping
+    at this moment (no free 2 MiB page: memory fragmented by what ran before), which is not this
+    module's fault. Where it can, a 0 stays a failure."""
+    import ctypes
+    import mmap
+    import os
+
+    collapsed = hugepages.collapse_new(before)
+    if collapsed:
+        return collapsed
+    probe = mmap.mmap(-1, 2 * hugepages.HUGE_PAGE)  # holds one aligned 2 MiB range
+    probe.write(b"\x01" * len(probe))
+    view = (ctypes.c_char * len(probe)).from_buffer(probe)
+    aligned = -(-ctypes.addressof(view) // hugepages.HUGE_PAGE) * hugepages.HUGE_PAGE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    failed = libc.madvise(aligned, hugepages.HUGE_PAGE, hugepages.MADV_COLLAPSE) != 0
+    why = os.strerror(ctypes.get_errno())
+    del view
+    probe.close()
+    if failed:
+        pytest.skip(f"MADV_COLLAPSE collapses not even a fresh mapping on this machine right now ({why})")
+    return collapsed
+
+
 @needs_collapse
 def test_the_part_the_heap_grew_by_is_collapsed():
     """glibc serves ONNX Runtime's packed weights from the heap, which exists before a load and
@@ -99,7 +125,7 @@ def test_the_part_the_heap_grew_by_is_collapsed():
     before = hugepages.snapshot()
     heap, blocks = _grow_heap(24 << 20)
     huge_before = _region_huge(heap)
-    assert hugepages.collapse_new(before) >= 16 << 20
+    assert _collapsed_or_skip(before) >= 16 << 20
     assert _region_huge(heap) >= huge_before + (16 << 20)
     assert all(b.count(7) == 100_000 for b in blocks)
 
@@ -117,7 +143,7 @@ def test_a_heap_with_memory_given_back_still_has_its_growth_collapsed():
     before = hugepages.snapshot()
     heap, blocks = _grow_heap(24 << 20)
     huge_before, resident_before = _region_huge(heap), hugepages.anonymous_regions()[heap][1]
-    assert hugepages.collapse_new(before) >= 16 << 20
+    assert _collapsed_or_skip(before) >= 16 << 20
     assert _region_huge(heap) >= huge_before + (16 << 20)
     assert hugepages.anonymous_regions()[heap][1] <= resident_before + (1 << 20)  # the holes stay out
     assert all(b.count(7) == 100_000 for b in blocks)
