@@ -65,6 +65,7 @@ def _parser():
     cli.add_spin(be)
     cli.add_huge_pages(be)
     cli.add_fused(be)
+    cli.add_compile_steps(be)
     cli.add_int4_kernel(be)
     be.add_argument("--max-batch", type=int,
                     help="rows decoded together (default: the number of prompts, at most 8); more "

@@ -172,6 +172,15 @@ def add_fused(group) -> None:
                             "their fused-operator variant (GroupQueryAttention), which it runs by default")
 
 
+def add_compile_steps(group) -> None:
+    """--compile-steps, the same in ``python -m runtime`` and ``python -m runtime serve``."""
+    group.add_argument("--compile-steps", action="store_true",
+                       help="torch on CUDA: compile each layer of the captured steps with torch.compile "
+                            "(fewer, fused kernels: 1.24x-1.83x faster than transformers' compiled generate at "
+                            "Llama-3.2-1B shapes on an H200, docs/benchmarks-gpu.md), paying seconds of "
+                            "compiling for each new shape the first time")
+
+
 def add_int4_kernel(group) -> None:
     """--int4-kernel and --deterministic, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     from .platform.kernels import CHOICES
@@ -218,8 +227,8 @@ def policy_fields(speedup: float | None, max_layers: int | None, min_layers: int
 
 
 def backend_options(args) -> dict:
-    """The backend options of a command line's --threads, --spin, --huge-pages, --device, --engine-dir (the
-    runtime's and the server's, which share them), as ``runtime.load`` takes them."""
+    """The backend options of a command line's --threads, --spin, --huge-pages, --device, --compile-steps,
+    --engine-dir (the runtime's and the server's, which share them), as ``runtime.load`` takes them."""
     options = {"threads": args.threads}
     if args.spin != "auto" and args.backend != "onnxruntime":
         raise InvalidArgumentError(f"--{'' if args.spin else 'no-'}spin applies to --backend onnxruntime "
@@ -245,6 +254,12 @@ def backend_options(args) -> dict:
         if args.backend != "onnxruntime":
             raise InvalidArgumentError(f"--deterministic applies to --backend onnxruntime, not {args.backend}")
         options["deterministic"] = True
+    if getattr(args, "compile_steps", False):
+        if args.backend != "torch" or not (args.device or "").startswith("cuda"):
+            raise InvalidArgumentError(f"--compile-steps compiles the torch backend's CUDA graph steps: pass it "
+                                       f"with --backend torch --device cuda, not --backend {args.backend}"
+                                       f"{f' --device {args.device}' if args.device else ''}")
+        options["compile_steps"] = True
     if args.backend == "torch" and args.device:
         options["device"] = args.device
     elif args.backend == "onnxruntime" and args.device == "cpu":

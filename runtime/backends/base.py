@@ -21,6 +21,11 @@ the whole step at once overrides it: the torch backend replays one CUDA graph pe
 (backends/cuda_graphs.py); the ONNX Runtime IOBinding backend uploads the mask once per step.
 A lossless verify pass is one call too, ``verify(check, cache)`` (default ``run_verify``: embed,
 every layer, ``head_all``), which the torch backend replays as a captured graph as well.
+
+A step or pass whose rows need only their logits' argmax (``argmax``: greedy rows whose logits
+nothing else reads, runtime.engine) may return the token ids instead of the logits; a backend
+whose logits live on a device picks them there and copies back 8 bytes a row, not 4 V (the
+torch backend on CUDA). ``tokens`` gives the ids from whichever came back.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class DecodeStep:
     layers: list[int]  # the union of the rows' active sets, ascending
     updates: np.ndarray  # (len(layers), R) bool: per layer, the rows whose active set holds it
     draft: bool = False  # every row's logits are a lossless draft's: the backend may read its draft head
+    argmax: bool = False  # the rows need only their logits' argmax: the backend may return ids (R,) int64
 
     @property
     def rows(self) -> int:
@@ -58,6 +64,7 @@ class VerifyPass:
     updates: np.ndarray  # (R,) bool: the rows verified; the others ride along and write nothing
     verified: np.ndarray  # (n,) int64: the verified rows, whose logits come back
     depth: int  # the model's layers, all of which the pass runs
+    argmax: bool = False  # the verified rows need only their logits' argmax: ids (n, T) int64 may come back
 
     @property
     def rows(self) -> int:
@@ -135,18 +142,26 @@ class Backend(ABC):
         return 0.0
 
     def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
-        """One decode step: fp32 logits (step.rows, V)."""
+        """One decode step: fp32 logits (step.rows, V), or with ``step.argmax`` perhaps their argmax
+        (step.rows,) int64 (``tokens``)."""
         return run_decode(self, step, cache)
 
     def verify(self, check: VerifyPass, cache: KVCache) -> np.ndarray:
         """One verify pass, every layer writing the verified rows' K/V at their T new positions:
-        fp32 logits (len(check.verified), T, V) of every position. The cache's lengths do not move
+        fp32 logits (len(check.verified), T, V) of every position, or with ``check.argmax`` perhaps
+        their argmax (len(check.verified), T) int64 (``tokens``). The cache's lengths do not move
         (the engine grows the rows by what they keep)."""
         return run_verify(self, check, cache)
 
     def close(self) -> None:
         """Release sessions and device memory (nothing to do by default)."""
         return None
+
+
+def tokens(out: np.ndarray) -> np.ndarray:
+    """The token ids of an ``argmax`` call's result: the ids a backend picked itself (int64), or
+    the argmax of the logits it returned instead (the first of equal maxima, as torch's)."""
+    return out if out.dtype.kind in "iu" else out.argmax(axis=-1)
 
 
 def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden, mask, layers,

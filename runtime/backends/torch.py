@@ -13,7 +13,8 @@ that run at the cache's width: nothing is concatenated or copied between steps, 
 addresses never change.
 
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
-calls; only the logits of the last position come back to the host. On CUDA a decode step is
+calls; only the logits of the last position come back to the host (a static step's greedy rows:
+their argmax alone, picked on the device). On CUDA a decode step is
 replayed from a CUDA graph captured per active-layer set, batch bucket and width bucket
 (backends/cuda_graphs.py, which says how the shapes are made static), and so is a lossless verify
 pass, per batch, width and token bucket; ``cuda_graphs=False`` runs every step eagerly.
@@ -38,7 +39,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def to_host(logits: torch.Tensor) -> np.ndarray:
-    """``logits`` on the host, once the device has computed them (so the loop's timings include
+    """``logits`` (or token ids) on the host, once the device has computed them (so the loop's timings include
     the queued device work). From a GPU through pinned memory: a copy to pageable memory is staged
     by the driver at a fraction of the link's speed, and a step's logits are 4 MB at batch 8 of a
     128,256-token vocabulary. The pinned block is PyTorch's caching host allocator's: returned to
@@ -303,7 +304,8 @@ class TorchBackend(Backend):
         static, replay = self.graphs.get(key, lambda k: StaticStep(self, k))
         static.load(step, cache.length[: step.rows])
         replay()
-        return to_host(static.logits[: step.rows])  # (R, V) fp32
+        logits = static.logits[: step.rows]  # (R, V) fp32
+        return to_host(logits.argmax(-1) if step.argmax else logits)  # (R,) int64 or (R, V)
 
     @torch.inference_mode()
     def verify(self, check: VerifyPass, cache: KVCache):
@@ -315,7 +317,8 @@ class TorchBackend(Backend):
         static, replay = self.graphs.get(key, lambda k: StaticVerify(self, k))
         static.load(check, cache.length[: check.rows])
         replay()
-        return to_host(static.logits[self._tensor(check.verified), :T])  # (n, T, V) fp32
+        logits = static.logits[self._tensor(check.verified), :T]  # (n, T, V) fp32
+        return to_host(logits.argmax(-1) if check.argmax else logits)  # (n, T) int64 or (n, T, V)
 
     @torch.inference_mode()
     def head(self, hidden, rows=None):

@@ -220,19 +220,27 @@ class Engine:
         if isinstance(plan, VerifyPlan):
             logits, seconds = self.runner.verify(plan)
             return self._judge(plan, logits, seconds)
-        logits, seconds = self.runner.decode(plan)
+        out, seconds = self.runner.decode(plan)  # logits (R, V), or their argmax (R,)
         self._record(plan, seconds)
         emit = []
         for j, s in enumerate(plan.seqs):
             if plan.waiting[j] or s.row < 0:  # (or its request ended at a draft of another of its rows)
                 continue
             if plan.drafting[j]:
-                self._contained(s.request, self._draft, s, logits[j])
+                self._contained(s.request, self._draft, s, out[j], plan.argmax)
             else:
-                s.logits = logits[j]
+                self._scored(s, out[j], plan.argmax)
                 s.step += 1
                 emit.append(s)
         self._emit(emit)
+
+    @staticmethod
+    def _scored(s: Sequence, out, argmax: bool) -> None:
+        """A row's next token's scores (V,), or the token itself where the call brought back ids."""
+        if argmax:
+            s.chosen = int(out)
+        else:
+            s.logits = out
 
     def _record(self, plan: DecodePlan, seconds: float) -> None:
         """A decode step in its requests' stats: its time, and each (request, step)'s layers."""
@@ -250,14 +258,16 @@ class Engine:
             r.stats.steps.append(StepStats(g, len(active), active, seconds, self.num_layers,
                                            tuple(plan.seqs[j].index for j in members), layers))
 
-    def _draft(self, s: Sequence, logits: np.ndarray) -> None:
+    def _draft(self, s: Sequence, out, argmax: bool) -> None:
         r = s.request
-        s.token = next_draft(s.draft, logits, r.sampling, r.detok[s.index].tokens, s.rng)
+        s.token = (s.draft.add(int(out)) if argmax else
+                   next_draft(s.draft, out, r.sampling, r.detok[s.index].tokens, s.rng))
 
     def _judge(self, plan: VerifyPlan, logits: np.ndarray, seconds: float) -> None:
         """A verify pass's tokens, position by position: each row's until its first token that
         differs from its draft (that token is full depth's own, and kept); the rejected drafts'
-        positions dropped; each row's next k or pause (runtime.lossless)."""
+        positions dropped; each row's next k or pause (runtime.lossless). ``logits`` (n, T, V), or
+        their argmax (n, T) for the plan's ``argmax`` rows."""
         ready, L = plan.ready, self.num_layers
         for r in dict.fromkeys(s.request for s in ready):
             r.stats.decode_seconds += seconds
@@ -273,7 +283,8 @@ class Engine:
         for i in range(plan.T):
             for j, s in enumerate(ready):
                 if s in active:
-                    s.logits, s.step = logits[j, i], s.step + 1
+                    self._scored(s, logits[j, i], plan.argmax)
+                    s.step += 1
                     s.draft.proposal = s.drafts[i] if i < len(s.drafts) else None
             self._emit(active)
             active = [s for s in active

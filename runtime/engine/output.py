@@ -32,14 +32,8 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
     for s in members:
         b = s.index
         detok, before = r.detok[b], s.text
-        scores = penalize(s.logits, detok.tokens, r.sampling) if r.sampling.penalized else s.logits
-        if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
-            scores = s.matcher.mask(scores)  # only what keeps the text on its schema
-        if s.draft is not None and s.draft.proposal is not None and r.sampling.do_sample:  # a draft judged
-            draft, q = s.draft.proposal
-            token = verify_draft(probabilities(scores[None, :], r.sampling)[0], draft, q, s.rng)
-        else:  # greedy: full depth's argmax, which the verify pass compares with the draft
-            token = int(select(scores[None, :], r.sampling, s.rng)[0])
+        # the logits' argmax the backend picked (Request.argmax_only), or a choice from the logits
+        token = s.chosen if s.chosen is not None else choose(s, r)
         complete = s.matcher is not None and token not in r.eos and s.matcher.consume(token)
         if r.logprobs is not None:
             event.logprobs[b] = token_logprob(s.logits, token, r.logprobs)
@@ -52,7 +46,7 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
         if hit is not None:  # the whole last token stays, so that text == decode(token_ids)
             text += detok.flush()
         event.token_ids[b], event.texts[b] = token, text[len(before):]
-        s.text, s.token, s.logits = text, token, None
+        s.text, s.token, s.logits, s.chosen = text, token, None, None
         if s.copy is not None:  # the next step runs deep while the text copies the prompt
             s.copy.due = s.copy.rule.due(text)
         reason = ("eos" if token in r.eos else "stop" if hit is not None or complete
@@ -70,6 +64,18 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
     r.step_times.append(time.perf_counter())
     if r.streams:
         r.events.put(event)
+
+
+def choose(s: Sequence, r: Request) -> int:
+    """Row ``s``'s next token from its logits: penalties, the JSON mask, a judged draft, sampling."""
+    scores = penalize(s.logits, r.detok[s.index].tokens, r.sampling) if r.sampling.penalized else s.logits
+    if s.matcher is not None and (r.sampling.do_sample or not s.matcher.allows(int(scores.argmax()))):
+        scores = s.matcher.mask(scores)  # only what keeps the text on its schema
+    if s.draft is not None and s.draft.proposal is not None and r.sampling.do_sample:  # a draft judged
+        draft, q = s.draft.proposal
+        return verify_draft(probabilities(scores[None, :], r.sampling)[0], draft, q, s.rng)
+    # greedy: full depth's argmax, which the verify pass compares with the draft
+    return int(select(scores[None, :], r.sampling, s.rng)[0])
 
 
 def result(r: Request, unfinished: str | None = None) -> GenerationResult:

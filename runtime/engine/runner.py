@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ..backends import Backend
-from ..backends.base import DecodeStep, VerifyPass
+from ..backends.base import DecodeStep, VerifyPass, tokens
 from ..kvcache import KVCache
 from .scheduler import DecodePlan, VerifyPlan
 from .state import Prefill, Sequence, Timings
@@ -48,7 +48,8 @@ class Runner:
 
     def decode(self, plan: DecodePlan) -> tuple[np.ndarray, float]:
         """One decode step of every decoding row as planned: embed, the union of the rows' sets,
-        head. Returns the logits (R, V) and the seconds it took."""
+        head. Returns the logits (R, V), or their argmax (R,) for a plan's ``argmax`` rows, and the
+        seconds it took."""
         cache, R = self.cache, len(plan.seqs)
         layers = plan.layers
         ids = np.array([[s.token] for s in plan.seqs], dtype=np.int64)  # (R, 1)
@@ -59,8 +60,10 @@ class Runner:
         cache.reserve(0, R, 1)
         new = np.ones((R, 1), dtype=np.int64)
         new[plan.waiting] = 0
-        step = DecodeStep(ids, cache.mask(0, R, new), layers, plan.updates, plan.draft_only)
+        step = DecodeStep(ids, cache.mask(0, R, new), layers, plan.updates, plan.draft_only, plan.argmax)
         logits = self.backend.decode(step, cache)  # (R, V)
+        if plan.argmax:
+            logits = tokens(logits)  # (R,)
         cache.advance(0, R, new)
         for s, h, length, active in zip(plan.seqs, plan.held, plan.lengths, plan.sets):
             if h:
@@ -122,8 +125,8 @@ class Runner:
     def verify(self, plan: VerifyPlan) -> tuple[np.ndarray, float]:
         """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most
         drafts; rows with fewer are padded, the other decoding rows ride along unchanged): K/V of
-        every layer at those positions and every position's logits (len(ready), T, V), and the
-        seconds it took. The ready rows' lengths end past all their drafts (the engine rewinds the
+        every layer at those positions and every position's logits (len(ready), T, V) (their argmax
+        (len(ready), T) for a plan's ``argmax`` rows), and the seconds it took. The ready rows' lengths end past all their drafts (the engine rewinds the
         rejected ones)."""
         cache, T, R = self.cache, plan.T, len(plan.seqs)
         began, setup = time.perf_counter(), self.backend.setup_seconds()
@@ -139,8 +142,10 @@ class Runner:
             update[s.row] = True
         cache.reserve(0, R, T)
         check = VerifyPass(ids, cache.mask(0, R, new), update, np.array([s.row for s in plan.ready]),
-                           self.num_layers)
+                           self.num_layers, plan.argmax)
         logits = self.backend.verify(check, cache)  # (len(ready), T, V)
+        if plan.argmax:
+            logits = tokens(logits)  # (len(ready), T)
         for s in plan.ready:
             cache.grow(s.row, len(s.drafts) + 1)
         seconds = time.perf_counter() - began

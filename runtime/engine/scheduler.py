@@ -99,6 +99,11 @@ class DecodePlan:
                         dtype=bool).reshape(len(self.layers), len(self.seqs))
 
     @property
+    def argmax(self) -> bool:
+        """Every row that runs needs only its logits' argmax (Request.argmax_only)."""
+        return all(s.request.argmax_only for s, w in zip(self.seqs, self.waiting) if not w)
+
+    @property
     def draft_only(self) -> bool:
         """Every row that runs drafts: the step may read the backend's draft head."""
         return any(self.drafting) and all(d or w for d, w in zip(self.drafting, self.waiting))
@@ -111,6 +116,11 @@ class VerifyPlan:
     seqs: list[Sequence]
     ready: list[Sequence]
     T: int
+
+    @property
+    def argmax(self) -> bool:
+        """Every row it verifies needs only its logits' argmax (Request.argmax_only)."""
+        return all(s.request.argmax_only for s in self.ready)
 
 
 class Scheduler:

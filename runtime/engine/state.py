@@ -42,6 +42,7 @@ class Sequence:
     text: str = ""
     reason: str | None = None  # why it stopped: "eos", "stop" or "length"
     logits: np.ndarray | None = None  # (V,) fp32: the scores of its next token
+    chosen: int | None = None  # or its next token itself, picked by the backend (Request.argmax_only)
     matcher: object = None  # runtime.decoding.structured.RowMatcher of a constrained row
     draft: DraftState | None = None  # a lossless row's drafting (runtime.lossless); None: a plain row
     copy: "CopyState | None" = None  # a row under deep copies (runtime.decoding.copying); None: off
@@ -113,6 +114,15 @@ class Request:
     @property
     def done(self) -> bool:
         return all(s.reason is not None for s in self.seqs)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Each token it takes is its logits' argmax and nothing else reads them (greedy, no
+        penalties, schema or logprobs, and no events, which carry the logits): a step may bring
+        back its rows' token ids instead of their logits (runtime.backends.base)."""
+        s = self.sampling
+        return not (self.streams or s.do_sample or s.penalized or self.constraint is not None
+                    or self.logprobs is not None)
 
 
 @dataclass(eq=False)

@@ -21,6 +21,11 @@ class DraftState:
     base: int = 0  # its KV length before that step: the verify pass writes from there
     proposal: tuple | None = None  # the draft a verify position judges (the engine's token choice)
 
+    def add(self, token: int, q: np.ndarray | None = None) -> int:
+        """A draft ``token`` (drawn from ``q`` (V,), kept for the verify pass's rule; None: greedy)."""
+        self.pending.append((token, q))
+        return token
+
     def clear(self) -> None:
         """After a verify pass: nothing pending."""
         self.pending, self.proposal = [], None
@@ -38,5 +43,4 @@ def next_draft(state: DraftState, logits: np.ndarray, sampling: SamplingConfig, 
         token = int(draw(q[None, :], rng)[0])
     else:
         q, token = None, int(scores.argmax())
-    state.pending.append((token, q))
-    return token
+    return state.add(token, q)

@@ -62,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     cli.add_spin(eng)
     cli.add_huge_pages(eng, default="auto")
     cli.add_fused(eng)
+    cli.add_compile_steps(eng)
     cli.add_int4_kernel(eng)
     ray = p.add_argument_group("replicas (Ray Serve; needs the serve extra)")
     ray.add_argument("--replicas", type=int,

@@ -29,6 +29,10 @@ from runtime.version import __version__
     (["--no-spin", "--backend", "torch"], "error: --no-spin applies to --backend onnxruntime (its thread pools), not torch"),
     (["--huge-pages", "--backend", "torch"], "error: --huge-pages applies to --backend onnxruntime (the weights it packs), not torch"),
     (["--deterministic", "--backend", "torch"], "error: --deterministic applies to --backend onnxruntime, not torch"),
+    (["--compile-steps"], "error: --compile-steps compiles the torch backend's CUDA graph steps: pass it with "
+                          "--backend torch --device cuda, not --backend onnxruntime"),
+    (["--compile-steps", "--backend", "torch", "--device", "cpu"], "error: --compile-steps compiles the torch "
+     "backend's CUDA graph steps: pass it with --backend torch --device cuda, not --backend torch --device cpu"),
     (["--max-batch", "0"], "error: max_batch must be an int >= 1, got 0"),
     (["--system", "Be brief."], "error: --system goes with --chat (a system message of a chat); add --chat"),
     (["--chat"], "error: --chat needs a chat template, and this artifact's tokenizer has none")])
@@ -153,3 +157,14 @@ def test_batch_invariant_reaches_load(artifact_dir, capsys, monkeypatch, flag, w
     argv = [str(artifact_dir), "Hello, my name is", "--max-new-tokens", "6", "--ignore-eos", "--no-check-hashes"]
     assert main(argv + flag) == 0
     assert seen == [want] and "Hello, my name is" in capsys.readouterr().out
+
+
+def test_compile_steps_reaches_the_torch_backend_on_cuda():
+    """(No GPU needed: what the command line hands ``runtime.load``.)"""
+    from argparse import Namespace
+
+    from runtime.cli import backend_options
+
+    args = Namespace(threads=None, spin="auto", backend="torch", device="cuda:0", compile_steps=True)
+    assert backend_options(args) == {"device": "cuda:0", "compile_steps": True}
+    assert backend_options(Namespace(**{**vars(args), "compile_steps": False})) == {"device": "cuda:0"}

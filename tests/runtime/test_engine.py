@@ -605,3 +605,92 @@ def test_a_layer_only_deep_rows_run_binds_only_their_span(artifact_dir):
         assert deep_only and set(deep_only) == {1}  # the full-depth row alone (the middle of three)
     finally:
         gen.close()
+
+
+class Picks:
+    """Records, for each decode step and verify pass, whether the engine asked for the rows' argmax
+    and what came back (token ids, or logits)."""
+
+    def __init__(self, backend):
+        self.calls = []  # ("decode" | "verify", argmax asked, dtype kind, shape)
+        for name in ("decode", "verify"):
+            setattr(backend, name, self._recording(name, getattr(backend, name)))
+
+    def _recording(self, name, call):
+        def run(job, cache):
+            out = call(job, cache)
+            self.calls.append((name, job.argmax, out.dtype.kind, out.shape))
+            return out
+        return run
+
+
+@pytest.mark.parametrize("backend", ["torch-static", "onnxruntime"])
+def test_greedy_rows_without_events_take_their_argmax_from_the_backend(artifact_dir, backend):
+    """``generate`` without a streamer, greedy: each step and verify pass asks the backend for its
+    rows' token ids only (a GPU's logits need not come back to the host); the torch backend's
+    static steps pick them on the device, ONNX Runtime's logits are reduced on the host. The tokens
+    are those of the same call with a streamer, whose events carry the logits (none asked)."""
+    name, options = BACKENDS[backend]
+    gen = runtime.load(artifact_dir, backend=name, max_batch=4, threads=1, **options)
+    if backend == "torch-static":
+        gen.backend.use_graphs(EagerCapture())
+    try:
+        picks = Picks(gen.backend)
+        for kwargs in (dict(speedup=2), dict(speedup=3, lossless=True)):
+            picks.calls.clear()
+            events = []
+            want = gen.generate(PROMPTS, 12, ignore_eos=True, streamer=events.append, **kwargs)
+            assert events and all(e.logits is not None for e in events)
+            assert picks.calls and not any(asked for _, asked, _, _ in picks.calls)
+            picks.calls.clear()
+            got = gen.generate(PROMPTS, 12, ignore_eos=True, **kwargs)
+            assert got.token_ids == want.token_ids
+            assert picks.calls and all(asked for _, asked, _, _ in picks.calls), picks.calls
+            kinds = {(call, kind, len(shape)) for call, _, kind, shape in picks.calls}
+            if backend == "torch-static":  # (R,) ids from a step, (n, T) from a pass
+                assert kinds == ({("decode", "i", 1), ("verify", "i", 2)} if kwargs.get("lossless")
+                                 else {("decode", "i", 1)}), kinds
+            else:
+                assert {kind for _, kind, _ in kinds} == {"f"}
+            if kwargs.get("lossless"):
+                assert got.stats.verify_passes > 0
+    finally:
+        gen.close()
+
+
+@pytest.mark.parametrize("kwargs", [dict(do_sample=True, seed=1), dict(presence_penalty=0.5), dict(logprobs=2),
+                                    dict(json_schema={"type": "object"})])
+def test_rows_whose_logits_are_read_get_their_logits(artifact_dir, kwargs):
+    """Sampling, penalties, logprobs and a schema read the logits: their steps ask for no argmax."""
+    gen = runtime.load(artifact_dir, backend="torch", max_batch=4, threads=1)
+    gen.backend.use_graphs(EagerCapture())
+    try:
+        picks = Picks(gen.backend)
+        gen.generate(PROMPTS[:2], 6, **kwargs)
+        assert picks.calls and not any(asked for _, asked, _, _ in picks.calls)
+        assert all(kind == "f" for _, _, kind, _ in picks.calls)
+    finally:
+        gen.close()
+
+
+def test_a_step_asks_for_the_argmax_only_when_every_row_it_runs_wants_only_that():
+    """A row that streams beside greedy ones makes the step bring back logits; a waiting row (it
+    runs no layer, and its logits are dropped) does not."""
+    from types import SimpleNamespace
+
+    from runtime.engine.scheduler import DecodePlan, VerifyPlan
+
+    def row(only):
+        return SimpleNamespace(request=SimpleNamespace(argmax_only=only))
+
+    greedy, streams = row(True), row(False)
+
+    def plan(seqs, waiting):
+        n = len(seqs)
+        return DecodePlan(seqs, [False] * n, [False] * n, waiting, [0] * n, [(0,)] * n, np.zeros(n))
+
+    assert plan([greedy, greedy], [False, False]).argmax
+    assert not plan([greedy, streams], [False, False]).argmax
+    assert plan([greedy, streams], [False, True]).argmax
+    assert VerifyPlan([greedy, streams], [greedy], 3).argmax
+    assert not VerifyPlan([greedy, streams], [greedy, streams], 3).argmax

@@ -2,6 +2,7 @@
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +34,37 @@ def test_cpu_dry_run_prints_the_table(tmp_path, capsys):
         for r in (full, skip):
             # within the rounding of the printed ms (3 decimals) and ratio (2)
             assert float(r[15].strip()[:-1]) == pytest.approx(float(full[14]) / float(r[6]), rel=0.01, abs=0.01)
+    # full depth timed again with every row's logits to the host (in the same rounds), its ratio to the ids' step
+    assert [r[21].strip() for r in rows][1::2] == ["-", "-"]
+    for r in rows[::2]:
+        assert float(r[21]) > 0
+        assert float(r[22].strip()[:-1]) == pytest.approx(float(r[21]) / float(r[6]), rel=0.01, abs=0.01)
+
+
+def test_the_steps_take_the_ids_the_engine_asks_for():
+    """``run_steps`` asks for greedy ids as the engine does for rows without events, and they are
+    the argmax of the logits the same steps give when asked for logits."""
+    from runtime.backends.cuda_graphs import EagerCapture
+    from runtime.backends.torch import TorchBackend
+    from runtime.kvcache import KVCache
+    from runtime.policy import SkipPolicy
+
+    model = gpu.build_model("tiny-random", torch.device("cpu"), torch.float32, 0)
+    backend = TorchBackend.from_model(model, cuda_graphs=False)
+    backend.use_graphs(EagerCapture())
+    seen = []
+    decode = backend.decode
+    backend.decode = lambda step, cache: seen.append((step.argmax, out := decode(step, cache))) or out
+    cache = KVCache(backend.kv_storage(), 2, 16, 4)
+    ids = np.array([[5, 6, 7], [8, 9, 10]])
+    policy = SkipPolicy.full_depth(model.config.num_hidden_layers, 4)
+    gpu.run_steps(backend, cache, ids, policy, 4)
+    gpu.run_steps(backend, cache, ids, policy, 4, argmax=False)
+    picked, logits = seen[:4], seen[4:]
+    assert all(asked and out.dtype == np.int64 and out.shape == (2,) for asked, out in picked)
+    assert all(not asked and out.shape == (2, model.config.vocab_size) for asked, out in logits)
+    for (_, a), (_, b) in zip(picked, logits):  # the same tokens fed back, so the same steps
+        np.testing.assert_array_equal(a, b.argmax(-1))
 
 
 def test_no_transformers_leaves_its_columns_empty(capsys):

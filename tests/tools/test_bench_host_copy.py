@@ -13,9 +13,17 @@ def test_the_table_has_a_row_per_shape_and_the_saving_is_their_difference(capsys
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
     assert [(int(r[0]), int(r[1])) for r in rows] == [(1, 64), (2, 64)]
     for r in rows:
-        pageable, pinned, saved = (float(x) for x in r[3:])
-        assert pageable >= 0 and pinned >= 0
+        pageable, pinned, saved, ids, ids_saved = (float(x) for x in r[3:])
+        assert pageable >= 0 and pinned >= 0 and ids >= 0
         assert saved == pytest.approx(pageable - pinned, abs=2e-3)  # each printed to 3 decimals
+        assert ids_saved == pytest.approx(pinned - ids, abs=2e-3)
+
+
+def test_the_ids_are_the_argmax_of_the_logits():
+    logits = torch.randn(3, 17)
+    ids = to_host(logits.argmax(-1))
+    assert ids.dtype == np.int64
+    np.testing.assert_array_equal(ids, logits.numpy().argmax(-1))
 
 
 def test_on_the_cpu_the_logits_are_the_tensors_own_values():

@@ -4,10 +4,13 @@ at full depth and under SkipDecode policies, against the device's measured memor
 Random weights at real shapes are built on the device (no download, no export): OPT's from
 ``OPTConfig``, the Llama family's (``smollm2-135m``, ``qwen3-0.6b``, ...) from the published shapes of
 ``runtime.models.published``; ``TorchBackend.from_model`` runs them. What is timed is the backend's whole decode step
-(``Backend.decode``: embed, the policy's active layers, head, logits of every row back on the
-host, fed back greedily), the step the engine calls; the engine's scheduling, sampling and
-detokenising are left out. Eager and graph steps are timed in interleaved rounds on the same
-weights; the figure is the median over rounds of the mean step time.
+(``Backend.decode``: embed, the policy's active layers, head, every row's greedy token back on the
+host, picked on the device as the engine asks for greedy rows whose logits nothing reads, then fed
+back), the step the engine calls; the engine's scheduling, sampling and detokenising are left out.
+At full depth the graph steps are timed a second way in the same rounds, every row's logits brought
+back (what a streamed, sampled or penalised row needs): the "logits to host" columns. Eager and
+graph steps are timed in interleaved rounds on the same weights; the figure is the median over
+rounds of the mean step time.
 
 The floor of a step is the bytes it must read (the active layers' weights, the head, and every
 row's K/V over its real past) divided by the best bandwidth the device showed: a device-to-device
@@ -91,6 +94,7 @@ class Row:
     transformers_ms: float | None = None  # transformers' generate per token, full-depth rows only
     compiled_ms: float | None = None  # the same with its static cache, compiled (--peer compiled)
     compiled_steps_ms: float | None = None  # the graph steps, each layer compiled (--compile-steps)
+    logits_ms: float | None = None  # the graph steps with every row's logits to the host (full depth)
     weights: str = "float"
 
     @property
@@ -179,13 +183,15 @@ def quantize_model(model, bits: int) -> None:
         setattr(model.get_submodule(parent) if parent else model, child, QuantLinear.quantize(linear, bits, BLOCK))
 
 
-def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=None) -> tuple[float, list[int]]:
+def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=None,
+              argmax: bool = True) -> tuple[float, list[int]]:
     """Prefill ``ids`` (untimed) into ``cache``'s rows, then ``new_tokens`` decode steps: (seconds
     per step, layers per step). The rows are released at the end, so the cache (and the CUDA graphs
-    captured over its buffers) serves the next run. ``probe``, a context manager, wraps the last step."""
+    captured over its buffers) serves the next run. ``probe``, a context manager, wraps the last step.
+    ``argmax``: the steps ask for the rows' token ids (DecodeStep.argmax), else their logits."""
     from types import SimpleNamespace
 
-    from runtime.backends.base import DecodeStep, run_layers
+    from runtime.backends.base import DecodeStep, run_layers, tokens as tokens_of
 
     B, P = ids.shape
     prompt = np.ones((B, P), np.int64)
@@ -201,9 +207,9 @@ def run_steps(backend, cache, ids: np.ndarray, policy, new_tokens: int, probe=No
         layers = list(policy.active_layers(g))
         cache.reserve(0, B, 1)
         step = DecodeStep(tokens[:, None].astype(np.int64), cache.mask(0, B, new), layers,
-                          np.ones((len(layers), B), bool))
+                          np.ones((len(layers), B), bool), argmax=argmax)
         with probe if probe is not None and g == new_tokens - 1 else contextlib.nullcontext():
-            tokens = backend.decode(step, cache).argmax(-1)  # waits for the device
+            tokens = tokens_of(backend.decode(step, cache))  # waits for the device
         cache.advance(0, B, new)
         counts.append(len(layers))
     seconds = (time.perf_counter() - start) / new_tokens
@@ -289,6 +295,7 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                 policy = (SkipPolicy.full_depth(L, options.new_tokens) if speedup == 1 else
                           SkipPolicy.for_speedup(L, speedup, horizon=options.new_tokens))
                 times = {name: [] for name in backends}
+                logits = []  # the graph steps again, logits to the host (full depth only: its time)
                 for r in range(options.rounds + 1):  # round 0 warms up (and captures the graphs)
                     order = list(backends.items())[:: 1 if r % 2 else -1]
                     for name, backend in order:
@@ -297,6 +304,9 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                             times[name].append(seconds)
                         else:
                             first[name] += seconds * options.new_tokens
+                        if name == "graph" and speedup == 1 and r:
+                            logits.append(run_steps(graphs, caches[name], ids, policy, options.new_tokens,
+                                                    argmax=False)[0])
                 for name in backends:  # (never below 0: a timed round may be the slower one)
                     first[name] = max(0.0, first[name] - statistics.median(times[name]) * options.new_tokens)
                 kernels, busy = (profile_last_step(graphs, caches["graph"], ids, policy, options.new_tokens)
@@ -310,6 +320,8 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
                           weights=weights, busy_ms=busy)
                 if options.compile_steps:
                     row.compiled_steps_ms = statistics.median(times["compiled"]) * 1e3
+                if logits:
+                    row.logits_ms = statistics.median(logits) * 1e3
                 if speedup == 1 and options.transformers and weights == "float":
                     for peer in options.peers:
                         ms = transformers_step(model, ids, options.new_tokens, options.rounds, peer) * 1e3
@@ -364,8 +376,9 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
              f"graphs / floor | graphs vs eager | realised (graphs) | theoretical | realised / theoretical | "
              f"kernels, last step | device busy, last step ms | transformers ms | graphs vs transformers | "
              f"transformers compiled ms | "
-             f"graphs vs compiled | graphs / float graphs | compiled steps ms | compiled steps vs graphs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"graphs vs compiled | graphs / float graphs | compiled steps ms | compiled steps vs graphs | "
+             f"graphs, logits to host ms | ids vs logits to host |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r.arch, r.batch, r.weights): r for r in rows if r.speedup == 1}
     floats = {(r.arch, r.batch, r.speedup): r for r in rows if r.weights == "float"}
     for r in rows:
@@ -383,7 +396,8 @@ def table(rows: list[Row], info: dict, options: Options, command: str) -> str:
                      f"{_ms(r.transformers_ms)} | {_times(peer and peer.transformers_ms, r.graph_ms)} | "
                      f"{_ms(r.compiled_ms)} | {_times(peer and peer.compiled_ms, r.graph_ms)} | "
                      f"{'-' if r.weights == 'float' else _times(r.graph_ms, same and same.graph_ms)} | "
-                     f"{_ms(r.compiled_steps_ms)} | {_times(r.graph_ms, r.compiled_steps_ms)} |")
+                     f"{_ms(r.compiled_steps_ms)} | {_times(r.graph_ms, r.compiled_steps_ms)} | "
+                     f"{_ms(r.logits_ms)} | {_times(r.logits_ms, r.graph_ms)} |")
     if info.get("setups"):
         lines += ["", "Setup (captures, warm-up runs, compiles: the warm-up round's time beyond a timed "
                   "round's, over all the batches and policies above): "
