@@ -494,7 +494,8 @@ def load(directory, backend: str = "onnxruntime", check_hashes: bool | str = Tru
         for a faster decode, runtime/platform/hugepages.py; ``int4_kernel``: "auto", the default, runs an
         int4 artifact's products on this project's kernel where it can run (x86-64 Linux with
         AVX-512 VNNI or AVX2, a C compiler: runtime/platform/kernels), else on ONNX Runtime's MatMulNBits; "skipdecode"
-        insists on the former, "onnxruntime" on the latter; ``deterministic``: True runs every int8/int4
+        insists on the former, "onnxruntime" on the latter (the torch backend: "auto", its Triton kernel on
+        a GPU, or "tinygemm", PyTorch's own int4 product); ``deterministic``: True runs every int8/int4
         product at float activations (as the export writes them by default), where MatMulNBits too
         (1.2x-40x slower), so that greedy text does not depend on the batch; False, the default, runs
         MatMulNBits' at int8 activations, docs/design.md "Batch invariance").

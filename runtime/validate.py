@@ -232,7 +232,7 @@ def check_providers(providers) -> list | None:
 def check_backend_options(options: dict) -> None:
     """The options ``runtime.load`` passes to the backends: threads, spin, huge_pages, fused, deterministic,
     device, providers
-    (int4_kernel: the ONNX Runtime backend checks it)."""
+    (int4_kernel: each backend checks its own)."""
     check_threads(options.get("threads"))
     if options.get("spin") != "auto":  # "auto": spin where the cores are free at load (runtime.platform.cpu_idle)
         check_flag("spin", options.get("spin"), "worker threads busy-wait briefly: a device of its own",

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One GPU loan's checks (issue 54), prepared so that two calls measure everything docs/benchmarks-gpu.md
-# needs: the CUDA tests, int4 against float16 at Llama-3.2-3B shapes, the GPU's int4 kernel's top-1
-# agreement with the CPU's on real (the demo model's) weights, lossless decoding on the demo model, and the
-# step (CUDA graphs, and each layer compiled) beside transformers' compiled generate, and what a step's logits
-# cost on their way to the host (pageable against pinned). Each part runs under its
+# needs: the CUDA tests, int4 against float16 at Llama-3.2-3B shapes (the Triton kernel and tinygemm), the GPU's
+# int4 kernels' top-1 agreement with the CPU's on real (the demo model's) weights, lossless decoding on the demo model, and the
+# step (CUDA graphs, and each layer compiled) beside transformers' compiled generate, its greedy ids brought back
+# against its logits, and what a step's logits cost on their way to the host (pageable against pinned, against
+# the ids alone). Each part runs under its
 # own timeout (seconds), its log in $OUT (default .work/gpu-session), its end in $OUT/parts.txt; a part that
 # fails or times out does not stop the next. Prints each part's tail and the tables.
 #
-#   PARTS="tests int4 agree demo lossless copy" bash tools/gpu_session.sh   # on the GPU, call 1: at most 5 min 40 s
+#   PARTS="tests int4 agree demo lossless copy" bash tools/gpu_session.sh   # on the GPU, call 1: at most 6 min 30 s
 #   PARTS=step bash tools/gpu_session.sh    # call 2: at most 5 min (both shapes, batch 1 and 8, 1x/2x/5x)
 #   SMOKE=1 bash tools/gpu_session.sh       # every part at tiny sizes on the CPU (its test)
 #
@@ -59,19 +60,25 @@ jobs=""  # the device machine has pytest-xdist and 16 cores (the fifth loan's te
 [ "${SMOKE:-0}" = 1 ] || ! $py -c "import xdist" 2> /dev/null || jobs="-n 8"
 part tests 150 $py -m pytest -q -rs $jobs $tests
 # weight-only int4 (and int8) against float16, batch 1, the shapes a Jetson's memory-bound regime meets
-part int4 60 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 --no-transformers --out "$out/int4.md"
+# (int4-tinygemm: the same blocks on PyTorch's own int4 product, beside the Triton kernel)
+part int4 90 $bench --arch $big --batch 1 --speedups 1 2 --weights float int8 int4 int4-tinygemm --no-transformers \
+    --out "$out/int4.md"
 # the GPU's int4 kernel against the CPU's on real (the demo model's) weights: top-1 agreement, 100 E2E prompts
-part agree 50 bash -c "$py -m export build --out '$work/demo-int4' --weights int4 --dtype float16 -q && \
-    $py -m tools.evaluate.agreement --reference '$work/demo-int4' --model $device=$work/demo-int4 --backend torch \
-    --device $device --text data/e2e/devset.csv.gz --column mr --prompts 100 --deterministic --int4-kernel onnxruntime"
+# (then tinygemm's: bfloat16 scales, zero terms and activations)
+agree="$py -m tools.evaluate.agreement --reference '$work/demo-int4' --backend torch --device $device \
+    --text data/e2e/devset.csv.gz --column mr --prompts 100 --deterministic --int4-kernel onnxruntime"
+part agree 70 bash -c "$py -m export build --out '$work/demo-int4' --weights int4 --dtype float16 -q && \
+    $agree --model $device=$work/demo-int4 && $agree --model tinygemm=$work/demo-int4 --torch-int4-kernel tinygemm"
 # lossless decoding on the demo model, torch backend, batch 1 and 8
 part demo 20 $py -m export build --out "$work/demo" -q
 part lossless 40 $py -m tools.bench.lossless "$work/demo" --backend torch $lossless --batch 1 8 --speedups 2 5 \
     --rounds 2 --warmup-rounds 1 --out "$out/lossless.md"
-# a decode step's logits to the host: pageable (.cpu()) against pinned (the torch backend's to_host)
+# a decode step's logits to the host: pageable (.cpu()) against pinned (the torch backend's to_host), and the
+# greedy rows' ids alone (the argmax on the device)
 part copy 20 $py -m tools.bench.host_copy --device $device $copies --out "$out/copy.md"
 # the step at full depth and under SkipDecode, as CUDA graphs and with each layer compiled (torch.compile) under
-# them, beside transformers' compiled static-cache generate (its eager generate: slower than either, see the docs)
+# them, beside transformers' compiled static-cache generate (its eager generate: slower than either, see the docs);
+# at full depth the graph steps also with every row's logits to the host (what greedy rows no longer copy)
 for arch in $archs; do
     part "step-$arch" 150 $bench --arch $arch --batch $batches --speedups 1 2 5 --peer compiled --compile-steps \
         --out "$out/step-$arch.md"

@@ -184,6 +184,18 @@ def _share_tied_embeddings(state: dict[str, torch.Tensor], embed_key: str) -> No
 # -- the backend -------------------------------------------------------------------------------
 
 
+INT4_KERNELS = ("auto", "tinygemm")
+
+
+def _check_int4_kernel(kernel) -> None:
+    if kernel not in INT4_KERNELS:
+        raise InvalidArgumentError(
+            f"int4_kernel={kernel!r}: the torch backend takes 'auto' (the Triton kernel on a GPU, the blocks "
+            f"dequantized a slice at a time on the CPU) or 'tinygemm' (PyTorch's own int4 product, "
+            f"torch.ops.aten._weight_int4pack_mm); 'skipdecode' and 'onnxruntime' are the onnxruntime "
+            f"backend's", param="int4_kernel")
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -202,26 +214,48 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, directory, manifest: Manifest, device: str | torch.device = "cpu",
-                 cuda_graphs: bool | None = None, threads: int | None = None, compile_steps: bool = False):
+                 cuda_graphs: bool | None = None, threads: int | None = None, compile_steps: bool = False,
+                 int4_kernel: str = "auto"):
         if threads:
             torch.set_num_threads(threads)  # process-wide: PyTorch has no per-module thread pool
         self.manifest = manifest
         device = _resolve_device(device)
-        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs, compile_steps)
+        _check_int4_kernel(int4_kernel)
+        self._setup(load_hf_model(Path(directory), manifest, device), device, cuda_graphs, compile_steps, int4_kernel)
 
     @classmethod
-    def from_model(cls, hf_model, cuda_graphs: bool | None = None, compile_steps: bool = False) -> "TorchBackend":
+    def from_model(cls, hf_model, cuda_graphs: bool | None = None, compile_steps: bool = False,
+                   int4_kernel: str = "auto") -> "TorchBackend":
         """A backend over an OPTForCausalLM already in memory, on its device and in its dtype: what
         ``python -m tools.bench.gpu`` times, random weights at real shapes with no export."""
+        _check_int4_kernel(int4_kernel)
         backend = cls.__new__(cls)
         backend.manifest = None
-        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs, compile_steps)
+        backend._setup(hf_model.eval().requires_grad_(False), hf_model.device, cuda_graphs, compile_steps,
+                       int4_kernel)
         return backend
 
-    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None, compile_steps: bool) -> None:
+    def _setup(self, hf_model, device: torch.device, cuda_graphs: bool | None, compile_steps: bool,
+               int4_kernel: str) -> None:
         from ..models import head_dim, kv_heads, skip_model
 
         self.device = device
+        # int4_kernel "tinygemm": the 4-bit products it takes on PyTorch's own int4 product instead of
+        # the Triton kernel (runtime.models.quantized_tinygemm), before the layers are wrapped
+        self.int4_kernel_note = ""
+        if int4_kernel == "tinygemm":
+            from ..models.quantized_tinygemm import use_tinygemm
+
+            if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+                raise InvalidArgumentError(
+                    f"int4_kernel='tinygemm' needs tensor cores of compute capability 8.0 or later (Ampere: "
+                    f"A100, Jetson Orin; this {torch.cuda.get_device_name(device)} is "
+                    f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}); use int4_kernel='auto'",
+                    param="int4_kernel")
+
+            done, why = use_tinygemm(hf_model)
+            self.int4_kernel_note = f"{done} products on tinygemm" + (
+                f"; the others on the blocks' kernel: {'; '.join(why)}" if why else "")
         # compile_steps: each layer of a static step (a decode step or a verify pass, what a CUDA graph
         # captures) compiled by torch.compile (inductor: norms, RoPE and the elementwise work fused
         # into fewer kernels). One function for every layer, its weights inputs rather than constants,

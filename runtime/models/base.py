@@ -17,7 +17,6 @@ from torch import nn
 
 from ..artifact.manifest import DRAFT_HEAD
 from ..policy import SkipPolicy
-from .quantized import QuantLinear
 
 
 @dataclass
@@ -47,7 +46,7 @@ class SkipModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         lm_head = self.head.lm_head
-        return lm_head.dtype if isinstance(lm_head, QuantLinear) else lm_head.weight.dtype
+        return lm_head.weight.dtype if isinstance(lm_head, nn.Linear) else lm_head.dtype  # (a product of blocks: its own)
 
     def graph_layer(self, index: int) -> nn.Module:
         """The module layer ``index``'s graph is traced from (and the torch backend runs)."""

@@ -287,8 +287,9 @@ class QuantLinear(nn.Module):
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` over a float weight (out, in) or a QuantLinear (its own bias aside)."""
-    if isinstance(weight, QuantLinear):
+    """``F.linear`` over a float weight (out, in) or a product module (QuantLinear, tinygemm's
+    Int4PackLinear; its own bias aside)."""
+    if isinstance(weight, nn.Module):
         out = weight(x)
         return out if bias is None else out + bias
     return torch.nn.functional.linear(x, weight, bias)

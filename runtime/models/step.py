@@ -78,9 +78,16 @@ def step_inputs(mask: torch.Tensor, at: torch.Tensor, positions: torch.Tensor, l
 def fuse_linears(*linears: nn.Linear):
     """One (sum of outs, in) weight (and bias) for ``linears`` applied to the same input; each
     module's own weight becomes a view of it, so the memory is not held twice. Quantized ones
-    (QuantLinear) give one QuantLinear, its bias inside, and None. Either goes to ``linear``."""
+    (QuantLinear, or tinygemm's Int4PackLinear) give one such product, its bias inside, and None (parts
+    of both kinds: the parts one after the other, ``Stacked``). Either goes to ``linear``."""
+    from .quantized_tinygemm import Int4PackLinear, Stacked
+
     if all(isinstance(m, QuantLinear) for m in linears):
         return QuantLinear.fused(list(linears)), None
+    if all(isinstance(m, Int4PackLinear) for m in linears):
+        return Int4PackLinear.fused(list(linears)), None
+    if not all(isinstance(m, nn.Linear) for m in linears):
+        return Stacked(list(linears)), None
     weight = torch.cat([m.weight for m in linears])  # (sum out, in)
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat(

@@ -242,7 +242,7 @@ def test_a_backend_option_the_backend_does_not_take_is_named_with_those_it_takes
     """Each backend declares its options once, in its constructor; runtime.load and runtime.generate
     check against them (was: a TypeError from the constructor, or an option silently dropped)."""
     with pytest.raises(InvalidArgumentError, match="backend 'torch' takes the options device, cuda_graphs, "
-                                                   "threads, compile_steps; spin is not among them"):
+                                                   "threads, compile_steps, int4_kernel; spin is not among them"):
         runtime.load(artifact_dir, backend="torch", spin=True)
     with pytest.raises(InvalidArgumentError, match="backend 'onnxruntime' takes the options providers, threads, "
                                                    "spin, huge_pages, fused, int4_kernel, deterministic, device; "

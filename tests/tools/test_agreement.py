@@ -62,6 +62,9 @@ def test_the_torch_backend_on_an_int4_artifact_agrees_with_onnx_runtimes(tmp_pat
     assert agreement.main(["--reference", str(tmp_path / "int4"), "--model", str(tmp_path / "int4"), "--device",
                            "cuda", "--text", str(tmp_path / "text.txt")]) == 2
     assert "--device applies to --backend torch" in capsys.readouterr().err
+    assert agreement.main(["--reference", str(tmp_path / "int4"), "--model", str(tmp_path / "int4"),
+                           "--torch-int4-kernel", "tinygemm", "--text", str(tmp_path / "text.txt")]) == 2
+    assert "--torch-int4-kernel applies to --backend torch (--int4-kernel is ONNX Runtime's)" in capsys.readouterr().err
 
 
 def test_llamacpp_rows_score_the_same_token_ids_through_the_worker(tmp_path, capsys):

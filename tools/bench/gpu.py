@@ -20,6 +20,7 @@ copy of ``--bandwidth-mib`` (counted as read + write) or a sum over it (read onl
 ``--weights int4`` export holds them (runtime.models.quantized.QuantLinear.quantize: ONNX Runtime's
 quantizer's blocks of 32, made on the device; the Triton kernel on a GPU), the embedding float; such
 a row's last column is its step against the float row of the same shapes, batch and policy.
+``int4-tinygemm``: the same int4 blocks on PyTorch's own int4 product (runtime.models.quantized_tinygemm).
 
 Beside them, on the same weights and prompt: transformers' own ``generate`` (eager, its dynamic
 cache: what a PyTorch user runs first) per decoded token at full depth, with ``--peer compiled`` also
@@ -55,7 +56,9 @@ PAGE = 32  # the KV width's step, as export's default page_size
 
 ARCHS = ("opt-125m", "opt-1.3b", *PUBLISHED, "tiny-random")
 DTYPES = ("float16", "float32")
-WEIGHTS = {"float": None, "int8": 8, "int4": 4}  # --weights: bits of the layers' and head's products
+WEIGHTS = {"float": None, "int8": 8, "int4": 4, "int4-tinygemm": 4}  # --weights: bits of the layers' and head's
+# products; int4-tinygemm: the same int4 blocks multiplied by PyTorch's own int4 product (the torch backend's
+# int4_kernel="tinygemm") instead of the Triton kernel
 GRAPH_NAMES = {"graph": "graph steps", "compiled": "compiled steps"}  # the timed backends, in the setup line
 PEERS = ("eager", "compiled")  # transformers' generate: its dynamic cache, or its static cache compiled
 BLOCK = 32  # the quantized products' block, export's default
@@ -277,10 +280,11 @@ def measure(options: Options, log=print) -> tuple[list[Row], dict]:
         if WEIGHTS[weights] is not None:
             quantize_model(model, WEIGHTS[weights])
         L = model.config.num_hidden_layers
-        backends = {"eager": TorchBackend.from_model(model, cuda_graphs=False)}
+        kernel = "tinygemm" if weights == "int4-tinygemm" else "auto"  # (the first backend repacks the blocks)
+        backends = {"eager": TorchBackend.from_model(model, cuda_graphs=False, int4_kernel=kernel)}
         for name in ("graph", "compiled") if options.compile_steps else ("graph",):
             backends[name] = TorchBackend.from_model(model, cuda_graphs=None if device.type == "cuda" else False,
-                                                     compile_steps=name == "compiled")
+                                                     compile_steps=name == "compiled", int4_kernel=kernel)
             if device.type != "cuda":
                 backends[name].use_graphs(EagerCapture())  # the same static step, run eagerly
         graphs = backends["graph"]

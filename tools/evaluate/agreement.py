@@ -18,6 +18,8 @@ reference stays on ONNX Runtime): the GPU's int4 kernel against the CPU's on the
   python -m tools.evaluate.agreement --reference D --model cuda=D --backend torch --device cuda \
       --text data/e2e/devset.csv.gz --column mr --prompts 100
 
+(``--torch-int4-kernel tinygemm``: the torch backend's int4 products on PyTorch's own int4 product.)
+
 ``--llamacpp NAME=FILE.gguf`` (or a GGUF alias: smollm2-135m-instruct) adds llama.cpp as a row: its
 logits on the same token ids (the reference's tokenizer), computed by tools/bench/llamacpp_worker.py
 with the python of a venv that has llama-cpp-python (``--llamacpp-python``; by default
@@ -111,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("onnxruntime", "torch"), default="onnxruntime",
                    help="the compared artifacts' backend (the reference's is ONNX Runtime's)")
     p.add_argument("--device", help="the torch backend's device (cpu or cuda; default cpu)")
+    p.add_argument("--torch-int4-kernel", choices=("auto", "tinygemm"), default="auto",
+                   help="the torch backend's int4 kernel: auto (Triton on a GPU) or tinygemm (PyTorch's own "
+                        "int4 product); with --backend torch")
     p.add_argument("--llamacpp", nargs="+", default=[], metavar="[NAME=]FILE.gguf",
                    help="GGUF files whose llama.cpp logits are compared too (llama-cpp-python: --llamacpp-python)")
     p.add_argument("--llamacpp-python", help=f"python of an environment with llama-cpp-python (default: "
@@ -133,11 +138,14 @@ def _run(args) -> int:
         raise AgreementError("nothing to compare: give --model DIR (an artifact) or --llamacpp FILE.gguf")
     if args.device and args.backend != "torch":
         raise AgreementError("--device applies to --backend torch (ONNX Runtime runs on this CPU here)")
+    if args.torch_int4_kernel != "auto" and args.backend != "torch":
+        raise AgreementError("--torch-int4-kernel applies to --backend torch (--int4-kernel is ONNX Runtime's)")
     prompts = prompts_of(read_text(args.text, args.column), args.prompts, args.seed)
     options = {"threads": args.threads} if args.threads else {}
     ort = dict(int4_kernel=args.int4_kernel, deterministic=args.deterministic)
-    compared = (dict(backend="torch", **({"device": args.device} if args.device else {})) if args.backend == "torch"
-                else ort)
+    compared = (dict(backend="torch", int4_kernel=args.torch_int4_kernel, **({"device": args.device} if args.device
+                                                                              else {}))
+                if args.backend == "torch" else ort)
 
     def logits_of(directory: str, **extra):  # (its logits (P, V), its tokenizer)
         gen = runtime.load(directory, **options, **extra)
