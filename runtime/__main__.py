@@ -294,6 +294,8 @@ def _kernel_label(kernel: str) -> str:
     """Which kernel ran an artifact's int4/int8 products, as the time line names it."""
     if kernel == "onnxruntime":
         return "ONNX Runtime's MatMulNBits"
+    if kernel == "tinygemm":
+        return "PyTorch's int4 product (tinygemm)"
     from .platform import kernels
 
     return f"{kernels.label()} of runtime/platform/kernels"

@@ -185,11 +185,12 @@ def add_int4_kernel(group) -> None:
     """--int4-kernel and --deterministic, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     from .platform.kernels import CHOICES
 
-    group.add_argument("--int4-kernel", choices=CHOICES, default="auto",
+    group.add_argument("--int4-kernel", choices=(*CHOICES, "tinygemm"), default="auto",
                        help="onnxruntime on the CPU, int4 artifacts: the products on this project's kernel "
                             "(skipdecode: AVX-512 VNNI or AVX2, built with the machine's C compiler at first "
                             "use) or ONNX "
-                            "Runtime's MatMulNBits; auto: skipdecode where it can run")
+                            "Runtime's MatMulNBits; auto: skipdecode where it can run. torch: tinygemm runs the "
+                            "4-bit products on PyTorch's own int4 product (auto: the Triton kernel on a GPU)")
     group.add_argument("--deterministic", action="store_true",
                        help="onnxruntime, int8/int4 artifacts: every product at float activations, so that a "
                             "request's greedy text is the one it gets alone whatever else is batched with it (the "
@@ -247,8 +248,9 @@ def backend_options(args) -> dict:
         options["fused"] = False
     kernel = getattr(args, "int4_kernel", "auto")
     if kernel != "auto":
-        if args.backend != "onnxruntime":
-            raise InvalidArgumentError(f"--int4-kernel applies to --backend onnxruntime, not {args.backend}")
+        takes = "torch" if kernel == "tinygemm" else "onnxruntime"  # (the torch backend's: auto or tinygemm)
+        if args.backend != takes:
+            raise InvalidArgumentError(f"--int4-kernel {kernel} applies to --backend {takes}, not {args.backend}")
         options["int4_kernel"] = kernel
     if getattr(args, "deterministic", False):
         if args.backend != "onnxruntime":

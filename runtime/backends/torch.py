@@ -14,10 +14,10 @@ addresses never change.
 
 Runs on CPU or CUDA (``device="cuda"``). Hidden states stay torch tensors on the device between
 calls; only the logits of the last position come back to the host (a static step's greedy rows:
-their argmax alone, picked on the device). On CUDA a decode step is
-replayed from a CUDA graph captured per active-layer set, batch bucket and width bucket
-(backends/cuda_graphs.py, which says how the shapes are made static), and so is a lossless verify
-pass, per batch, width and token bucket; ``cuda_graphs=False`` runs every step eagerly.
+their argmax alone, picked on the device). On CUDA a decode step is replayed from a CUDA graph
+captured per active-layer set, batch bucket and width bucket (backends/cuda_graphs.py, which says
+how the shapes are made static), and so is a lossless verify pass, per batch, width and token
+bucket; ``cuda_graphs=False`` runs every step eagerly.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def to_host(logits: torch.Tensor) -> np.ndarray:
-    """``logits`` (or token ids) on the host, once the device has computed them (so the loop's timings include
-    the queued device work). From a GPU through pinned memory: a copy to pageable memory is staged
+    """``logits`` (or token ids) on the host, once the device has computed them (so the loop's
+    timings include the queued device work). From a GPU through pinned memory: a copy to pageable memory is staged
     by the driver at a fraction of the link's speed, and a step's logits are 4 MB at batch 8 of a
     128,256-token vocabulary. The pinned block is PyTorch's caching host allocator's: returned to
     it when the array is dropped, never handed out while a copy into it is queued."""
@@ -242,6 +242,7 @@ class TorchBackend(Backend):
         self.device = device
         # int4_kernel "tinygemm": the 4-bit products it takes on PyTorch's own int4 product instead of
         # the Triton kernel (runtime.models.quantized_tinygemm), before the layers are wrapped
+        self.int4_kernel = None  # (what the command line reports: only a kernel asked for)
         self.int4_kernel_note = ""
         if int4_kernel == "tinygemm":
             from ..models.quantized_tinygemm import use_tinygemm
@@ -254,6 +255,7 @@ class TorchBackend(Backend):
                     param="int4_kernel")
 
             done, why = use_tinygemm(hf_model)
+            self.int4_kernel = int4_kernel
             self.int4_kernel_note = f"{done} products on tinygemm" + (
                 f"; the others on the blocks' kernel: {'; '.join(why)}" if why else "")
         # compile_steps: each layer of a static step (a decode step or a verify pass, what a CUDA graph

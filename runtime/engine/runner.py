@@ -126,8 +126,8 @@ class Runner:
         """One full-depth pass over the ready rows' first draft input and drafts (T = 1 + most
         drafts; rows with fewer are padded, the other decoding rows ride along unchanged): K/V of
         every layer at those positions and every position's logits (len(ready), T, V) (their argmax
-        (len(ready), T) for a plan's ``argmax`` rows), and the seconds it took. The ready rows' lengths end past all their drafts (the engine rewinds the
-        rejected ones)."""
+        (len(ready), T) for a plan's ``argmax`` rows), and the seconds it took. The ready rows'
+        lengths end past all their drafts (the engine rewinds the rejected ones)."""
         cache, T, R = self.cache, plan.T, len(plan.seqs)
         began, setup = time.perf_counter(), self.backend.setup_seconds()
         for s in plan.ready:

@@ -46,7 +46,7 @@ class SkipModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         lm_head = self.head.lm_head
-        return lm_head.weight.dtype if isinstance(lm_head, nn.Linear) else lm_head.dtype  # (a product of blocks: its own)
+        return lm_head.weight.dtype if isinstance(lm_head, nn.Linear) else lm_head.dtype  # (blocks: their own)
 
     def graph_layer(self, index: int) -> nn.Module:
         """The module layer ``index``'s graph is traced from (and the torch backend runs)."""

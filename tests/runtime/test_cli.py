@@ -29,6 +29,9 @@ from runtime.version import __version__
     (["--no-spin", "--backend", "torch"], "error: --no-spin applies to --backend onnxruntime (its thread pools), not torch"),
     (["--huge-pages", "--backend", "torch"], "error: --huge-pages applies to --backend onnxruntime (the weights it packs), not torch"),
     (["--deterministic", "--backend", "torch"], "error: --deterministic applies to --backend onnxruntime, not torch"),
+    (["--int4-kernel", "tinygemm"], "error: --int4-kernel tinygemm applies to --backend torch, not onnxruntime"),
+    (["--int4-kernel", "onnxruntime", "--backend", "torch"],
+     "error: --int4-kernel onnxruntime applies to --backend onnxruntime, not torch"),
     (["--compile-steps"], "error: --compile-steps compiles the torch backend's CUDA graph steps: pass it with "
                           "--backend torch --device cuda, not --backend onnxruntime"),
     (["--compile-steps", "--backend", "torch", "--device", "cpu"], "error: --compile-steps compiles the torch "

@@ -3,6 +3,8 @@
 fused product's parts held once, the products it cannot take left on the blocks, and the tokens and
 logits of ONNX Runtime's MatMulNBits. On the CPU its CPU twin runs; the CUDA test runs on a GPU."""
 
+import re
+
 import pytest
 import torch
 
@@ -93,7 +95,7 @@ def test_what_tinygemm_cannot_take_says_why(make, reason):
 def test_tokens_and_logits_equal_onnxruntime_at_float_activations(int4_dir, static):
     ort = runtime.load(int4_dir, threads=1, int4_kernel="onnxruntime", deterministic=True)
     gen = runtime.load(int4_dir, backend="torch", int4_kernel="tinygemm")
-    assert gen.backend.int4_kernel_note.split(" products")[0].isdigit() and int(gen.backend.int4_kernel_note.split()[0]) > 0
+    assert re.match(r"[1-9]\d* products on tinygemm", gen.backend.int4_kernel_note), gen.backend.int4_kernel_note
     packs = [m for m in gen.backend.hf_model.modules() if isinstance(m, Int4PackLinear)]
     assert packs and not any(isinstance(m, QuantLinear) and fits(m) is None for m in gen.backend.hf_model.modules())
     if static:
@@ -117,3 +119,13 @@ def test_tinygemm_on_cuda_equals_the_cpu_path(int4_dir, cuda_graphs):
         pytest.skip("tinygemm needs compute capability 8.0 or later")
     gpu = runtime.load(int4_dir, backend="torch", device="cuda", cuda_graphs=cuda_graphs, int4_kernel="tinygemm")
     assert_same_steps(gpu, runtime.load(int4_dir, backend="torch"), atol=3e-2)
+
+
+def test_the_command_line_runs_it_and_says_so(int4_dir, capsys):
+    from runtime.__main__ import main
+
+    assert main([str(int4_dir), "hello there", "--backend", "torch", "--int4-kernel", "tinygemm",
+                 "--max-new-tokens", "3", "--no-check-hashes"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^weights: .*; int4 products on PyTorch's int4 product \(tinygemm\) \([1-9]\d* products on "
+                     r"tinygemm", err, re.M), err
