@@ -33,7 +33,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
     copies="--batch 1 --vocab 64 --rounds 2"
 else
     device=cuda; archs="smollm2-360m llama-3.2-1b"; big=llama-3.2-3b; batches="1 8"; rounds=2; tokens=32
-    tests="tests/runtime/test_cuda_graphs.py tests/runtime/test_torch_backend.py tests/runtime/test_torch_quantized.py"
+    tests="tests/runtime/test_cuda_graphs.py tests/runtime/test_torch_backend.py tests/runtime/test_torch_quantized.py
+           tests/runtime/test_torch_tinygemm.py"
     lossless="--device cuda"; copies=""
 fi
 bench="$py -m tools.bench.gpu --device $device --max-new-tokens $tokens --rounds $rounds"

@@ -233,6 +233,22 @@ def test_cuda_graphs_equal_eager_cuda(artifact_dir, options):
         eager.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_greedy_ids_picked_on_the_gpu_are_the_tokens_of_the_logits_cuda(artifact_dir):
+    """generate without a streamer asks the captured steps and passes for their rows' argmax, taken on
+    the GPU (runtime.backends.base DecodeStep.argmax): the tokens of the same call with a streamer,
+    whose steps bring the logits back."""
+    gen = runtime.load(artifact_dir, backend="torch", device="cuda", check_hashes=False, max_batch=4)
+    try:
+        for options in (dict(speedup=2), dict(speedup=3, lossless=True)):
+            events = []
+            want = gen.generate(PROMPTS, NEW, ignore_eos=True, streamer=events.append, **options)
+            got = gen.generate(PROMPTS, NEW, ignore_eos=True, **options)
+            assert got.token_ids == want.token_ids, options
+    finally:
+        gen.close()
+
+
 def test_compiled_steps_equal_the_static_steps_with_one_graph_for_every_layer(tmp_path):
     """compile_steps=True: each layer of a static step (and of a lossless verify pass) through
     torch.compile (inductor, here its CPU code), the same tokens and logits as the static step; one
