@@ -46,9 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from runtime.artifact.manifest import GraphSpec, Manifest
-from runtime.backends.base import Backend
+from runtime.backends.base import Backend, DecodeStep, run_decode
 from runtime.errors import ArtifactError, SkipDecodeError
-from runtime.kvcache import ArrayStorage, pages_width
+from runtime.kvcache import ArrayStorage, KVCache, pages_width
 
 from .errors import EngineLimitError, EngineMismatchError, EngineRuntimeError, rebuild_hint
 from .manifest import DEFAULT_ENGINE_DIR, read_engine_manifest, validate
@@ -424,22 +424,38 @@ class TensorRTBackend(Backend):
         return out
 
     def head(self, hidden, rows=None):
-        spec = self.manifest.head
-        runner = self._runners["head"]
         torch = self._device.torch
         with self._device.scope():
-            x = self._as_device(hidden)  # (B, T, D)
-            R = x.shape[0] if rows is None else len(rows)
-            last = self._head_in[: R * self._d].view(R, 1, self._d)
-            if rows is None:
-                last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
-            else:  # the rows' last positions, gathered on the device: (R, 1, D)
-                torch.index_select(x[:, -1:, :], 0, self._upload(np.asarray(rows)), out=last)
-            logits = self._logits[: R * self._v].view(R, 1, self._v)
-            runner.run({spec.inputs[0].name: last}, {spec.outputs[0].name: logits}, self._device.handle)
+            logits = self._head(hidden, rows)  # (R, V) on the device
             # (R, V) fp32 in fresh host memory (the caller keeps it; the buffer is reused next step)
-            result = logits[:, 0, :].to("cpu", torch.float32, copy=True).numpy()
+            result = logits.to("cpu", torch.float32, copy=True).numpy()
         return result
+
+    def decode(self, step: DecodeStep, cache: KVCache) -> np.ndarray:
+        """``run_decode``; a step of greedy rows (``step.argmax``) takes their argmax on the device
+        and brings back 8 bytes a row, not the logits."""
+        if not step.argmax:
+            return run_decode(self, step, cache)
+        hidden = self.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
+        hidden = self.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates,
+                                 draft=step.draft)
+        with self._device.scope():
+            return self._head(hidden, None).argmax(-1).cpu().numpy()  # (R,) int64
+
+    def _head(self, hidden, rows):
+        """The head engine over the last position of ``rows`` (None = all): its logits (R, V) on the
+        device, in the buffer the next call reuses. Inside the device's scope."""
+        spec = self.manifest.head
+        x = self._as_device(hidden)  # (B, T, D)
+        R = x.shape[0] if rows is None else len(rows)
+        last = self._head_in[: R * self._d].view(R, 1, self._d)
+        if rows is None:
+            last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
+        else:  # the rows' last positions, gathered on the device: (R, 1, D)
+            self._device.torch.index_select(x[:, -1:, :], 0, self._upload(np.asarray(rows)), out=last)
+        logits = self._logits[: R * self._v].view(R, 1, self._v)
+        self._runners["head"].run({spec.inputs[0].name: last}, {spec.outputs[0].name: logits}, self._device.handle)
+        return logits[:, 0, :]
 
     def close(self):
         self._runners.clear()

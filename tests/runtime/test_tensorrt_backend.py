@@ -89,6 +89,29 @@ def test_generation_matches_onnxruntime(artifact_dir, generator, tmp_path, fake_
     gen.close()
 
 
+def test_greedy_rows_take_their_argmax_on_the_device(artifact_dir, generator, tmp_path, fake_gpu):
+    """generate without a streamer asks for the rows' argmax: the engines' logits stay on the
+    device and the ids come back, the tokens those of ONNX Runtime's logits (plain and lossless)."""
+    fake_gpu()
+    gen = load(artifact_dir, build(artifact_dir, tmp_path))
+    came = []  # (argmax asked, what came back: its dtype kind and dimensions)
+    decode = gen.backend.decode
+
+    def recording(step, cache):
+        out = decode(step, cache)
+        came.append((step.argmax, out.dtype.kind, out.ndim))
+        return out
+
+    gen.backend.decode = recording
+    try:
+        for options in (dict(speedup=2), dict(speedup=3, lossless=True)):
+            want = generator.generate(PROMPTS, LONG, ignore_eos=True, **options)
+            assert gen.generate(PROMPTS, LONG, ignore_eos=True, **options).token_ids == want.token_ids
+        assert came and set(came) == {(True, "i", 1)}  # (R,) int64 ids, never (R, V) logits
+    finally:
+        gen.close()
+
+
 def test_rows_with_their_own_budgets_match_onnxruntime(artifact_dir, generator, tmp_path, fake_gpu):
     """Requests from threads, with different speedups, joining a running batch at different steps:
     each row's tokens and layers per step equal the ONNX Runtime backend's for the request alone
