@@ -175,7 +175,7 @@ def _run(args) -> int:
             return run(ChatSession(gen, _chat_template(gen), config, args.system))
         texts = _chat_prompts(gen, args.prompts, args.system) if args.chat else args.prompts
         full = _full_depth(gen, texts, config) if args.compare else None
-        result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None)
+        result = gen.generate(texts, config=config, streamer=_print_text if args.stream else None, logits=False)
     finally:
         gen.close()
     if args.json:

@@ -50,7 +50,7 @@ class ChatSession:
         if dropped:
             print(f"(the {dropped} oldest messages were dropped: the conversation outgrew the "
                   f"{self.gen.max_length} positions a row holds)", file=sys.stderr)
-        result = self.gen.generate(text, config=self.config,
+        result = self.gen.generate(text, config=self.config, logits=False,  # (the text alone is written)
                                    streamer=lambda event: write(event.texts[0], end="", flush=True))
         write()
         answer = result.texts[0].strip()

@@ -156,14 +156,16 @@ class Generator:
             config, **{k: v for k, v in given.items() if v is not None}, **fields))
 
     def stream(self, prompts: str | Sequence[str], max_new_tokens: int | None = None, *, events: bool = True,
-               **kwargs) -> GenerationStream:
+               logits: bool = True, **kwargs) -> GenerationStream:
         """Like ``generate``, but yields a TokenEvent per step as tokens are produced. ``events=False``:
         none (the stream ends with its ``result``; ``step_times`` still says when each step's tokens
         came): a caller that waits for the whole result is then not woken at every step of the
         engine's thread, which on a busy engine slowed every step by a third (docs/benchmarks.md,
-        "Rows at different depths")."""
+        "Rows at different depths"). ``logits=False``: events without the step's logits
+        (``TokenEvent.logits`` None), so that greedy rows' tokens may be picked where the logits are
+        (a GPU's: runtime.backends.base, ``DecodeStep.argmax``)."""
         request = self.request(prompts, max_new_tokens, **kwargs)
-        request.streams = events
+        request.streams, request.logits = events, logits
         self.engine.submit(request)
         return GenerationStream(self.engine, request)
 
@@ -225,10 +227,12 @@ class Generator:
         return Stepper(self)
 
     def generate(self, prompts, max_new_tokens: int | None = None, *,
-                 streamer: Callable[[TokenEvent], None] | None = None, **kwargs) -> GenerationResult:
+                 streamer: Callable[[TokenEvent], None] | None = None, logits: bool = True,
+                 **kwargs) -> GenerationResult:
         """Generate for a batch of prompts: ``config=`` a GenerationConfig and/or its fields as
-        keyword arguments (``max_new_tokens`` default 32). See ``runtime.generate``."""
-        with self.stream(prompts, max_new_tokens, events=streamer is not None, **kwargs) as stream:
+        keyword arguments (``max_new_tokens`` default 32). See ``runtime.generate``. ``logits=False``:
+        the streamer's events without the step's logits (``stream``)."""
+        with self.stream(prompts, max_new_tokens, events=streamer is not None, logits=logits, **kwargs) as stream:
             for event in stream:  # (none without a streamer)
                 streamer(event)
         return stream.result
@@ -524,14 +528,15 @@ def generate(model, prompts, max_new_tokens: int | None = None, **kwargs) -> Gen
         presence_penalty and frequency_penalty; when a row ends (eos_token_id, ignore_eos,
         stop_strings: a row stopped by a stop string keeps it, with the rest of the token that
         completed it, as transformers; the server leaves it out, as OpenAI); logprobs.
-    streamer: called with a TokenEvent after every step.
+    streamer: called with a TokenEvent after every step; ``logits=False``: its events without the
+        step's logits (TokenEvent.logits None), so that greedy rows' tokens may be picked on a GPU.
     Keyword arguments of ``runtime.load`` and of the backends (backend, check_hashes, providers,
     threads, spin, huge_pages, fused, int4_kernel, deterministic, device, cuda_graphs, compile_steps, engine_dir) apply
     when ``model`` is a directory.
     """
-    # what is not the generation's (GenerationConfig's fields, config, streamer) is runtime.load's
+    # what is not the generation's (GenerationConfig's fields, config, streamer, logits) is runtime.load's
     # and the backend's, which check it
-    load_keys = set(kwargs) - {*FIELDS, "config", "streamer"}
+    load_keys = set(kwargs) - {*FIELDS, "config", "streamer", "logits"}
     if isinstance(model, Generator):
         if load_keys:
             raise InvalidArgumentError(

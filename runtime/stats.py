@@ -178,7 +178,8 @@ class TokenEvent:
     token_ids: list[int | None]  # None for rows that had already finished
     texts: list[str]  # text each row gained at this step ("" for finished rows)
     finished: list[bool]
-    logits: np.ndarray  # (B, V) fp32 scores the tokens were chosen from, before sampling
+    logits: np.ndarray | None  # (B, V) fp32 scores the tokens were chosen from, before sampling (None: a
+    # stream asked without them, logits=False)
     finish_reasons: list[str | None] = field(default_factory=list)  # per row: "eos", "stop" or
     # "length" at the step the row ended, else None (a streaming server needs it before the result)
     logprobs: list[TokenLogprob | None] | None = None  # per row, with logprobs=k (None: finished rows)

@@ -20,10 +20,10 @@ def emit_step(r: Request, g: int, members: list[Sequence], release: Callable[[in
     ends gives its KV row back (``release``)."""
     last = g == r.max_new_tokens - 1
     B = r.rows
-    logits = None  # (B, V): the event's, built only for a request that streams
-    if r.streams and len(members) == 1 == B:  # a request of one row: its row of the step's logits, no copy
-        logits = members[0].logits[None, :]  # (1, V): every backend's logits are fresh arrays
-    elif r.streams:  # rows that have finished stream zeros
+    logits = None  # (B, V): the event's, built only for a request that streams them
+    if r.streams and r.logits and len(members) == 1 == B:  # a request of one row: its row of the step's logits
+        logits = members[0].logits[None, :]  # (1, V), no copy: every backend's logits are fresh arrays
+    elif r.streams and r.logits:  # rows that have finished stream zeros
         logits = np.zeros((B, members[0].logits.shape[0]), np.float32)
         for s in members:
             logits[s.index] = s.logits

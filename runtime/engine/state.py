@@ -86,6 +86,7 @@ class Request:
     # a TokenEvent per step for the caller; False (generate() with no streamer, the server's whole
     # answers): the result alone, so that callers waiting on their results are not woken at every step
     streams: bool = True
+    logits: bool = True  # its events carry the step's logits (False: None, what a server or a printer needs)
     step_times: list[float] = field(default_factory=list)  # perf_counter() at each step's tokens, either way
     cancelled: bool = False  # set by the consumer (stream closed or abandoned)
     admitted: int = 0  # rows [0, admitted) have been seated (and perhaps finished since)
@@ -118,10 +119,10 @@ class Request:
     @property
     def argmax_only(self) -> bool:
         """Each token it takes is its logits' argmax and nothing else reads them (greedy, no
-        penalties, schema or logprobs, and no events, which carry the logits): a step may bring
-        back its rows' token ids instead of their logits (runtime.backends.base)."""
+        penalties, schema or logprobs, and no events that carry the logits): a step may bring back
+        its rows' token ids instead of their logits (runtime.backends.base)."""
         s = self.sampling
-        return not (self.streams or s.do_sample or s.penalized or self.constraint is not None
+        return not ((self.streams and self.logits) or s.do_sample or s.penalized or self.constraint is not None
                     or self.logprobs is not None)
 
 

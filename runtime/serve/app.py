@@ -236,8 +236,9 @@ class CompletionServer:
     def _submit(self, req: CompletionRequest) -> GenerationStream:
         """Submit to the engine at once; its refusals become the HTTP errors they mean."""
         try:
-            # a whole answer's handler waits for the result: no event per step to wake it
-            return self.gen.stream(req.rows, config=req.generation_config(), events=req.stream)
+            # a whole answer's handler waits for the result: no event per step to wake it; the events
+            # of a streamed one carry no logits (greedy rows' tokens may then be picked on a GPU)
+            return self.gen.stream(req.rows, config=req.generation_config(), events=req.stream, logits=False)
         except QueueFullError as exc:
             engine = self.gen.engine
             raise RequestError(

@@ -658,6 +658,25 @@ def test_greedy_rows_without_events_take_their_argmax_from_the_backend(artifact_
         gen.close()
 
 
+def test_a_stream_without_logits_takes_the_argmax_too(artifact_dir):
+    """``logits=False`` (the server's streams, the command line's --stream): events whose logits are
+    None, the same tokens and texts, and the steps ask for the rows' argmax."""
+    gen = runtime.load(artifact_dir, backend="torch", max_batch=4, threads=1)
+    gen.backend.use_graphs(EagerCapture())
+    try:
+        picks = Picks(gen.backend)
+        with_logits, without = [], []
+        want = gen.generate(PROMPTS, 8, ignore_eos=True, streamer=with_logits.append, speedup=2)
+        got = gen.generate(PROMPTS, 8, ignore_eos=True, streamer=without.append, speedup=2, logits=False)
+        assert got.token_ids == want.token_ids and got.texts == want.texts
+        assert [(e.token_ids, e.texts) for e in without] == [(e.token_ids, e.texts) for e in with_logits]
+        assert all(e.logits is None for e in without) and all(e.logits is not None for e in with_logits)
+        asked = [a for _, a, _, _ in picks.calls]
+        assert asked[: len(asked) // 2] == [False] * (len(asked) // 2) and all(asked[len(asked) // 2:])
+    finally:
+        gen.close()
+
+
 @pytest.mark.parametrize("kwargs", [dict(do_sample=True, seed=1), dict(presence_penalty=0.5), dict(logprobs=2),
                                     dict(json_schema={"type": "object"})])
 def test_rows_whose_logits_are_read_get_their_logits(artifact_dir, kwargs):

@@ -115,6 +115,31 @@ def test_responses_equal_generate(server, generator, sampling):
         assert chunks[-1]["skipdecode"] == body["skipdecode"] and set(chunks[-1]["timings"]) == set(t)
 
 
+def test_greedy_answers_ask_the_backend_for_token_ids_only(server, generator):
+    """The server's events carry no logits: a greedy request's steps ask the backend for its rows'
+    argmax (on a GPU picked there, runtime.backends.base), streamed or whole; a sampled one's do not."""
+    inner, asked = generator.engine.backend, []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def decode(self, step, cache):
+            asked.append(step.argmax)
+            return inner.decode(step, cache)
+
+    generator.engine.backend = Recording()
+    try:
+        complete_streaming(server, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+        complete(server, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+        assert asked and all(asked)
+        asked.clear()
+        complete_streaming(server, prompt=PROMPTS[0], max_tokens=6, temperature=0.8, seed=1)
+        assert asked and not any(asked)
+    finally:
+        generator.engine.backend = inner
+
+
 def test_prompt_list_is_one_batch(server, generator):
     """A list of prompts is one engine request: as runtime.generate with the same list."""
     expected = generator.generate(PROMPTS, 6, policy={"max_layers": 5, "min_layers": 3})
