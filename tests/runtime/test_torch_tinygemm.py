@@ -129,3 +129,13 @@ def test_the_command_line_runs_it_and_says_so(int4_dir, capsys):
     err = capsys.readouterr().err
     assert re.search(r"^weights: .*; int4 products on PyTorch's int4 product \(tinygemm\) \([1-9]\d* products on "
                      r"tinygemm", err, re.M), err
+
+
+def test_compiled_steps_run_it_too(int4_dir):
+    """compile_steps=True: torch.compile (inductor) takes the product into the layer it compiles:
+    the tokens and logits of the uncompiled static steps."""
+    plain = runtime.load(int4_dir, backend="torch", int4_kernel="tinygemm", max_batch=2)
+    compiled = runtime.load(int4_dir, backend="torch", int4_kernel="tinygemm", max_batch=2, compile_steps=True)
+    for gen in (plain, compiled):
+        gen.backend.use_graphs(EagerCapture())
+    assert_same_steps(compiled, plain, atol=1e-4)
