@@ -313,11 +313,13 @@ class Stepper:
         self._engine = engine
         self._requests: list[StepRequest] = []
 
-    def add(self, prompts, max_new_tokens: int | None = None, **kwargs) -> StepRequest:
-        """Queue a request; its rows join at the next steps, as KV rows free up."""
+    def add(self, prompts, max_new_tokens: int | None = None, *, logits: bool = True, **kwargs) -> StepRequest:
+        """Queue a request; its rows join at the next steps, as KV rows free up. ``logits=False``:
+        its events without the step's logits (``Generator.stream``)."""
         if self._engine.stepper is not self:
             raise InvalidArgumentError("this stepper is closed")
         handle = StepRequest(self._generator.request(prompts, max_new_tokens, **kwargs))
+        handle._request.logits = logits
         self._engine.submit(handle._request, thread=False)
         self._requests.append(handle)
         return handle

@@ -675,6 +675,18 @@ def test_a_stream_without_logits_takes_the_argmax_too(artifact_dir):
         assert asked[: len(asked) // 2] == [False] * (len(asked) // 2) and all(asked[len(asked) // 2:])
     finally:
         gen.close()
+    looped = runtime.load(artifact_dir, backend="torch", max_batch=4, threads=1)  # an app's own loop, the same way
+    looped.backend.use_graphs(EagerCapture())
+    picks = Picks(looped.backend)
+    try:
+        with looped.stepper() as stepper:
+            handle = stepper.add(PROMPTS, 8, ignore_eos=True, speedup=2, logits=False)
+            while not stepper.done:
+                stepper.step()
+        assert handle.result.token_ids == want.token_ids and all(e.logits is None for e in handle.events)
+        assert picks.calls and all(a for _, a, _, _ in picks.calls)
+    finally:
+        looped.close()
 
 
 @pytest.mark.parametrize("kwargs", [dict(do_sample=True, seed=1), dict(presence_penalty=0.5), dict(logprobs=2),
