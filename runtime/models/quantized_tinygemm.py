@@ -11,8 +11,9 @@ bfloat16 on CUDA (8 bits of mantissa against float16's 11: what the GPU's top-1 
 CPU measures). The codes are repacked once, at load, into tinygemm's layout (CUDA: tiles of 8 output
 columns; CPU: blocks of 64), the blocks' own bytes dropped: the weight is held once. A fused product
 (q/k/v, gate/up) is its parts' packs laid end to end, the parts' packs views of it where the layout
-allows (every part a whole number of tiles; a float16 step's shapes always are), else ``Stacked``:
-its parts one after the other. Its scales and zero terms are a copy (a quarter of the codes' bytes).
+allows (every part a whole number of tiles: on CUDA a real model's widths always are), else
+``Stacked``: its parts one after the other. Its scales and zero terms are a copy (at blocks of 32,
+a quarter of the codes' bytes).
 
 Products it cannot take stay on the blocks (``fits`` says why): 8 bits, blocks other than 32-256,
 K not a multiple of 32, N not of 8 (CUDA) or 16 (CPU).
