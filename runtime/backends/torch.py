@@ -22,6 +22,7 @@ bucket; ``cuda_graphs=False`` runs every step eagerly.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -255,9 +256,14 @@ class TorchBackend(Backend):
                     param="int4_kernel")
 
             done, why = use_tinygemm(hf_model)
-            self.int4_kernel = int4_kernel
-            self.int4_kernel_note = f"{done} products on tinygemm" + (
-                f"; the others on the blocks' kernel: {'; '.join(why)}" if why else "")
+            if not done:  # asked for, and nothing runs on it: say why rather than report it
+                warnings.warn(f"int4_kernel='tinygemm' takes none of this model's products ("
+                              f"{'; '.join(why) or 'it has no int4 weights'}): they run as with int4_kernel='auto'",
+                              stacklevel=3)
+            else:
+                self.int4_kernel = int4_kernel
+                self.int4_kernel_note = f"{done} products on tinygemm" + (
+                    f"; the others on the blocks' kernel: {'; '.join(why)}" if why else "")
         # compile_steps: each layer of a static step (a decode step or a verify pass, what a CUDA graph
         # captures) compiled by torch.compile (inductor: norms, RoPE and the elementwise work fused
         # into fewer kernels). One function for every layer, its weights inputs rather than constants,

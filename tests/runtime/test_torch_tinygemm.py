@@ -103,6 +103,14 @@ def test_tokens_and_logits_equal_onnxruntime_at_float_activations(int4_dir, stat
     assert_same_steps(gen, ort, atol=1e-4)
 
 
+def test_a_model_it_takes_nothing_of_says_so(artifact_dir):
+    with pytest.warns(UserWarning, match=r"int4_kernel='tinygemm' takes none of this model's products \(it has no "
+                                         r"int4 weights\): they run as with int4_kernel='auto'"):
+        gen = runtime.load(artifact_dir, backend="torch", int4_kernel="tinygemm")
+    assert gen.backend.int4_kernel is None
+    gen.close()
+
+
 def test_an_unknown_kernel_is_refused_naming_the_choices(int4_dir):
     with pytest.raises(InvalidArgumentError, match=r"int4_kernel='skipdecode': the torch backend takes 'auto' .* "
                                                    r"or 'tinygemm'") as info:
