@@ -149,9 +149,11 @@ class Stacked(nn.Module):
 
 def use_tinygemm(model: nn.Module) -> tuple[int, list[str]]:
     """Every QuantLinear of ``model`` that tinygemm can take replaced by an Int4PackLinear over its
-    blocks, in place: (how many were, why the others were not, one reason each kind)."""
+    blocks, in place: (how many products it runs, those of an earlier call included; why the others
+    do not, one reason each kind)."""
     found = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-    done, why = 0, []
+    done = sum(isinstance(m, Int4PackLinear) for m in model.modules())  # (a model two backends share)
+    why = []
     for name, q in found:
         reason = fits(q)
         if reason is not None:

@@ -147,3 +147,18 @@ def test_compiled_steps_run_it_too(int4_dir):
     for gen in (plain, compiled):
         gen.backend.use_graphs(EagerCapture())
     assert_same_steps(compiled, plain, atol=1e-4)
+
+
+def test_backends_sharing_a_model_share_its_packs(recwarn):
+    """tools.bench.gpu puts an eager and a graph backend over one model: the first repacks its blocks,
+    the second finds them packed (no warning that it took nothing)."""
+    from runtime.backends.torch import TorchBackend
+    from tests.families import tiny_model
+    from tools.bench.gpu import quantize_model
+
+    model = tiny_model("llama3", hidden_size=64, intermediate_size=128)
+    quantize_model(model, 4)
+    first = TorchBackend.from_model(model, cuda_graphs=False, int4_kernel="tinygemm")
+    second = TorchBackend.from_model(model, cuda_graphs=False, int4_kernel="tinygemm")
+    assert first.int4_kernel_note.split(" products")[0] == second.int4_kernel_note.split(" products")[0] != "0"
+    assert second.int4_kernel == "tinygemm" and not [w for w in recwarn if "tinygemm" in str(w.message)]
