@@ -46,7 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from runtime.artifact.manifest import GraphSpec, Manifest
-from runtime.backends.base import Backend, DecodeStep, run_decode
+from runtime.backends.base import (Backend, DecodeStep, VerifyPass, decode_hidden, run_decode, run_verify,
+                                   verify_hidden)
 from runtime.errors import ArtifactError, SkipDecodeError
 from runtime.kvcache import ArrayStorage, KVCache, pages_width
 
@@ -436,11 +437,19 @@ class TensorRTBackend(Backend):
         and brings back 8 bytes a row, not the logits."""
         if not step.argmax:
             return run_decode(self, step, cache)
-        hidden = self.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
-        hidden = self.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates,
-                                 draft=step.draft)
+        hidden = decode_hidden(self, step, cache)  # (R, 1, D)
         with self._device.scope():
             return self._head(hidden, None).argmax(-1).cpu().numpy()  # (R,) int64
+
+    def verify(self, check: VerifyPass, cache: KVCache) -> np.ndarray:
+        """``run_verify`` (the head engine at each of the T positions); greedy rows (``check.argmax``)
+        take each position's argmax on the device, one copy of (n, T) ids at the end."""
+        if not check.argmax:
+            return run_verify(self, check, cache)
+        hidden = verify_hidden(self, check, cache)  # (R, T, D)
+        with self._device.scope():  # (each argmax read before the next head call reuses its buffer)
+            ids = [self._head(hidden[:, : t + 1], check.verified).argmax(-1) for t in range(hidden.shape[1])]
+            return self._device.torch.stack(ids, dim=1).cpu().numpy()  # (n, T) int64
 
     def _head(self, hidden, rows):
         """The head engine over the last position of ``rows`` (None = all): its logits (R, V) on the

@@ -25,7 +25,7 @@ every layer, ``head_all``), which the torch backend replays as a captured graph 
 A step or pass whose rows need only their logits' argmax (``argmax``: greedy rows whose logits
 nothing else reads, runtime.engine) may return the token ids instead of the logits; a backend
 whose logits live on a device picks them there and copies back 8 bytes a row, not 4 V (the
-torch backend's captured steps and passes; the TensorRT backend's decode steps). ``tokens`` gives
+torch backend's captured steps and passes, the TensorRT backend's). ``tokens`` gives
 the ids from whichever came back.
 """
 
@@ -196,14 +196,23 @@ def run_layers(backend: Backend, cache: KVCache, start: int, count: int, hidden,
 
 
 def run_verify(backend: Backend, check: VerifyPass, cache: KVCache) -> np.ndarray:
+    return backend.head_all(verify_hidden(backend, check, cache), check.verified)  # (n, T, V)
+
+
+def verify_hidden(backend: Backend, check: VerifyPass, cache: KVCache):
+    """A verify pass up to its head: embed, every layer (R, T, D)."""
     hidden = backend.embed(check.input_ids, check.attention_mask)  # (R, T, D)
-    hidden = backend.run_layers(cache, 0, check.rows, hidden, check.attention_mask, range(check.depth),
-                                [check.updates] * check.depth)
-    return backend.head_all(hidden, check.verified)  # (n, T, V)
+    return backend.run_layers(cache, 0, check.rows, hidden, check.attention_mask, range(check.depth),
+                              [check.updates] * check.depth)
 
 
 def run_decode(backend: Backend, step: DecodeStep, cache: KVCache) -> np.ndarray:
-    hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
-    hidden = backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates,
-                                draft=step.draft)
+    hidden = decode_hidden(backend, step, cache)  # (R, 1, D)
     return backend.draft_head(hidden) if step.draft else backend.head(hidden)
+
+
+def decode_hidden(backend: Backend, step: DecodeStep, cache: KVCache):
+    """A decode step up to its head: embed, the step's layers (R, 1, D)."""
+    hidden = backend.embed(step.input_ids, step.attention_mask)  # (R, 1, D)
+    return backend.run_layers(cache, 0, step.rows, hidden, step.attention_mask, step.layers, step.updates,
+                              draft=step.draft)

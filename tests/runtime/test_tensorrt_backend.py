@@ -91,23 +91,30 @@ def test_generation_matches_onnxruntime(artifact_dir, generator, tmp_path, fake_
 
 def test_greedy_rows_take_their_argmax_on_the_device(artifact_dir, generator, tmp_path, fake_gpu):
     """generate without a streamer asks for the rows' argmax: the engines' logits stay on the
-    device and the ids come back, the tokens those of ONNX Runtime's logits (plain and lossless)."""
+    device and the ids come back from steps and verify passes, the tokens those of ONNX Runtime's
+    logits (plain and lossless)."""
     fake_gpu()
     gen = load(artifact_dir, build(artifact_dir, tmp_path))
-    came = []  # (argmax asked, what came back: its dtype kind and dimensions)
-    decode = gen.backend.decode
+    came = []  # (the call, argmax asked, what came back: its dtype kind and dimensions)
 
-    def recording(step, cache):
-        out = decode(step, cache)
-        came.append((step.argmax, out.dtype.kind, out.ndim))
-        return out
+    def recording(name):
+        call = getattr(gen.backend, name)
 
-    gen.backend.decode = recording
+        def run(job, cache):
+            out = call(job, cache)
+            came.append((name, job.argmax, out.dtype.kind, out.ndim))
+            return out
+        return run
+
+    gen.backend.decode, gen.backend.verify = recording("decode"), recording("verify")
     try:
         for options in (dict(speedup=2), dict(speedup=3, lossless=True)):
             want = generator.generate(PROMPTS, LONG, ignore_eos=True, **options)
-            assert gen.generate(PROMPTS, LONG, ignore_eos=True, **options).token_ids == want.token_ids
-        assert came and set(came) == {(True, "i", 1)}  # (R,) int64 ids, never (R, V) logits
+            got = gen.generate(PROMPTS, LONG, ignore_eos=True, **options)
+            assert got.token_ids == want.token_ids
+        assert got.stats.verify_passes > 0
+        # (R,) ids from a step and (n, T) from a pass, never logits
+        assert set(came) == {("decode", True, "i", 1), ("verify", True, "i", 2)}, set(came)
     finally:
         gen.close()
 
