@@ -612,9 +612,13 @@ class Picks:
     and what came back (token ids, or logits)."""
 
     def __init__(self, backend):
-        self.calls = []  # ("decode" | "verify", argmax asked, dtype kind, shape)
+        self.backend, self.calls = backend, []  # ("decode" | "verify", argmax asked, dtype kind, shape)
         for name in ("decode", "verify"):
             setattr(backend, name, self._recording(name, getattr(backend, name)))
+
+    def stop(self) -> None:
+        """The backend's own methods again (a backend other tests share)."""
+        del self.backend.decode, self.backend.verify
 
     def _recording(self, name, call):
         def run(job, cache):

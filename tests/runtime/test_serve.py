@@ -23,6 +23,7 @@ import runtime  # noqa: E402
 from runtime.serve import ServeConfig, create_app  # noqa: E402
 from tests.conftest import PROMPTS  # noqa: E402
 from tests.runtime.serve_helpers import LiveServer, read_sse, slowed, stream_texts  # noqa: E402
+from tests.runtime.test_engine import Picks  # noqa: E402
 
 # One model variant is enough here: the HTTP layer does not depend on it (test_generate covers both).
 pytestmark = pytest.mark.parametrize("checkpoint_dir", ["pre_ln"], indirect=True, scope="session")
@@ -118,26 +119,18 @@ def test_responses_equal_generate(server, generator, sampling):
 def test_greedy_answers_ask_the_backend_for_token_ids_only(server, generator):
     """The server's events carry no logits: a greedy request's steps ask the backend for its rows'
     argmax (on a GPU picked there, runtime.backends.base), streamed or whole; a sampled one's do not."""
-    inner, asked = generator.engine.backend, []
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(inner, name)
-
-        def decode(self, step, cache):
-            asked.append(step.argmax)
-            return inner.decode(step, cache)
-
-    generator.engine.backend = Recording()
+    picks = Picks(generator.engine.backend)
     try:
         complete_streaming(server, prompt=PROMPTS[0], max_tokens=6, temperature=0)
         complete(server, prompt=PROMPTS[0], max_tokens=6, temperature=0)
+        asked = [a for call, a, _, _ in picks.calls if call == "decode"]
         assert asked and all(asked)
-        asked.clear()
+        picks.calls.clear()
         complete_streaming(server, prompt=PROMPTS[0], max_tokens=6, temperature=0.8, seed=1)
+        asked = [a for call, a, _, _ in picks.calls if call == "decode"]
         assert asked and not any(asked)
     finally:
-        generator.engine.backend = inner
+        picks.stop()
 
 
 def test_prompt_list_is_one_batch(server, generator):
