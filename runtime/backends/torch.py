@@ -41,9 +41,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 def to_host(logits: torch.Tensor) -> np.ndarray:
     """``logits`` (or token ids) on the host, once the device has computed them (so the loop's
-    timings include the queued device work). From a GPU through pinned memory: a copy to pageable memory is staged
-    by the driver at a fraction of the link's speed, and a step's logits are 4 MB at batch 8 of a
-    128,256-token vocabulary. The pinned block is PyTorch's caching host allocator's: returned to
+    timings include the queued device work). From a GPU through pinned memory: a copy to pageable
+    memory is staged by the driver at a fraction of the link's speed, and a step's logits are 4 MB at
+    batch 8 of a 128,256-token vocabulary. The pinned block is PyTorch's caching host allocator's: returned to
     it when the array is dropped, never handed out while a copy into it is queued."""
     if logits.device.type != "cuda":
         return logits.cpu().numpy()
