@@ -442,28 +442,53 @@ class TensorRTBackend(Backend):
             return self._head(hidden, None).argmax(-1).cpu().numpy()  # (R,) int64
 
     def verify(self, check: VerifyPass, cache: KVCache) -> np.ndarray:
-        """``run_verify`` (the head engine at each of the T positions); greedy rows (``check.argmax``)
-        take each position's argmax on the device, one copy of (n, T) ids at the end."""
+        """``run_verify``, its head over every position at once (``head_all``); greedy rows
+        (``check.argmax``) take each position's argmax on the device, one copy of (n, T) ids at the end."""
         if not check.argmax:
             return run_verify(self, check, cache)
         hidden = verify_hidden(self, check, cache)  # (R, T, D)
-        with self._device.scope():  # (each argmax read before the next head call reuses its buffer)
-            ids = [self._head(hidden[:, : t + 1], check.verified).argmax(-1) for t in range(hidden.shape[1])]
-            return self._device.torch.stack(ids, dim=1).cpu().numpy()  # (n, T) int64
+        with self._device.scope():
+            ids = self._head_positions(hidden, check.verified, lambda logits: logits.argmax(-1))  # (n T,)
+            return ids.view(len(check.verified), -1).cpu().numpy()  # (n, T) int64
+
+    def head_all(self, hidden, rows):
+        """Every position of ``rows`` (a verify pass's): (n, T, V) fp32 on the host."""
+        torch = self._device.torch
+        with self._device.scope():
+            logits = self._head_positions(hidden, rows, lambda part: part.to("cpu", torch.float32, copy=True))
+        return logits.view(len(rows), -1, self._v).numpy()  # (n, T, V)
+
+    def _head_positions(self, hidden, rows, keep):
+        """The head engine over every position of ``rows`` (hidden (B, T, D)), as rows of up to
+        max_batch positions a run: a verify pass of n rows x T positions takes ceil(n T / max_batch)
+        runs, not T (at batch 1 the head's weights, a quarter of Llama-3.2-1B's bytes, are read once
+        a pass, not once a token). ``keep(logits (r, V))`` -> what to keep of a run, taken before the
+        next run reuses the buffer; -> the kept parts, concatenated. Inside the device's scope."""
+        torch = self._device.torch
+        x = self._as_device(hidden)  # (B, T, D)
+        picked = x.index_select(0, self._upload(np.asarray(rows)))  # (n, T, D)
+        flat = picked.reshape(-1, self._d)  # (n T, D): each position a row of the head's input
+        parts = [keep(self._run_head(flat[start:start + self.max_batch, None, :]))
+                 for start in range(0, flat.shape[0], self.max_batch)]
+        return torch.cat(parts)  # (n T, ...)
 
     def _head(self, hidden, rows):
         """The head engine over the last position of ``rows`` (None = all): its logits (R, V) on the
         device, in the buffer the next call reuses. Inside the device's scope."""
-        spec = self.manifest.head
         x = self._as_device(hidden)  # (B, T, D)
-        R = x.shape[0] if rows is None else len(rows)
-        last = self._head_in[: R * self._d].view(R, 1, self._d)
-        if rows is None:
-            last.copy_(x[:, -1:, :])  # (B, 1, D): only the next token's logits are needed
-        else:  # the rows' last positions, gathered on the device: (R, 1, D)
-            self._device.torch.index_select(x[:, -1:, :], 0, self._upload(np.asarray(rows)), out=last)
+        last = x[:, -1:, :]  # (B, 1, D): only the next token's logits are needed
+        if rows is not None:  # the rows' last positions, gathered on the device: (R, 1, D)
+            last = self._device.torch.index_select(last, 0, self._upload(np.asarray(rows)))
+        return self._run_head(last)
+
+    def _run_head(self, last):
+        """The head engine over ``last`` (R, 1, D), R <= max_batch, copied into its input buffer
+        -> its logits (R, V) on the device, in the buffer the next run reuses."""
+        spec, R = self.manifest.head, last.shape[0]
+        head_in = self._head_in[: R * self._d].view(R, 1, self._d)
+        head_in.copy_(last)
         logits = self._logits[: R * self._v].view(R, 1, self._v)
-        self._runners["head"].run({spec.inputs[0].name: last}, {spec.outputs[0].name: logits}, self._device.handle)
+        self._runners["head"].run({spec.inputs[0].name: head_in}, {spec.outputs[0].name: logits}, self._device.handle)
         return logits[:, 0, :]
 
     def close(self):

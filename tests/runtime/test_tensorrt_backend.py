@@ -110,6 +110,41 @@ def test_greedy_rows_take_their_argmax_on_the_device(artifact_dir, generator, tm
         gen.close()
 
 
+def test_a_verify_pass_runs_the_head_over_max_batch_positions_at_once(artifact_dir, generator, tmp_path,
+                                                                     fake_gpu):
+    """A lossless pass's head runs over its positions as rows of up to max_batch, so n rows of T
+    positions take ceil(n T / max_batch) head runs, not T, and give ONNX Runtime's tokens and
+    logits (streamed: the logits path) and ids (greedy)."""
+    fake = fake_gpu()
+    gen = load(artifact_dir, build(artifact_dir, tmp_path))
+    try:
+        backend, rng = gen.backend, np.random.default_rng(0)
+        hidden = rng.standard_normal((3, 5, generator.backend.manifest.model.hidden_size)).astype(np.float32)
+        rows = np.array([0, 2])
+        before = len(fake.executions)
+        got = backend.head_all(hidden, rows)  # (2, 5, V): 10 positions, max_batch 4 a run
+        assert [g for g, _ in fake.executions[before:]] == ["head"] * 3
+        np.testing.assert_allclose(got, generator.backend.head_all(hidden, rows), atol=1e-5, rtol=1e-5)
+
+        options = dict(speedup=3, lossless=True, ignore_eos=True)
+        assert_same(*run(gen, LONG, **options), *run(generator, LONG, **options))
+    finally:
+        gen.close()
+    # batch 1 on engines of max_batch 17 (a pass's most positions, lossless.plan.DRAFT_MAX + 1): every
+    # pass's head in one run
+    gen = load(artifact_dir, build(artifact_dir, tmp_path / "wide", max_batch=17), max_batch=17)
+    try:
+        want = generator.generate(PROMPTS[:1], LONG, **options)
+        before = len(fake.executions)
+        alone = gen.generate(PROMPTS[:1], LONG, **options)
+        assert alone.token_ids == want.token_ids and alone.stats.verify_passes > 0
+        heads = sum(g == "head" for g, _ in fake.executions[before:])
+        # one head run after the prefill, then one a decode step and one a verify pass
+        assert heads == 1 + alone.stats.decode_calls, (heads, alone.stats.decode_calls)
+    finally:
+        gen.close()
+
+
 def test_rows_with_their_own_budgets_match_onnxruntime(artifact_dir, generator, tmp_path, fake_gpu):
     """Requests from threads, with different speedups, joining a running batch at different steps:
     each row's tokens and layers per step equal the ONNX Runtime backend's for the request alone
