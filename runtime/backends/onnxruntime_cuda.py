@@ -362,7 +362,7 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         return logits.numpy()[:, -1, :].astype(np.float32)
 
     def head_all(self, hidden, rows):
-        host = self._on_device(hidden).numpy()  # (B, T, D) on the host: the plain backend's head, one run for every position
+        host = self._on_device(hidden).numpy()  # (B, T, D) on the host: the plain backend's head, one run
         return super().head_all(host, rows)
 
     def decode(self, step: DecodeStep, cache: KVCache):
