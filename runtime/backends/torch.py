@@ -346,8 +346,7 @@ class TorchBackend(Backend):
         static, replay = self.graphs.get(key, lambda k: StaticStep(self, k))
         static.load(step, cache.length[: step.rows])
         replay()
-        logits = static.logits[: step.rows]  # (R, V) fp32
-        return to_host(logits.argmax(-1) if step.argmax else logits)  # (R,) int64 or (R, V)
+        return to_host((static.argmax if step.argmax else static.logits)[: step.rows])  # (R,) int64 or (R, V) fp32
 
     @torch.inference_mode()
     def verify(self, check: VerifyPass, cache: KVCache):
@@ -359,8 +358,9 @@ class TorchBackend(Backend):
         static, replay = self.graphs.get(key, lambda k: StaticVerify(self, k))
         static.load(check, cache.length[: check.rows])
         replay()
-        logits = static.logits[self._tensor(check.verified), :T]  # (n, T, V) fp32
-        return to_host(logits.argmax(-1) if check.argmax else logits)  # (n, T) int64 or (n, T, V)
+        if check.argmax:  # every row's ids come back (8 bytes a position), the rows picked on the host
+            return to_host(static.argmax)[check.verified, :T]  # (n, T) int64
+        return to_host(static.logits[self._tensor(check.verified), :T])  # (n, T, V) fp32
 
     @torch.inference_mode()
     def head(self, hidden, rows=None):
@@ -427,7 +427,7 @@ class StaticStep(_StaticInputs):
     over a past of ``width`` positions. Its inputs live in one int64 buffer (one host-to-device
     copy per step): ids (B, 1), the mask (B, W + 1) with the real past left-aligned and the new
     position last, positions (B,) and one update row (B,) per layer. ``run`` is what a CUDA graph
-    captures; ``logits`` (B, V) fp32 is where the replay leaves its result.
+    captures; ``logits`` (B, V) fp32 and their ``argmax`` (B,) are where the replay leaves its result.
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
@@ -437,6 +437,7 @@ class StaticStep(_StaticInputs):
         self.ids, self.mask = ids.view(B, 1), mask.view(B, W + 1)  # (B, 1), (B, W + 1)
         self.positions, self.updates = positions, updates.view(n, B)  # (B,), (n, B)
         self.logits: torch.Tensor | None = None  # (B, V) fp32, set by run
+        self.argmax: torch.Tensor | None = None  # (B,) int64: the logits' argmax, set by run
 
     def load(self, step: DecodeStep, positions: np.ndarray) -> None:
         """The step's inputs; ``positions`` (R,): where each row's new K/V go (the rows' lengths)."""
@@ -460,7 +461,8 @@ class StaticStep(_StaticInputs):
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             hidden = backend.layer_step(backend.layers[index], hidden, shared, key, value, keep)  # (B, 1, D)
-        self.logits = backend.model.head(hidden)[:, -1, :].float()  # (B, V)
+        self.logits = backend.model.head.step(hidden)[:, -1, :].float()  # (B, V)
+        self.argmax = self.logits.argmax(-1)  # (B,): greedy rows' tokens, picked in the graph
 
 
 class StaticVerify(_StaticInputs):
@@ -473,7 +475,8 @@ class StaticVerify(_StaticInputs):
     Inputs, in one int64 buffer: ids (B, T), the mask (B, W + T) with the real past left-aligned
     and the new positions last, positions (B,) (each row's length: where its first new K/V go),
     writes (B, T) (1 where a new position is written). ``logits`` (B, T, V) fp32 is the result, in
-    a buffer the backend's passes of this batch and token bucket share (``pass_logits``).
+    a buffer the backend's passes of this batch and token bucket share (``pass_logits``), and ``argmax``
+    (B, T) their argmax.
     """
 
     def __init__(self, backend: TorchBackend, key: GraphKey):
@@ -486,6 +489,7 @@ class StaticVerify(_StaticInputs):
             V = backend.hf_model.lm_head.out_features
             backend.pass_logits[B, T] = torch.zeros(B, T, V, dtype=torch.float32, device=backend.device)
         self.logits = backend.pass_logits[B, T]  # (B, T, V) fp32, written by run
+        self.argmax: torch.Tensor | None = None  # (B, T) int64: their argmax, set by run
 
     def load(self, check: VerifyPass, positions: np.ndarray) -> None:
         """The pass's inputs; ``positions`` (R,): the rows' lengths, where their first new K/V go."""
@@ -510,7 +514,8 @@ class StaticVerify(_StaticInputs):
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             hidden = backend.layer_pass(backend.layers[index], hidden, shared, key, value, write)  # writes its K/V
-        self.logits.copy_(backend.model.head(hidden))  # (B, T, V), widened to fp32
+        self.logits.copy_(backend.model.head.step(hidden))  # (B, T, V), widened to fp32
+        self.argmax = self.logits.argmax(-1)  # (B, T): greedy rows' tokens, picked in the graph
 
 
 __all__ = ["StaticStep", "StaticVerify", "TorchBackend", "read_graph_weights", "load_hf_model"]

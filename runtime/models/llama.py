@@ -186,6 +186,12 @@ class LlamaHead(nn.Module):
         logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
         return unflatten_rows(logits, hidden)  # (B, T, V)
 
+    def step(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``forward`` for the torch backend's static steps: the norm as one fused kernel where torch
+        has one (the graph's form launches seven, in every step and pass whatever the layers it skips)."""
+        B, T, D = hidden.shape
+        return self.lm_head(step_rms_norm(self.norm, hidden).view(B * T, D)).view(B, T, -1)  # (B, T, V)
+
 
 def _rope(hf_model: nn.Module) -> tuple[torch.Tensor, float]:
     """The checkpoint's RoPE inverse frequencies (its scaling included) and attention factor, from

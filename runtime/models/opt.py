@@ -211,6 +211,8 @@ class OPTHead(nn.Module):
         logits = self.lm_head(reshape(hidden, -1, self.lm_head.in_features))  # (B*T, V)
         return unflatten_rows(logits, hidden)  # (B, T, V)
 
+    step = forward  # the torch backend's static steps (LlamaHead's fuses its norm; this one is F.layer_norm)
+
 
 class SkipOPT(SkipModel):
     """OPTForCausalLM split into embed / layers / head, run under a SkipDecode policy."""
