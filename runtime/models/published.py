@@ -11,7 +11,7 @@ vocabulary size), so every id the model can emit decodes to text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # -- OPT ---------------------------------------------------------------------------------------------
 

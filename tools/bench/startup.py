@@ -17,7 +17,6 @@ comparison shares the machine's load.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
