@@ -126,8 +126,11 @@ def test_a_verify_pass_runs_the_head_over_max_batch_positions_at_once(artifact_d
         assert [g for g, _ in fake.executions[before:]] == ["head"] * 3
         np.testing.assert_allclose(got, generator.backend.head_all(hidden, rows), atol=1e-5, rtol=1e-5)
 
+        # streamed (the logits path): the same tokens (when drafting starts follows measured times, so
+        # the steps may differ between two runs)
         options = dict(speedup=3, lossless=True, ignore_eos=True)
-        assert_same(*run(gen, LONG, **options), *run(generator, LONG, **options))
+        got, want = run(gen, LONG, **options)[0], run(generator, LONG, **options)[0]
+        assert got.token_ids == want.token_ids and got.stats.verify_passes > 0
     finally:
         gen.close()
     # batch 1 on engines of max_batch 17 (a pass's most positions, lossless.plan.DRAFT_MAX + 1): every

@@ -227,6 +227,11 @@ def test_training_lowers_the_loss_and_resume_replays_it_exactly(tiny_dir, tmp_pa
     # its training time counts the interrupted run's up to that checkpoint
     before = torch.load(out / "checkpoint-4" / "trainer_state.pt", weights_only=False)["seconds"]
     assert json.loads((resumed / "skipdecode.json").read_text())["train_seconds"] >= round(before, 1) > 0
+    # a resumed run keeps its learning rate: another --lr is not used, and says so
+    with pytest.warns(UserWarning, match=r"--lr 0\.001 is not used: a resumed run keeps its own learning rate "
+                                         r"\(0\.003\) and schedule; start a new run \(without --resume\)"):
+        train(_config(tiny_dir, tmp_path, out=str(tmp_path / "out3"), lr=1e-3, max_steps=5,
+                      resume=str(out / "checkpoint-4")))
 
 
 def test_the_lowest_validation_loss_is_shipped_not_the_last_step(tiny_dir, tmp_path, monkeypatch):

@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the last step's weights instead of those with the lowest mean validation "
                         "loss over the policies (selection needs --val)")
     p.add_argument("--resume", nargs="?", const="auto",
-                   help="continue from the latest checkpoint in --out, or from the one named")
+                   help="continue from the latest checkpoint in --out, or from the one named: its optimizer "
+                        "and learning rate go on (a new --max-steps stretches the schedule; a new --lr is not used)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
 

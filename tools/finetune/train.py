@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -339,6 +340,13 @@ def train(cfg: TrainConfig) -> Path:
     step = 0
     best = None  # {"step", "val_loss", "score"} of the weights in out/best
     if state:
+        # the run goes on as it was (transformers' Trainer resumes so too): its optimizer, and its
+        # schedule's peak rate, stretched over the new total where --max-steps changed
+        resumed_lr = state.get("config", {}).get("lr", cfg.lr)
+        if resumed_lr != cfg.lr:
+            warnings.warn(f"--lr {cfg.lr:g} is not used: a resumed run keeps its own learning rate "
+                          f"({resumed_lr:g}) and schedule; start a new run (without --resume) for "
+                          f"another rate", stacklevel=2)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
