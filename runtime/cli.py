@@ -175,10 +175,10 @@ def add_fused(group) -> None:
 def add_compile_steps(group) -> None:
     """--compile-steps, the same in ``python -m runtime`` and ``python -m runtime serve``."""
     group.add_argument("--compile-steps", action="store_true",
-                       help="torch on CUDA: compile each layer of the captured steps with torch.compile "
-                            "(fewer, fused kernels: 1.24x-1.83x faster than transformers' compiled generate at "
-                            "Llama-3.2-1B shapes on an H200, docs/benchmarks-gpu.md), paying seconds of "
-                            "compiling for each new shape the first time")
+                       help="torch on CUDA: compile the captured steps (each layer, the embedding, the head) "
+                            "with torch.compile (fewer, fused kernels: 1.24x-1.83x faster than transformers' "
+                            "compiled generate at Llama-3.2-1B shapes on an H200, docs/benchmarks-gpu.md), "
+                            "paying seconds of compiling for each new shape the first time")
 
 
 def add_int4_kernel(group) -> None:

@@ -268,9 +268,14 @@ class TorchBackend(Backend):
         # captures) compiled by torch.compile (inductor: norms, RoPE and the elementwise work fused
         # into fewer kernels). One function for every layer, its weights inputs rather than constants,
         # so one compile serves all layers and sets; shapes (batch and width buckets) recompile, then
-        # go dynamic (torch.compile's default).
-        self.layer_step, self.layer_pass = (torch.compile(f) for f in (layer_step, layer_pass)) if compile_steps \
-            else (layer_step, layer_pass)
+        # go dynamic (torch.compile's default). What a decode step runs besides its layers (the
+        # embedding and the inputs every layer shares; the head and its argmax) is compiled too: it is
+        # paid in every step, whatever the layers the step skips. (A pass's head too; its inputs stay
+        # eager: inductor fails on their columns modulo a dynamic width, and a pass makes them once
+        # for T tokens.)
+        steps = (layer_step, layer_pass, step_prologue, step_head, pass_head)
+        (self.layer_step, self.layer_pass, self.step_prologue, self.step_head, self.pass_head) = (
+            tuple(torch.compile(f) for f in steps) if compile_steps else steps)
         self.hf_model = hf_model
         self.model = skip_model(hf_model)  # embed and head; also the reference to compare with
         self.dtype = self.model.dtype
@@ -380,6 +385,24 @@ class TorchBackend(Backend):
         self.model = self.hf_model = None  # drop the weights (device memory on CUDA)
 
 
+def step_prologue(model, ids, mask, at, positions):
+    """A static step's or pass's embedding (B, T, D) and what its layers share (StepInputs)."""
+    hidden = model.embed(ids, mask)  # (B, T, D)
+    return hidden, model.step_inputs(mask, at, positions, hidden)
+
+
+def step_head(model, hidden):
+    """A static step's logits (B, V) fp32 and their argmax (B,)."""
+    logits = model.head.step(hidden)[:, -1, :].float()  # (B, V)
+    return logits, logits.argmax(-1)
+
+
+def pass_head(model, hidden, out):
+    """A static pass's logits into ``out`` (B, T, V) fp32 -> their argmax (B, T)."""
+    out.copy_(model.head.step(hidden))  # widened to fp32
+    return out.argmax(-1)
+
+
 def layer_step(layer, hidden, shared, key, value, keep):
     """One layer of a static decode step: it writes its K/V for the rows that run it (``keep`` (B, 1,
     1, 1)); the others keep their hidden state. (A function of the layer, not a method of it, so that
@@ -454,15 +477,13 @@ class StaticStep(_StaticInputs):
     def run(self) -> None:
         backend, W, B = self.backend, self.key.width, self.key.batch
         storage = backend.storage
-        hidden = backend.model.embed(self.ids, self.mask)  # (B, 1, D)
-        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a step
+        hidden, shared = backend.step_prologue(backend.model, self.ids, self.mask, self.at, self.positions)  # (B, 1, D)
         for k, index in enumerate(self.key.layers):
             keep = self.updates[k].bool()[:, None, None, None]  # (B, 1, 1, 1): rows that skip write back what was there
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             hidden = backend.layer_step(backend.layers[index], hidden, shared, key, value, keep)  # (B, 1, D)
-        self.logits = backend.model.head.step(hidden)[:, -1, :].float()  # (B, V)
-        self.argmax = self.logits.argmax(-1)  # (B,): greedy rows' tokens, picked in the graph
+        self.logits, self.argmax = backend.step_head(backend.model, hidden)  # (B, V), (B,): greedy rows' tokens
 
 
 class StaticVerify(_StaticInputs):
@@ -508,14 +529,12 @@ class StaticVerify(_StaticInputs):
         backend, B, W = self.backend, self.key.batch, self.key.width
         storage = backend.storage
         write = self.writes.bool()[:, :, None, None]  # (B, T, 1, 1)
-        hidden = backend.model.embed(self.ids, self.mask)  # (B, T, D)
-        shared = backend.model.step_inputs(self.mask, self.at, self.positions, hidden)  # once a pass
+        hidden, shared = step_prologue(backend.model, self.ids, self.mask, self.at, self.positions)  # (B, T, D)
         for index in self.key.layers:
             key = storage.keys[index][:B, ..., :W]  # (B, nh, hd, W): a view of the cache rows
             value = storage.values[index][:B, :, :W]  # (B, nh, W, hd)
             hidden = backend.layer_pass(backend.layers[index], hidden, shared, key, value, write)  # writes its K/V
-        self.logits.copy_(backend.model.head.step(hidden))  # (B, T, V), widened to fp32
-        self.argmax = self.logits.argmax(-1)  # (B, T): greedy rows' tokens, picked in the graph
+        self.argmax = backend.pass_head(backend.model, hidden, self.logits)  # (B, T): greedy rows' tokens
 
 
 __all__ = ["StaticStep", "StaticVerify", "TorchBackend", "read_graph_weights", "load_hf_model"]

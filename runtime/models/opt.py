@@ -171,12 +171,18 @@ class CachedOPTLayer(OPTLayer):
     def fuse_for_steps(self) -> None:
         """q/k/v as one product, and the norms' fp32 weights made once, for ``step``."""
         self.qkv_weight, self.qkv_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        self.norms32 = {id(ln): tuple(None if p is None else p.float() for p in (ln.weight, ln.bias))
-                        for ln in (self.self_attn_layer_norm, self.final_layer_norm)}
+        # buffers of the norm modules themselves: torch.compile (compile_steps) takes them as inputs,
+        # so one compiled graph serves every layer (a dict keyed by the module's id was a constant
+        # that differed per layer: a recompile a layer, past torch.compile's limit of 8 on OPT-1.3B)
+        for ln in (self.self_attn_layer_norm, self.final_layer_norm):
+            for name in ("weight", "bias"):
+                value = getattr(ln, name)
+                ln.register_buffer(f"{name}32", None if value is None else value.float(), persistent=False)
 
-    def _step_norm(self, ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _step_norm(ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         """``_layer_norm`` over the fp32 weights ``fuse_for_steps`` made."""
-        return F.layer_norm(x.float(), ln.normalized_shape, *self.norms32[id(ln)], ln.eps).to(x.dtype)
+        return F.layer_norm(x.float(), ln.normalized_shape, ln.weight32, ln.bias32, ln.eps).to(x.dtype)
 
     def step(self, hidden, inputs: StepInputs, key, value, keep):
         """hidden (B, T, D) -> (B, T, D); writes the rows' new K/V into ``key`` (B, nh, hd, W) and
