@@ -6,7 +6,7 @@ Here every graph runs with ``run_with_iobinding``: the hidden states pass from g
 device ``OrtValue``s, each layer's K/V live in device buffers of the KV cache's layout (rows, nh,
 hd|W, W|hd) whose block of running rows is bound as the past by address and shape (no copy), the
 mask goes to the device once per decode step, and only the logits of the rows asked for come back
-to the host (``OrtValueStorage``).
+to the host (``OrtValueStorage``), or, for greedy rows, their argmax (an ``argmax`` helper graph).
 
 Writing a step's new K/V into each row's own position needs an in-place scatter on the device,
 which ONNX Runtime's Python API does not offer. Three ways were weighed:
@@ -42,7 +42,7 @@ import numpy as np
 from ..artifact.manifest import Manifest
 from ..errors import InvalidArgumentError, SkipDecodeError
 from ..kvcache import KVCache, KVStorage
-from .base import DecodeStep, run_layers
+from .base import DecodeStep, VerifyPass, run_layers, run_verify, verify_hidden
 from .onnxruntime import OnnxRuntimeBackend, import_ort, new_session_options
 
 _PROVIDER = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
@@ -55,7 +55,7 @@ class IOBindingDeviceError(SkipDecodeError, ValueError):
 
 
 HELPER_GRAPHS = Path(__file__).with_name("iobinding_graphs")  # shipped: the runtime needs no onnx
-HELPERS = ("scatter", "keep", "last", "copy", "resize")
+HELPERS = ("scatter", "keep", "last", "copy", "resize", "argmax")
 _IR_VERSION = 8  # pinned, so the shipped bytes do not depend on the onnx that wrote them (ORT >= 1.14 reads 8)
 
 
@@ -75,6 +75,7 @@ def build_helper_graphs(dtype: str) -> dict[str, bytes]:
     last: hidden (B, T, D), rows (R,) -> hidden[rows, -1:] (R, 1, D)
     copy: x (N,) -> y (N,) = x (bound at another address: a row moved)
     resize: x (a, b, c, d), ends (4,), pads (8,) -> Pad(Slice(x, 0, ends), pads) (re-laid at a new width)
+    argmax: logits (R, T, V) -> ids (R, T) int64 (greedy rows' tokens: 8 bytes a position to the host)
     """
     from onnx import TensorProto, helper
 
@@ -117,6 +118,9 @@ def build_helper_graphs(dtype: str) -> dict[str, bytes]:
         [value("x", t, ["a", "b", "c", "d"]), value("ends", TensorProto.INT64, [4]),
          value("pads", TensorProto.INT64, [8])], [value("y", t, ["A", "B", "C", "D"])],
         [helper.make_tensor("starts", TensorProto.INT64, [4], [0, 0, 0, 0])])
+    graphs["argmax"] = helper.make_graph(
+        [helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)], "argmax",
+        [value("logits", t, ["R", "T", "V"])], [value("ids", TensorProto.INT64, ["R", "T"])])
     return {k: helper.make_model(g, ir_version=_IR_VERSION, producer_name="skipdecode-edge",
                                  opset_imports=[helper.make_opsetid("", _OPSET)]).SerializeToString()
             for k, g in graphs.items()}
@@ -257,7 +261,8 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         self._bindings = {name: s.io_binding() for name, s in self._sessions.items()}
         opts = new_session_options(ort)
         opts.log_severity_level = 3
-        self._helpers = {k: ort.InferenceSession(str(helper_graph_file(k, manifest.dtype)), opts,
+        dtypes = {k: manifest.dtype for k in HELPERS} | {"argmax": manifest.head.outputs[0].dtype}  # over the logits
+        self._helpers = {k: ort.InferenceSession(str(helper_graph_file(k, dtypes[k])), opts,
                                                  providers=providers) for k in HELPERS}
         self._helper_bindings = {k: s.io_binding() for k, s in self._helpers.items()}
         self._ort = ort
@@ -356,10 +361,22 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         last.bind_ortvalue_input("hidden", hidden)
         last.bind_cpu_input("rows", rows.astype(np.int64))
         picked = self._run(self._helpers["last"], last)[0]  # (R, 1, D) on the device
-        b = self._bindings["head"]
-        b.bind_ortvalue_input("hidden_states", picked)
-        logits = self._run(self._sessions["head"], b, outputs_to="cpu")[0]  # (R, 1, V) on the host
+        logits = self._head(picked, outputs_to="cpu")  # (R, 1, V) on the host
         return logits.numpy()[:, -1, :].astype(np.float32)
+
+    def _head(self, hidden, outputs_to: str | None = None):
+        """The head graph over ``hidden`` (R, T, D) on the device -> logits (R, T, V), an OrtValue on the
+        device (or ``outputs_to``)."""
+        b = self._bindings["head"]
+        b.bind_ortvalue_input("hidden_states", hidden)
+        return self._run(self._sessions["head"], b, outputs_to)[0]
+
+    def _argmax(self, logits) -> np.ndarray:
+        """``logits`` (R, T, V) on the device -> their argmax (R, T) int64 on the host: 8 bytes a
+        position come back, not the logits."""
+        b = self._helper_bindings["argmax"]
+        b.bind_ortvalue_input("logits", logits)
+        return self._run(self._helpers["argmax"], b, outputs_to="cpu")[0].numpy()
 
     def head_all(self, hidden, rows):
         host = self._on_device(hidden).numpy()  # (B, T, D) on the host: the plain backend's head, one run
@@ -369,7 +386,16 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         mask = self._to_device(step.attention_mask)  # once per step, bound by every layer
         hidden = self.embed(step.input_ids, mask)  # (R, 1, D) on the device
         hidden = run_layers(self, cache, 0, step.rows, hidden, mask, step.layers, step.updates)
+        if step.argmax:  # greedy rows: their ids, picked on the device
+            return self._argmax(self._head(hidden))[:, -1]  # (R,) int64
         return self.head(hidden)
+
+    def verify(self, check: VerifyPass, cache: KVCache):
+        """``run_verify``; greedy rows (``check.argmax``) take every position's argmax on the device."""
+        if not check.argmax:
+            return run_verify(self, check, cache)
+        hidden = verify_hidden(self, check, cache)  # (R, T, D) on the device
+        return self._argmax(self._head(hidden))[check.verified]  # (n, T) int64
 
     def close(self):
         super().close()
