@@ -395,6 +395,8 @@ class OnnxRuntimeIOBindingBackend(OnnxRuntimeBackend):
         if not check.argmax:
             return run_verify(self, check, cache)
         hidden = verify_hidden(self, check, cache)  # (R, T, D) on the device
+        # every row's head (the riding rows' too: no helper gathers rows of every position), the
+        # verified rows' ids picked on the host
         return self._argmax(self._head(hidden))[check.verified]  # (n, T) int64
 
     def close(self):
