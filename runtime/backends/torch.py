@@ -271,8 +271,8 @@ class TorchBackend(Backend):
         # go dynamic (torch.compile's default). What a decode step runs besides its layers (the
         # embedding and the inputs every layer shares; the head and its argmax) is compiled too: it is
         # paid in every step, whatever the layers the step skips. (A pass's head too; its inputs stay
-        # eager: inductor fails on their columns modulo a dynamic width, and a pass makes them once
-        # for T tokens.)
+        # eager: inductor (torch 2.13) fails on them once shapes go dynamic, in sympy's value ranges,
+        # and a pass makes them once for T tokens.)
         steps = (layer_step, layer_pass, step_prologue, step_head, pass_head)
         (self.layer_step, self.layer_pass, self.step_prologue, self.step_head, self.pass_head) = (
             tuple(torch.compile(f) for f in steps) if compile_steps else steps)
