@@ -25,8 +25,8 @@ every layer, ``head_all``), which the torch backend replays as a captured graph 
 A step or pass whose rows need only their logits' argmax (``argmax``: greedy rows whose logits
 nothing else reads, runtime.engine) may return the token ids instead of the logits; a backend
 whose logits live on a device picks them there and copies back 8 bytes a row, not 4 V (the
-torch backend's captured steps and passes, the TensorRT backend's). ``tokens`` gives
-the ids from whichever came back.
+torch backend's captured steps and passes, the TensorRT backend's, the ONNX Runtime IOBinding
+backend's). ``tokens`` gives the ids from whichever came back.
 """
 
 from __future__ import annotations
